@@ -1,0 +1,42 @@
+"""`torchrun --nproc_per_node=N -m ringtop.agent [options]`: one training rank."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch.distributed as dist
+
+from ringtop.strategies.base import StrategyError
+
+from .checkpoint import CheckpointError
+from .config import ConfigError, parse_agent_args
+from .distributed import init_distributed
+from .factories import FactoryError
+from .runner import Interrupted, Runner
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    rank = os.environ.get("RANK", "0")
+    try:
+        cfg = parse_agent_args(argv)
+    except ConfigError as exc:
+        print(f"ringtop agent: error: {exc}", file=sys.stderr)
+        return 2
+    ctx = init_distributed(cfg.device, cfg.dist_timeout_s)
+    try:
+        return Runner(cfg, ctx).run()
+    except (StrategyError, FactoryError, CheckpointError, OSError) as exc:
+        print(f"ringtop agent [rank {rank}]: error: {exc}", file=sys.stderr)
+        return 2
+    except (KeyboardInterrupt, Interrupted):
+        print(f"ringtop agent [rank {rank}]: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""The agent's options: parsed from the command line once, validated once, then a frozen struct."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import msgspec
+
+from ringtop.protocol import EndpointError, Endpoints, check_bind_safe, parse_tcp
+
+BUILTIN_MODEL = "tiny-gpt"
+BUILTIN_DATA = "synthetic"
+MODEL_SIZE_CHOICES = ("1m", "10m", "25m", "125m")
+
+
+class ConfigError(ValueError):
+    pass
+
+
+class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
+    strategy: str = "ddp"
+    model: str = BUILTIN_MODEL
+    model_size: str = "1m"
+    data: str = BUILTIN_DATA
+    steps: int = 100
+    batch_size: int = 8
+    seq_len: int = 128
+    lr: float = 1e-3
+    seed: int = 0
+    device: str = "auto"
+    log_dir: str | None = None
+    endpoints: Endpoints = Endpoints()
+    allow_remote: bool = False
+    checkpoint_dir: str = "checkpoints"
+    resume: str | None = None
+    telemetry: bool = True
+    run_id: str | None = None
+    print_every: int = 0
+    ddp_bucket_cap_mb: float | None = None
+    dist_timeout_s: float = 600.0
+
+    def strategy_options(self) -> dict[str, Any]:
+        if self.strategy == "ddp":
+            return {} if self.ddp_bucket_cap_mb is None else {"bucket_cap_mb": self.ddp_bucket_cap_mb}
+        return {}
+
+
+def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
+    d = AgentConfig()
+    e = Endpoints()
+    g = parser.add_argument_group("training")
+    g.add_argument("--strategy", default=d.strategy, help="parallel strategy (default %(default)s)")
+    g.add_argument("--model", default=d.model,
+                   help="'tiny-gpt' (built in) or package.module:function returning an nn.Module "
+                        "whose forward returns a loss, or (module, loss_fn)")
+    g.add_argument("--model-size", default=None, choices=MODEL_SIZE_CHOICES,
+                   help="size of the built-in tiny-gpt: ~1M, 10M, 25M or 125M parameters (default 1m)")
+    g.add_argument("--data", default=d.data,
+                   help="'synthetic' (built in) or package.module:function yielding this rank's batches")
+    g.add_argument("--steps", type=int, default=d.steps, help="optimizer steps to run; 0 = until stopped")
+    g.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per rank per step")
+    g.add_argument("--seq-len", type=int, default=d.seq_len)
+    g.add_argument("--lr", type=float, default=d.lr)
+    g.add_argument("--seed", type=int, default=d.seed)
+    g.add_argument("--device", default=d.device, choices=("auto", "cpu", "cuda"),
+                   help="auto: CUDA with NCCL where present, else CPU with gloo")
+    g.add_argument("--ddp-bucket-cap-mb", type=float, default=None, help="DDP gradient bucket size")
+    g.add_argument("--dist-timeout-s", type=float, default=d.dist_timeout_s,
+                   help="collective timeout before a hung rank fails the run (default %(default)s)")
+    t = parser.add_argument_group("telemetry and control")
+    t.add_argument("--log-dir", default=None, help="write LOGDIR/rank-R.jsonl (replay with `ringtop replay`)")
+    t.add_argument("--publish", default=e.publish, help="rank 0's telemetry address for UIs (%(default)s)")
+    t.add_argument("--relay", default=e.relay, help="rank 0's relay input, where ranks publish (%(default)s)")
+    t.add_argument("--control", default=e.control, help="rank 0's control address (%(default)s)")
+    t.add_argument("--allow-remote", action="store_true",
+                   help="allow binding to non-loopback addresses (unauthenticated: trusted networks only)")
+    t.add_argument("--no-telemetry", action="store_true",
+                   help="no sockets, files, tracing or sampling: a bare training loop (a baseline)")
+    t.add_argument("--run-id", default=None)
+    t.add_argument("--print-every", type=int, default=d.print_every, help="rank 0 prints a line every N steps")
+    c = parser.add_argument_group("checkpoints")
+    c.add_argument("--checkpoint-dir", default=d.checkpoint_dir)
+    c.add_argument("--resume", default=None, help="a checkpoint file, a checkpoint dir, or 'latest'")
+
+
+def config_from_args(ns: argparse.Namespace, explicitly_set: set[str]) -> AgentConfig:
+    """Check ranges and conflicts; every message says what to do instead."""
+    if ns.steps < 0:
+        raise ConfigError("--steps must be >= 0 (0 runs until stopped)")
+    if ns.batch_size < 1:
+        raise ConfigError("--batch-size must be >= 1")
+    if ns.seq_len < 1:
+        raise ConfigError("--seq-len must be >= 1")
+    if not ns.lr > 0:
+        raise ConfigError("--lr must be > 0")
+    if ns.dist_timeout_s <= 0:
+        raise ConfigError("--dist-timeout-s must be > 0")
+    if ns.print_every < 0:
+        raise ConfigError("--print-every must be >= 0")
+    if ns.model != BUILTIN_MODEL and ns.model_size is not None:
+        raise ConfigError("--model-size sizes the built-in tiny-gpt; drop it when --model is your own factory")
+    if ns.model != BUILTIN_MODEL and ":" not in ns.model:
+        raise ConfigError(f"--model {ns.model!r}: use 'tiny-gpt' or package.module:function")
+    if ns.data != BUILTIN_DATA and ":" not in ns.data:
+        raise ConfigError(f"--data {ns.data!r}: use 'synthetic' or package.module:function")
+    if ns.model == BUILTIN_MODEL and ns.seq_len > 1024:
+        raise ConfigError("--seq-len above 1024 exceeds tiny-gpt's context; use --seq-len <= 1024")
+    if ns.no_telemetry:
+        clashing = sorted(explicitly_set & {"log_dir", "publish", "relay", "control", "print_every"})
+        if clashing:
+            names = ", ".join("--" + n.replace("_", "-") for n in clashing)
+            raise ConfigError(f"--no-telemetry turns off all telemetry and control; drop {names} or drop --no-telemetry")
+    if ns.ddp_bucket_cap_mb is not None and ns.strategy != "ddp":
+        raise ConfigError("--ddp-bucket-cap-mb applies to --strategy ddp only")
+    if ns.ddp_bucket_cap_mb is not None and ns.ddp_bucket_cap_mb <= 0:
+        raise ConfigError("--ddp-bucket-cap-mb must be > 0")
+    endpoints = Endpoints(publish=ns.publish, relay=ns.relay, control=ns.control)
+    try:
+        ports = set()
+        for name in ("publish", "relay", "control"):
+            address = getattr(endpoints, name)
+            _, port = parse_tcp(address)
+            if port in ports:
+                raise ConfigError(f"--{name} {address}: the publish, relay and control ports must differ")
+            ports.add(port)
+            check_bind_safe(address, ns.allow_remote)
+    except EndpointError as exc:
+        raise ConfigError(str(exc)) from None
+    return AgentConfig(
+        strategy=ns.strategy,
+        model=ns.model,
+        model_size=ns.model_size or "1m",
+        data=ns.data,
+        steps=ns.steps,
+        batch_size=ns.batch_size,
+        seq_len=ns.seq_len,
+        lr=ns.lr,
+        seed=ns.seed,
+        device=ns.device,
+        log_dir=ns.log_dir,
+        endpoints=endpoints,
+        allow_remote=ns.allow_remote,
+        checkpoint_dir=ns.checkpoint_dir,
+        resume=ns.resume,
+        telemetry=not ns.no_telemetry,
+        run_id=ns.run_id,
+        print_every=ns.print_every,
+        ddp_bucket_cap_mb=ns.ddp_bucket_cap_mb,
+        dist_timeout_s=ns.dist_timeout_s,
+    )
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse calls this for unknown options and bad values
+        raise ConfigError(f"{message} (see --help)")
+
+
+def agent_parser(prog: str = "python -m ringtop.agent") -> argparse.ArgumentParser:
+    parser = _RaisingParser(prog=prog, description="ringtop's per-rank training agent (run it under torchrun)")
+    add_agent_arguments(parser)
+    return parser
+
+
+def explicitly_set_options(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
+    """Names of the options the user typed, to tell a default from a deliberate choice."""
+    names = set()
+    for action in parser._actions:
+        if any(arg == opt or arg.startswith(opt + "=") for opt in action.option_strings for arg in argv):
+            names.add(action.dest)
+    return names
+
+
+def parse_agent_args(argv: list[str]) -> AgentConfig:
+    parser = agent_parser()
+    ns = parser.parse_args(argv)
+    return config_from_args(ns, explicitly_set_options(parser, argv))

@@ -1,0 +1,192 @@
+"""The control channel: rank 0 serves commands; every rank applies them on the same step.
+
+A thread on rank 0 owns a ROUTER socket. It validates each command as it arrives, answers
+`status` at once from a snapshot, and queues the rest with an `ack`. At each step boundary the
+training thread of rank 0 broadcasts the queued commands to all ranks over a small gloo group (a
+CPU tensor even on NCCL runs, so no device synchronisation), and every rank acts on them.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import msgspec
+import torch
+import torch.distributed as dist
+import zmq
+
+from ringtop.protocol import (
+    IMMEDIATE_COMMANDS,
+    MAX_FRAME_BYTES,
+    Command,
+    ProtocolError,
+    Reply,
+    decode,
+    encode,
+    validate_command,
+)
+
+MAX_PENDING_COMMANDS = 16
+
+
+@dataclass
+class PendingCommand:
+    command: Command
+    args: Any
+    identity: bytes | None = None
+
+
+class ControlServer(threading.Thread):
+    def __init__(
+        self,
+        address: str,
+        snapshot: Callable[[], dict[str, Any]],
+        publish_reply: Callable[[Reply], None],
+        context: zmq.Context | None = None,
+    ):
+        super().__init__(name="ringtop-control", daemon=True)
+        self._snapshot = snapshot
+        self._publish_reply = publish_reply
+        self._socket = (context or zmq.Context.instance()).socket(zmq.ROUTER)
+        self._socket.setsockopt(zmq.LINGER, 500)
+        self._socket.setsockopt(zmq.MAXMSGSIZE, 16 * MAX_FRAME_BYTES)
+        try:
+            self._socket.bind(address)
+        except zmq.ZMQError as exc:
+            self._socket.close(0)
+            raise OSError(f"cannot bind the control socket {address}: {exc}. Pick another with --control.") from exc
+        self._pending: queue.Queue[PendingCommand] = queue.Queue(MAX_PENDING_COMMANDS)
+        self._identities: dict[str, bytes] = {}
+        self._outgoing: collections.deque[tuple[bytes | None, Reply]] = collections.deque()
+        self._seq = itertools.count()
+        self._stop_event = threading.Event()
+        self.rejected = 0
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        self._stop_event.set()
+        self.join(timeout_s)
+
+    def take_pending(self) -> list[PendingCommand]:
+        taken = []
+        while True:
+            try:
+                taken.append(self._pending.get_nowait())
+            except queue.Empty:
+                return taken
+
+    def reply(self, command: Command, status: str, result: dict[str, Any] | None = None,
+              error: str = "", code: str = "") -> None:
+        """Thread-safe: queued for the control thread, which owns the socket."""
+        msg = Reply(id=command.id, status=status, cmd=command.cmd, result=result or {}, error=error, code=code)
+        self._outgoing.append((self._identities.get(command.id), msg))
+        if status != "ack":
+            self._identities.pop(command.id, None)
+
+    def run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._socket, zmq.POLLIN)
+        try:
+            while not self._stop_event.is_set() or self._outgoing:
+                if dict(poller.poll(20)):
+                    self._receive_all()
+                self._send_outgoing()
+                if self._stop_event.is_set():
+                    self._send_outgoing()
+                    return
+        finally:
+            self._socket.close()
+
+    def _receive_all(self) -> None:
+        while True:
+            try:
+                frames = self._socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            identity, payload = frames[0], frames[-1]
+            self._handle(identity, payload)
+
+    def _handle(self, identity: bytes, payload: bytes) -> None:
+        try:
+            msg = decode(payload)
+            if not isinstance(msg, Command):
+                raise ProtocolError(f"expected a 'command' message on the control channel, got {type(msg).__name__}")
+            args = validate_command(msg)
+        except ProtocolError as exc:
+            self.rejected += 1
+            bad = Command(id=_command_id(payload), cmd="")
+            self._identities[bad.id] = identity
+            self.reply(bad, "error", error=exc.message, code=exc.code)
+            return
+        self._identities[msg.id] = identity
+        if msg.cmd in IMMEDIATE_COMMANDS:
+            self.reply(msg, "done", result=self._snapshot())
+            return
+        try:
+            self._pending.put_nowait(PendingCommand(msg, args, identity))
+        except queue.Full:
+            self.reply(msg, "error", error=f"{MAX_PENDING_COMMANDS} commands are already waiting; try again",
+                       code="busy")
+            return
+        self.reply(msg, "ack", result={"applies_at": "next step boundary"})
+
+    def _send_outgoing(self) -> None:
+        while self._outgoing:
+            identity, msg = self._outgoing.popleft()
+            msg.rank, msg.seq, msg.ts = 0, next(self._seq), time.time()
+            if identity is not None:
+                try:
+                    self._socket.send_multipart([identity, encode(msg)], zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    pass
+            self._publish_reply(msgspec.structs.replace(msg))
+
+
+def _command_id(payload: bytes) -> str:
+    """Best effort: echo the id of a command that failed validation so the client can match it."""
+    try:
+        raw = msgspec.msgpack.decode(payload)
+        if isinstance(raw, dict) and isinstance(raw.get("id"), str):
+            return raw["id"]
+    except Exception:
+        pass
+    return ""
+
+
+_commands_decoder = msgspec.msgpack.Decoder(list[Command])
+
+
+def broadcast_bytes(payload: bytes, rank: int, group: dist.ProcessGroup) -> bytes:
+    """Rank 0's `payload` on every rank; one length broadcast, plus one for the bytes if any."""
+    length = torch.tensor([len(payload) if rank == 0 else 0], dtype=torch.int64)
+    dist.broadcast(length, src=0, group=group)
+    n = int(length[0])
+    if n == 0:
+        return b""
+    buffer = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if rank == 0 else torch.empty(n, dtype=torch.uint8)
+    dist.broadcast(buffer, src=0, group=group)
+    return payload if rank == 0 else bytes(buffer.tolist())
+
+
+class StepSync:
+    """Every rank calls `commands_for_step` at the same step boundary and gets the same commands."""
+
+    def __init__(self, rank: int, server: ControlServer | None, group: dist.ProcessGroup | None):
+        self._rank = rank
+        self._server = server
+        self._group = group
+
+    def commands_for_step(self) -> list[PendingCommand]:
+        pending = self._server.take_pending() if (self._rank == 0 and self._server) else []
+        if self._group is None:
+            return pending
+        payload = msgspec.msgpack.encode([p.command for p in pending]) if pending else b""
+        received = broadcast_bytes(payload, self._rank, self._group)
+        if self._rank == 0 or not received:
+            return pending
+        return [PendingCommand(c, validate_command(c)) for c in _commands_decoder.decode(received)]

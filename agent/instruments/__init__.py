@@ -1,0 +1,1 @@
+"""Per-rank measurements. Nothing here synchronises the device on the training thread."""

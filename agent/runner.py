@@ -1,0 +1,307 @@
+"""The per-rank step loop: build, wrap, train, measure, publish, obey commands, say goodbye."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ringtop.protocol import Bye, CommStat, Event, Hello, MemorySample, Sharding, Step
+from ringtop.strategies.base import DistContext, Strategy
+from ringtop.strategies.registry import build_strategy
+
+from . import checkpoint as ckpt
+from .config import BUILTIN_DATA, BUILTIN_MODEL, AgentConfig
+from .control import ControlServer, PendingCommand, StepSync, broadcast_bytes
+from .data import synthetic_batches
+from .factories import BuildContext, batch_to, batch_tokens, call_model, user_data, user_model
+from .instruments.comm_tracer import CommSummary, CommTracer
+from .instruments.sampler import SystemSampler
+from .instruments.step_clock import StepClock, StepTiming, apply_device_phases, device_phases_ready
+from .model import MODEL_SIZES, build_tiny_gpt, count_params
+from .relay import Relay
+from .telemetry import Telemetry
+
+RINGTOP_VERSION = "0.1.0"
+HELD_BYTES_EVERY = 20
+
+
+class Interrupted(Exception):
+    """SIGTERM from torchrun or the user: leave the loop cleanly and say why."""
+
+
+@dataclass
+class _PendingStep:
+    step: int
+    loss: torch.Tensor
+    timing: StepTiming
+    marks: Any
+    comm: CommSummary
+    tokens: int
+
+
+class _NoPhases:
+    def mark(self, phase: str) -> None:
+        pass
+
+
+class Runner:
+    def __init__(self, cfg: AgentConfig, ctx: DistContext):
+        self.cfg = cfg
+        self.ctx = ctx
+        self.step = 0
+        self.start_step = 0
+        self.stop_reason: str | None = None
+        self.last_loss = float("nan")
+        self.last_step_ms = 0.0
+        self.last_checkpoint: str | None = None
+        self.telemetry: Telemetry | None = None
+        self.relay: Relay | None = None
+        self.control: ControlServer | None = None
+        self.sampler: SystemSampler | None = None
+        self.tracer: CommTracer | None = None
+        self.sync: StepSync | None = None
+        self.control_group = dist.new_group(backend="gloo") if ctx.world_size > 1 else None
+        self.run_id = self._agree_on_run_id()
+        self.strategy: Strategy = build_strategy(cfg.strategy, cfg.strategy_options(), ctx.device)
+        self._held = None
+        self._pending: list[_PendingStep] = []
+
+    # ------------------------------------------------------------------ set-up
+
+    def _agree_on_run_id(self) -> str:
+        run_id = self.cfg.run_id or uuid.uuid4().hex[:8]
+        if self.control_group is None:
+            return run_id
+        return broadcast_bytes(run_id.encode(), self.ctx.rank, self.control_group).decode()
+
+    def _build_context(self) -> BuildContext:
+        return BuildContext(
+            rank=self.ctx.rank, world_size=self.ctx.world_size, batch_size=self.cfg.batch_size,
+            seq_len=self.cfg.seq_len, seed=self.cfg.seed, start_step=self.start_step, device=self.ctx.device,
+        )
+
+    def _build_model(self) -> torch.nn.Module:
+        if self.cfg.model == BUILTIN_MODEL:
+            return build_tiny_gpt(self.cfg.model_size, self.cfg.seed)
+        torch.manual_seed(self.cfg.seed)
+        return user_model(self.cfg.model, self._build_context())
+
+    def _build_data(self):
+        if self.cfg.data == BUILTIN_DATA:
+            if self.cfg.model != BUILTIN_MODEL:
+                vocab = 1024
+            else:
+                vocab = MODEL_SIZES[self.cfg.model_size].vocab_size
+            return synthetic_batches(self.ctx.rank, self.ctx.world_size, self.cfg.batch_size, self.cfg.seq_len,
+                                     vocab, self.cfg.seed, self.start_step)
+        return user_data(self.cfg.data, self._build_context())
+
+    def _start_telemetry(self) -> None:
+        ep = self.cfg.endpoints
+        if self.ctx.rank == 0:
+            self.relay = Relay(ep.relay, ep.publish)
+            self.relay.start()
+        self.telemetry = Telemetry(self.ctx.rank, ep.relay, self.cfg.log_dir)
+        if self.ctx.rank == 0:
+            self.control = ControlServer(ep.control, self.snapshot, self.telemetry.emit)
+            self.control.start()
+        self.sync = StepSync(self.ctx.rank, self.control, self.control_group)
+        gpu_index = self.ctx.device.index if self.ctx.device.type == "cuda" else None
+        self.sampler = SystemSampler(self.telemetry.emit, gpu_index=gpu_index)
+        self.sampler.start()
+        self.tracer = CommTracer()
+
+    def snapshot(self) -> dict[str, Any]:
+        """Read by the control thread for `status`; plain values only."""
+        return {
+            "run_id": self.run_id, "step": self.step, "steps": self.cfg.steps, "strategy": self.strategy.name,
+            "world_size": self.ctx.world_size, "loss": self.last_loss, "step_ms": self.last_step_ms,
+            "last_checkpoint": self.last_checkpoint or "",
+        }
+
+    def _hello(self, model: torch.nn.Module) -> Hello:
+        mem_total = torch.cuda.get_device_properties(self.ctx.device).total_memory if self.ctx.device.type == "cuda" else 0
+        name = self.cfg.model if self.cfg.model != BUILTIN_MODEL else f"{BUILTIN_MODEL}-{self.cfg.model_size}"
+        sharding = self.strategy.sharding
+        return Hello(
+            run_id=self.run_id, world_size=self.ctx.world_size, local_rank=self.ctx.local_rank,
+            host=socket.gethostname(), pid=os.getpid(), backend=self.ctx.backend, device=str(self.ctx.device),
+            strategy=self.strategy.name, strategy_options=dict(self.strategy.options),
+            sharding=Sharding(params=sharding.params, grads=sharding.grads, optimizer=sharding.optimizer),
+            model=name, param_count=count_params(model), torch_version=str(torch.__version__),
+            ringtop_version=RINGTOP_VERSION, batch_size=self.cfg.batch_size, seq_len=self.cfg.seq_len,
+            steps=self.cfg.steps, start_step=self.start_step, lr=self.cfg.lr, seed=self.cfg.seed,
+            device_mem_total_bytes=mem_total, publish=self.cfg.endpoints.publish, control=self.cfg.endpoints.control,
+        )
+
+    # ------------------------------------------------------------------ run
+
+    def run(self) -> int:
+        previous = signal.signal(signal.SIGTERM, _raise_interrupted) if _is_main_thread() else None
+        bye = Bye(reason="", ok=True)
+        try:
+            if self.cfg.telemetry:
+                self._start_telemetry()
+            model = self._build_model().to(self.ctx.device)
+            self.strategy.setup(model, lambda params: torch.optim.AdamW(params, lr=self.cfg.lr), self.ctx)
+            if self.tracer is not None:
+                self.strategy.attach_comm_recorder(self.tracer)
+            if self.cfg.resume:
+                self._resume()
+            if self.telemetry is not None:
+                self.telemetry.emit(self._hello(model))
+            self._loop(self._build_data())
+            bye.reason = self.stop_reason or f"completed {self.step} steps"
+        except (KeyboardInterrupt, Interrupted) as exc:
+            bye.reason, bye.ok = f"interrupted ({type(exc).__name__})", False
+            raise
+        except BaseException as exc:
+            bye.reason, bye.ok = f"error: {type(exc).__name__}: {exc}", False
+            raise
+        finally:
+            bye.step = self.step
+            self._shutdown(bye)
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+        return 0
+
+    def _resume(self) -> None:
+        path = ckpt.resolve(self.cfg.resume, self.cfg.checkpoint_dir)
+        payload = ckpt.load_full(path)
+        self.strategy.load_full_state_dict(payload["model"], payload["optimizer"])
+        self.start_step = self.step = int(payload["step"])
+        self._event("info", "resume", f"resumed from {path} at step {self.step}", {"path": str(path)})
+
+    def _loop(self, data) -> None:
+        cfg = self.cfg
+        clock = StepClock(self.ctx.device) if self.telemetry is not None else None
+        phases = clock or _NoPhases()
+        while cfg.steps == 0 or self.step < cfg.steps:
+            if self.sync is not None:
+                for pending in self.sync.commands_for_step():
+                    self._apply(pending)
+                if self.stop_reason:
+                    break
+            if clock is not None:
+                clock.begin()
+            batch = batch_to(next(data), self.ctx.device)
+            phases.mark("data")
+            loss = self.strategy.run_step(batch, call_model, phases)
+            self.step += 1
+            if clock is not None:
+                timing, marks = clock.finish()
+                self._pending.append(_PendingStep(self.step, loss.detach(), timing, marks, self.tracer.drain(),
+                                                  batch_tokens(batch)))
+                self._publish_ready_steps()
+        self._publish_ready_steps(wait=True)
+
+    def _publish_ready_steps(self, wait: bool = False) -> None:
+        while self._pending and (wait or device_phases_ready(self._pending[0].marks)):
+            p = self._pending.pop(0)
+            if wait and p.marks is not None:
+                p.marks.events[-1][1].synchronize()
+            timing = apply_device_phases(p.timing, p.marks)
+            self._emit_step(p, timing)
+
+    def _emit_step(self, p: _PendingStep, timing: StepTiming) -> None:
+        loss = float(p.loss)
+        self.last_loss, self.last_step_ms = loss, timing.step_ms
+        self.telemetry.step = p.step
+        if self._held is None or p.step <= self.start_step + 2 or p.step % HELD_BYTES_EVERY == 0:
+            self._held = self.strategy.held_bytes()
+        mem = MemorySample(params_bytes=self._held.params, grads_bytes=self._held.grads,
+                           optimizer_bytes=self._held.optimizer, rss_bytes=self.sampler.latest.rss_bytes)
+        if self.ctx.device.type == "cuda":
+            mem.cuda_allocated_bytes = torch.cuda.memory_allocated(self.ctx.device)
+            mem.cuda_reserved_bytes = torch.cuda.memory_reserved(self.ctx.device)
+            mem.cuda_peak_bytes = torch.cuda.max_memory_allocated(self.ctx.device)
+        ph = timing.phase_ms
+        self.telemetry.emit(Step(
+            step=p.step, loss=loss, step_ms=timing.step_ms, data_ms=ph.get("data", 0.0),
+            forward_ms=ph.get("forward", 0.0), backward_ms=ph.get("backward", 0.0),
+            optimizer_ms=ph.get("optimizer", 0.0), comm_blocked_ms=p.comm.blocked_ms, tokens=p.tokens,
+            tokens_per_s=p.tokens / (timing.step_ms / 1e3) if timing.step_ms > 0 else 0.0, mem=mem,
+            comm=[CommStat(kind=k.kind, count=k.count, bytes=k.bytes, busy_ms=k.busy_ms, group_size=k.group_size)
+                  for k in p.comm.kinds],
+            cpu_percent=self.sampler.latest.cpu_percent, drops=self.telemetry.drops,
+        ))
+        if self.ctx.rank == 0 and self.cfg.print_every and p.step % self.cfg.print_every == 0:
+            print(f"[ringtop] step {p.step}/{self.cfg.steps or '∞'}  loss {loss:.4f}  "
+                  f"{timing.step_ms:.1f} ms/step  {p.tokens * self.ctx.world_size / (timing.step_ms / 1e3):,.0f} tok/s",
+                  file=sys.stderr, flush=True)
+
+    # ------------------------------------------------------------------ commands
+
+    def _apply(self, pending: PendingCommand) -> None:
+        command = pending.command
+        try:
+            if command.cmd == "checkpoint":
+                result = self._checkpoint()
+            elif command.cmd == "stop":
+                self.stop_reason = f"stopped by user: {pending.args.reason}"
+                result = {"step": self.step}
+            else:
+                raise ValueError(f"command {command.cmd!r} cannot be applied at a step boundary")
+        except Exception as exc:
+            if self.control is not None:
+                self.control.reply(command, "error", error=f"{type(exc).__name__}: {exc}", code="failed")
+            self._event("error", "command", f"{command.cmd} failed: {exc}", {"id": command.id})
+            return
+        if self.control is not None:
+            self.control.reply(command, "done", result=result)
+
+    def _checkpoint(self) -> dict[str, Any]:
+        model_state, optim_state = self.strategy.full_state_dict()
+        if self.ctx.rank != 0:
+            return {}
+        meta = {
+            "run_id": self.run_id, "strategy": self.strategy.name, "world_size": self.ctx.world_size,
+            "model": self.cfg.model, "model_size": self.cfg.model_size, "batch_size": self.cfg.batch_size,
+            "seq_len": self.cfg.seq_len, "seed": self.cfg.seed, "lr": self.cfg.lr, "data": self.cfg.data,
+            "data_position": self.step, "torch_version": str(torch.__version__), "saved_at": time.time(),
+        }
+        saved = ckpt.save_full(self.cfg.checkpoint_dir, self.step, model_state, optim_state, meta)
+        self.last_checkpoint = saved.path
+        result = {"path": saved.path, "step": saved.step, "bytes": saved.bytes, "seconds": round(saved.seconds, 4)}
+        self._event("info", "checkpoint", f"full checkpoint at step {saved.step}: {saved.path}", result)
+        return result
+
+    def _event(self, level: str, kind: str, text: str, data: dict[str, Any] | None = None) -> None:
+        if self.telemetry is not None:
+            self.telemetry.emit(Event(level=level, kind=kind, text=text, step=self.step, data=data or {}))
+        elif self.ctx.rank == 0:
+            print(f"[ringtop] {level}: {text}", file=sys.stderr, flush=True)
+
+    # ------------------------------------------------------------------ shutdown
+
+    def _shutdown(self, bye: Bye) -> None:
+        if self.sampler is not None:
+            self.sampler.stop()
+        if self.telemetry is not None:
+            self.telemetry.close(bye)
+        if bye.ok and self.control_group is not None:
+            dist.barrier(group=self.control_group)
+        if self.control is not None:
+            self.control.stop()
+        if self.relay is not None:
+            self.relay.stop()
+        self.strategy.teardown()
+
+
+def _raise_interrupted(signum, frame):
+    raise Interrupted(f"signal {signum}")
+
+
+def _is_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()

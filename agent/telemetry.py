@@ -1,0 +1,144 @@
+"""Gets telemetry off the training thread at once.
+
+`emit` stamps the envelope and appends to a bounded deque (the oldest message is dropped and
+counted when it is full); a background thread encodes and sends over an XPUB socket connected to
+rank 0's relay and appends JSON lines to `rank-R.jsonl`, flushed per line. The thread also sends a
+heartbeat every second, so a UI can tell a slow step from a dead rank.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import zmq
+
+from ringtop.protocol import Bye, Heartbeat, Message, encode, to_json_line
+
+QUEUE_CAPACITY = 4096
+HEARTBEAT_INTERVAL_S = 1.0
+SUBSCRIPTION_WAIT_S = 5.0
+
+
+def topic(msg: Message) -> bytes:
+    """`type.rank`: subscribers filter by type prefix; the relay caches per rank."""
+    return f"{msg.__struct_config__.tag}.{msg.rank}".encode()
+
+
+class Telemetry:
+    def __init__(
+        self,
+        rank: int,
+        relay_address: str | None,
+        log_dir: str | None,
+        context: zmq.Context | None = None,
+        capacity: int = QUEUE_CAPACITY,
+    ):
+        self.rank = rank
+        self.drops = 0
+        self.failures = 0
+        self.step = 0
+        self._seq = itertools.count()
+        self._queue: collections.deque[Message] = collections.deque(maxlen=capacity)
+        self._wake = threading.Event()
+        self._closing = threading.Event()
+        self._socket: zmq.Socket | None = None
+        self._subscribed = relay_address is None
+        self._connected_at = time.monotonic()
+        if relay_address is not None:
+            ctx = context or zmq.Context.instance()
+            self._socket = ctx.socket(zmq.XPUB)
+            self._socket.setsockopt(zmq.SNDHWM, capacity)
+            self._socket.setsockopt(zmq.LINGER, 2000)
+            self._socket.connect(relay_address)
+        self._file = None
+        if log_dir:
+            Path(log_dir).mkdir(parents=True, exist_ok=True)
+            self._file = open(os.path.join(log_dir, f"rank-{rank}.jsonl"), "ab", buffering=0)
+        self._thread = threading.Thread(target=self._run, name=f"ringtop-telemetry-{rank}", daemon=True)
+        self._thread.start()
+
+    def emit(self, msg: Message) -> None:
+        """Non-blocking; safe from any thread."""
+        msg.rank = self.rank
+        msg.seq = next(self._seq)
+        msg.ts = time.time()
+        if len(self._queue) == self._queue.maxlen:
+            self.drops += 1
+        self._queue.append(msg)
+        self._wake.set()
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def close(self, bye: Bye | None = None, timeout_s: float = 3.0) -> None:
+        """Send what is queued (and a Bye), then stop the thread; never waits longer than `timeout_s`."""
+        if bye is not None:
+            self.emit(bye)
+        self._closing.set()
+        self._wake.set()
+        self._thread.join(timeout_s)
+        if self._socket is not None:
+            self._socket.close(linger=int(timeout_s * 1000) if self._subscribed else 0)
+        if self._file is not None:
+            self._file.close()
+
+    def _run(self) -> None:
+        next_beat = time.monotonic() + HEARTBEAT_INTERVAL_S
+        while True:
+            closing = self._closing.is_set()
+            self._wake.wait(0.05)
+            self._wake.clear()
+            self._await_subscription()
+            if not closing and time.monotonic() >= next_beat:
+                next_beat = time.monotonic() + HEARTBEAT_INTERVAL_S
+                self.emit(Heartbeat(step=self.step, drops=self.drops, queued=len(self._queue)))
+            if self._subscribed or closing:
+                self._flush_queue()
+            if closing:
+                return
+
+    def _report_failure(self, exc: Exception) -> None:
+        self.failures += 1
+        if self.failures <= 3:
+            print(f"ringtop telemetry [rank {self.rank}]: dropped a message: {type(exc).__name__}: {exc}",
+                  file=sys.stderr, flush=True)
+
+    def _await_subscription(self) -> None:
+        """An XPUB learns the relay's subscription from a frame; until then sends would be lost."""
+        if self._subscribed or self._socket is None:
+            return
+        try:
+            while True:
+                frame = self._socket.recv(zmq.NOBLOCK)
+                if frame[:1] == b"\x01":
+                    self._subscribed = True
+                    return
+        except zmq.Again:
+            pass
+        if time.monotonic() - self._connected_at > SUBSCRIPTION_WAIT_S:
+            self._subscribed = True
+
+    def _flush_queue(self) -> None:
+        while self._queue:
+            try:
+                msg = self._queue.popleft()
+            except IndexError:
+                return
+            try:
+                if self._socket is not None and self._subscribed:
+                    try:
+                        self._socket.send_multipart([topic(msg), encode(msg)], zmq.NOBLOCK)
+                    except zmq.Again:
+                        self.drops += 1
+                if self._file is not None:
+                    self._file.write(to_json_line(msg))
+            except Exception as exc:  # a bad message or a full disk must not kill telemetry or training
+                self.drops += 1
+                self._report_failure(exc)

@@ -1,0 +1,75 @@
+"""`ringtop ctl`: one command to a running job over its control socket, for scripts."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import uuid
+from typing import Any
+
+import msgspec
+import zmq
+
+from ringtop.protocol import UI_RANK, Command, ProtocolError, Reply, decode, encode
+
+
+def parse_kv(items: list[str]) -> dict[str, Any]:
+    args: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"argument {item!r} is not KEY=VALUE")
+        try:
+            args[key] = json.loads(value)
+        except json.JSONDecodeError:
+            args[key] = value
+    return args
+
+
+def send_command(address: str, cmd: str, args: dict[str, Any], timeout_s: float):
+    """Yields each Reply to the command until `done` or `error`; raises TimeoutError past the deadline."""
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+    command = Command(id=uuid.uuid4().hex[:12], cmd=cmd, args=args, rank=UI_RANK, ts=time.time())
+    try:
+        sock.send(encode(command))
+        deadline = time.monotonic() + timeout_s
+        while True:
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            if remaining_ms <= 0 or not sock.poll(remaining_ms):
+                raise TimeoutError(f"no reply from {address} within {timeout_s:g} s (is the job running?)")
+            reply = decode(sock.recv())
+            if not isinstance(reply, Reply) or reply.id not in (command.id, ""):
+                continue
+            yield reply
+            if reply.status != "ack":
+                return
+    finally:
+        sock.close()
+
+
+def run_ctl(address: str, cmd: str, raw_args: list[str], timeout_s: float, as_json: bool) -> int:
+    try:
+        args = parse_kv(raw_args)
+        for reply in send_command(address, cmd, args, timeout_s):
+            if as_json:
+                print(msgspec.json.encode(reply).decode(), flush=True)
+            elif reply.status == "ack":
+                print(f"{cmd}: accepted, applies at the next step boundary", flush=True)
+            elif reply.status == "done":
+                print(f"{cmd}: done", flush=True)
+                for key, value in reply.result.items():
+                    print(f"  {key}: {value}")
+            else:
+                print(f"{cmd}: error [{reply.code}] {reply.error}", file=sys.stderr, flush=True)
+                return 1
+        return 0
+    except (ValueError, ProtocolError) as exc:
+        print(f"ringtop ctl: error: {exc}", file=sys.stderr)
+        return 2
+    except TimeoutError as exc:
+        print(f"ringtop ctl: {exc}", file=sys.stderr)
+        return 3

@@ -1,0 +1,61 @@
+"""Starts the ranks through torch's elastic launcher (what `torchrun` does) as a child process.
+
+Kept torch-free in this process: the launcher runs as `python -m torch.distributed.run`, so the
+UI beside it never imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+
+def launcher_command(nproc: int, agent_args: list[str]) -> list[str]:
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+        "-m", "ringtop.agent", *agent_args,
+    ]
+
+
+def start_ranks(nproc: int, agent_args: list[str], output_file: Path | None = None) -> subprocess.Popen:
+    """In a new session so one signal reaches the launcher and every rank it started."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("PYTHONWARNINGS", "ignore")
+    out = None
+    if output_file is not None:
+        output_file.parent.mkdir(parents=True, exist_ok=True)
+        out = open(output_file, "ab")
+    try:
+        return subprocess.Popen(launcher_command(nproc, agent_args), env=env, stdout=out,
+                                stderr=subprocess.STDOUT if out else None, start_new_session=True)
+    finally:
+        if out is not None:
+            out.close()
+
+
+def stop_ranks(proc: subprocess.Popen, timeout_s: float = 15.0) -> int:
+    """SIGTERM the launcher's group (ranks send their Bye), then SIGKILL what is left."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode
+
+
+def wait_ranks(proc: subprocess.Popen) -> int:
+    """Wait for the run; Ctrl-C stops it cleanly."""
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        print("\nringtop: stopping the ranks ...", file=sys.stderr)
+        return stop_ranks(proc)

@@ -1,0 +1,157 @@
+"""The `ringtop` command: ui, replay, run, demo, ctl.
+
+Only `run` and `demo` start training, and they do it in child processes; this process never
+imports torch, so the UI starts on a machine without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from ringtop.protocol import DEFAULT_CONTROL_ADDRESS, DEFAULT_PUBLISH_ADDRESS, free_tcp_port
+
+DEMO_STEPS_UI = 600
+DEMO_STEPS_HEADLESS = 40
+
+
+def _ui(args: argparse.Namespace) -> int:
+    from ringtop.tui.app import run_live
+
+    return run_live(args.connect, args.control) or 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from ringtop.tui.app import run_replay
+
+    return run_replay(args.logdir) or 0
+
+
+def _ctl(args: argparse.Namespace) -> int:
+    from .ctl import run_ctl
+
+    return run_ctl(args.connect, args.command, args.args, args.timeout, args.json)
+
+
+def _check_agent_args(agent_args: list[str]) -> int | None:
+    from ringtop.agent.config import ConfigError, parse_agent_args
+
+    try:
+        parse_agent_args(agent_args)
+    except ConfigError as exc:
+        print(f"ringtop: error: {exc}", file=sys.stderr)
+        return 2
+    return None
+
+
+def _option_value(agent_args: list[str], option: str) -> str | None:
+    for i, arg in enumerate(agent_args):
+        if arg == option and i + 1 < len(agent_args):
+            return agent_args[i + 1]
+        if arg.startswith(option + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _run(args: argparse.Namespace, agent_args: list[str]) -> int:
+    if (bad := _check_agent_args(agent_args)) is not None:
+        return bad
+    from .launch import start_ranks, wait_ranks
+
+    if not args.ui:
+        return wait_ranks(start_ranks(args.nproc, agent_args))
+    log_dir = Path(_option_value(agent_args, "--log-dir") or f"runs/run-{time.strftime('%Y%m%d-%H%M%S')}")
+    if _option_value(agent_args, "--log-dir") is None:
+        agent_args = [*agent_args, "--log-dir", str(log_dir)]
+    publish = _option_value(agent_args, "--publish") or DEFAULT_PUBLISH_ADDRESS
+    control = _option_value(agent_args, "--control") or DEFAULT_CONTROL_ADDRESS
+    return _run_with_ui(args.nproc, agent_args, log_dir, publish, control)
+
+
+def _run_with_ui(nproc: int, agent_args: list[str], log_dir: Path, publish: str, control: str) -> int:
+    from ringtop.tui.app import run_live
+
+    from .launch import start_ranks, wait_ranks
+
+    output = log_dir / "agents.log"
+    proc = start_ranks(nproc, agent_args, output_file=output)
+    run_live(publish, control)
+    if proc.poll() is None:
+        print(f"ringtop: the UI is closed; the {nproc} ranks keep training (output: {output}).\n"
+              f"  re-attach:  ringtop ui --connect {publish} --control {control}\n"
+              f"  stop them:  Ctrl-C here, or  ringtop ctl --connect {control} stop", file=sys.stderr)
+    return wait_ranks(proc)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    ports = [free_tcp_port() for _ in range(3)]
+    publish, relay, control = (f"tcp://127.0.0.1:{p}" for p in ports)
+    log_dir = Path(args.log_dir or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
+    steps = args.steps if args.steps is not None else (DEMO_STEPS_HEADLESS if args.headless else DEMO_STEPS_UI)
+    agent_args = ["--steps", str(steps), "--log-dir", str(log_dir), "--publish", publish, "--relay", relay,
+                  "--control", control, "--checkpoint-dir", str(log_dir / "checkpoints"),
+                  "--model-size", args.model_size]
+    if args.headless:
+        from .launch import start_ranks, wait_ranks
+        from .summary import print_summary
+
+        print(f"ringtop demo: {args.nproc} CPU ranks, tiny-gpt {args.model_size}, {steps} steps, logs in {log_dir}",
+              file=sys.stderr)
+        code = wait_ranks(start_ranks(args.nproc, [*agent_args, "--print-every", "10"]))
+        print_summary(log_dir)
+        print(f"\nreplay it:  ringtop replay {log_dir}")
+        return code
+    return _run_with_ui(args.nproc, agent_args, log_dir, publish, control)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ringtop", description="A live cockpit for distributed PyTorch training.")
+    sub = parser.add_subparsers(dest="verb")
+
+    ui = sub.add_parser("ui", help="open the UI on a running job")
+    ui.add_argument("--connect", default=DEFAULT_PUBLISH_ADDRESS, help="rank 0's telemetry address (%(default)s)")
+    ui.add_argument("--control", default=DEFAULT_CONTROL_ADDRESS, help="rank 0's control address (%(default)s)")
+
+    replay = sub.add_parser("replay", help="open the UI over recorded logs (LOGDIR/rank-R.jsonl)")
+    replay.add_argument("logdir")
+
+    run = sub.add_parser("run", help="launch N ranks (as torchrun does); agent options follow",
+                         epilog="Agent options: see `python -m ringtop.agent --help`.")
+    run.add_argument("--nproc", type=int, default=2, help="ranks on this node (default %(default)s)")
+    run.add_argument("--ui", action="store_true", help="open the UI while the ranks train")
+
+    demo = sub.add_parser("demo", help="2 CPU ranks training tiny-gpt, with the UI (or --headless)")
+    demo.add_argument("--headless", action="store_true", help="no UI: logs, progress lines and a summary")
+    demo.add_argument("--nproc", type=int, default=2)
+    demo.add_argument("--steps", type=int, default=None)
+    demo.add_argument("--model-size", default="1m", choices=("1m", "10m", "25m", "125m"))
+    demo.add_argument("--log-dir", default=None)
+
+    ctl = sub.add_parser("ctl", help="send a command to a running job and print the reply")
+    ctl.add_argument("--connect", default=DEFAULT_CONTROL_ADDRESS, help="rank 0's control address (%(default)s)")
+    ctl.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the result")
+    ctl.add_argument("--json", action="store_true", help="print the replies as JSON lines")
+    ctl.add_argument("command", help="status | checkpoint | stop")
+    ctl.add_argument("args", nargs="*", help="KEY=VALUE arguments, e.g. kind=full")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    if argv and argv[0] == "run":
+        known, agent_args = parser.parse_known_args(argv)
+        return _run(known, agent_args)
+    args = parser.parse_args(argv)
+    if args.verb is None:
+        args = parser.parse_args(["ui"])
+    if args.verb in ("run", "demo") and args.nproc < 1:
+        parser.error("--nproc must be >= 1")
+    handlers = {"ui": _ui, "replay": _replay, "ctl": _ctl, "demo": _demo}
+    return handlers[args.verb](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

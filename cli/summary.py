@@ -1,0 +1,56 @@
+"""The end-of-run summary a headless run prints, computed from its JSONL logs."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from ringtop.protocol import Bye, Hello, ProtocolError, Step, from_json_line
+
+
+def summarize(log_dir: Path) -> list[dict]:
+    rows = []
+    for path in sorted(log_dir.glob("rank-*.jsonl")):
+        steps: list[Step] = []
+        hello = bye = None
+        for line in path.read_bytes().splitlines():
+            try:
+                msg = from_json_line(line)
+            except ProtocolError:
+                continue
+            if isinstance(msg, Step):
+                steps.append(msg)
+            elif isinstance(msg, Hello):
+                hello = msg
+            elif isinstance(msg, Bye):
+                bye = msg
+        if not steps:
+            continue
+        step_ms = [s.step_ms for s in steps[1:]] or [steps[0].step_ms]
+        comm_bytes = sum(c.bytes for s in steps for c in s.comm)
+        rows.append({
+            "rank": steps[0].rank,
+            "strategy": hello.strategy if hello else "?",
+            "steps": steps[-1].step,
+            "first_loss": steps[0].loss,
+            "last_loss": steps[-1].loss,
+            "median_step_ms": statistics.median(step_ms),
+            "comm_mb_per_step": comm_bytes / len(steps) / 1e6,
+            "comm_blocked_pct": 100 * sum(s.comm_blocked_ms for s in steps) / max(sum(s.step_ms for s in steps), 1e-9),
+            "drops": steps[-1].drops,
+            "exit": bye.reason if bye else "no bye (still running or killed)",
+        })
+    return rows
+
+
+def print_summary(log_dir: Path) -> None:
+    rows = summarize(log_dir)
+    if not rows:
+        print(f"no step records in {log_dir}")
+        return
+    print(f"\n{'rank':>4} {'steps':>6} {'loss first→last':>18} {'step ms (median)':>17} "
+          f"{'comm MB/step':>13} {'comm blocked %':>15} {'drops':>6}  exit")
+    for r in rows:
+        print(f"{r['rank']:>4} {r['steps']:>6} {r['first_loss']:>8.4f} → {r['last_loss']:<7.4f} "
+              f"{r['median_step_ms']:>17.1f} {r['comm_mb_per_step']:>13.2f} {r['comm_blocked_pct']:>15.1f} "
+              f"{r['drops']:>6}  {r['exit']}")

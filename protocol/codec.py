@@ -1,0 +1,78 @@
+"""Encode and decode messages: MessagePack on the wire, JSON lines on disk, one schema.
+
+Decoding validates once, on entry, and turns every kind of bad input into a `ProtocolError`
+subclass that says what was wrong, so a receiver can reply or count it and carry on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from .errors import InvalidMessageError, MalformedError, OversizeError, UnknownTypeError, VersionError
+from .messages import MESSAGE_TYPES, PROTOCOL_VERSION, Message
+
+MAX_FRAME_BYTES = 1 << 20
+"""Largest message accepted on either channel; telemetry messages are a few hundred bytes."""
+
+_mp_encoder = msgspec.msgpack.Encoder()
+_mp_decoder = msgspec.msgpack.Decoder(Message)
+_json_encoder = msgspec.json.Encoder()
+_json_decoder = msgspec.json.Decoder(Message)
+
+
+class _Header(msgspec.Struct):
+    v: Any = None
+    type: Any = None
+
+
+_mp_header = msgspec.msgpack.Decoder(_Header)
+_json_header = msgspec.json.Decoder(_Header)
+
+
+def encode(msg: Message) -> bytes:
+    return _mp_encoder.encode(msg)
+
+
+def to_json_line(msg: Message) -> bytes:
+    return _json_encoder.encode(msg) + b"\n"
+
+
+def decode(data: bytes, max_bytes: int = MAX_FRAME_BYTES) -> Message:
+    return _decode(data, max_bytes, _mp_decoder, _mp_header, "MessagePack")
+
+
+def from_json_line(line: bytes | str, max_bytes: int = MAX_FRAME_BYTES) -> Message:
+    if isinstance(line, str):
+        line = line.encode()
+    return _decode(line.rstrip(b"\r\n"), max_bytes, _json_decoder, _json_header, "JSON")
+
+
+def _decode(data: bytes, max_bytes: int, decoder, header_decoder, fmt: str) -> Message:
+    if len(data) > max_bytes:
+        raise OversizeError(f"message of {len(data)} bytes exceeds the limit of {max_bytes} bytes")
+    try:
+        msg = decoder.decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise _diagnose(data, exc, header_decoder, fmt) from None
+    if msg.v != PROTOCOL_VERSION:
+        raise VersionError(f"protocol version {msg.v!r} is not supported (this side speaks {PROTOCOL_VERSION})")
+    if header_decoder.decode(data).v is None:
+        # `v` has a default for senders' convenience; a receiver must not take its absence for 1.
+        raise VersionError(f"message has no protocol version `v` (this side speaks {PROTOCOL_VERSION})")
+    return msg
+
+
+def _diagnose(data: bytes, exc: Exception, header_decoder, fmt: str) -> Exception:
+    """Say which of the envelope checks failed before blaming a field."""
+    try:
+        header = header_decoder.decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return MalformedError(f"not a {fmt} map: {exc}")
+    if header.v != PROTOCOL_VERSION:
+        return VersionError(f"protocol version {header.v!r} is not supported (this side speaks {PROTOCOL_VERSION})")
+    if header.type not in MESSAGE_TYPES:
+        known = ", ".join(sorted(MESSAGE_TYPES))
+        return UnknownTypeError(f"unknown message type {header.type!r} (known: {known})")
+    return InvalidMessageError(f"invalid {header.type!r} message: {exc}")

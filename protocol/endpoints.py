@@ -1,0 +1,78 @@
+"""Where the sockets live. Everything binds to loopback unless the user says otherwise."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from urllib.parse import urlsplit
+
+import msgspec
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PUBLISH_PORT = 5555
+DEFAULT_RELAY_PORT = 5556
+DEFAULT_CONTROL_PORT = 5557
+
+
+class Endpoints(msgspec.Struct, frozen=True, kw_only=True):
+    publish: str = f"tcp://{DEFAULT_HOST}:{DEFAULT_PUBLISH_PORT}"
+    """Rank 0's XPUB: the UI subscribes here."""
+    relay: str = f"tcp://{DEFAULT_HOST}:{DEFAULT_RELAY_PORT}"
+    """Rank 0's XSUB: every rank's publisher connects here."""
+    control: str = f"tcp://{DEFAULT_HOST}:{DEFAULT_CONTROL_PORT}"
+    """Rank 0's ROUTER: the UI's DEALER connects here."""
+
+
+class EndpointError(ValueError):
+    pass
+
+
+def parse_tcp(address: str) -> tuple[str, int]:
+    """`tcp://HOST:PORT` -> (host, port), with a message that says what a good address looks like."""
+    parts = urlsplit(address)
+    try:
+        port = parts.port  # raises ValueError for a non-numeric or out-of-range port
+    except ValueError:
+        port = None
+    if parts.scheme != "tcp" or not parts.hostname or port is None:
+        raise EndpointError(f"address {address!r} is not of the form tcp://HOST:PORT")
+    return parts.hostname, port
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind_safe(address: str, allow_remote: bool) -> None:
+    """Refuse to expose the control and telemetry sockets beyond loopback by accident."""
+    host, _ = parse_tcp(address)
+    if not allow_remote and not is_loopback(host):
+        raise EndpointError(
+            f"refusing to bind {address}: it is reachable from other machines and the sockets are not "
+            "authenticated. Keep the default 127.0.0.1 and use `ssh -L`, or pass --allow-remote on a "
+            "trusted network."
+        )
+
+
+def with_port(address: str, port: int) -> str:
+    host, _ = parse_tcp(address)
+    if ":" in host:  # IPv6 literal: keep its brackets
+        host = f"[{host}]"
+    return f"tcp://{host}:{port}"
+
+
+def free_tcp_port(host: str = DEFAULT_HOST) -> int:
+    """A port free right now; callers bind it promptly (there is a small race, as with any such pick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+DEFAULT_PUBLISH_ADDRESS = Endpoints().publish
+DEFAULT_RELAY_ADDRESS = Endpoints().relay
+DEFAULT_CONTROL_ADDRESS = Endpoints().control

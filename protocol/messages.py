@@ -1,0 +1,172 @@
+"""Every message ringtop sends, as typed structs sharing one flat, versioned envelope.
+
+Each message is a map whose envelope keys (`v`, `type`, `rank`, `seq`, `ts`) sit beside its own
+fields; `type` is the tag that selects the struct. The same structs are written as MessagePack on
+the wire and as JSON lines on disk.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+import msgspec
+
+PROTOCOL_VERSION = 1
+
+UI_RANK = -1
+"""`rank` used by messages that do not come from a training rank (the UI, `ringtop ctl`)."""
+
+
+class Envelope(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=False):
+    v: int = PROTOCOL_VERSION
+    rank: int = 0
+    seq: int = 0
+    ts: float = 0.0
+
+
+# ---------------------------------------------------------------- telemetry (agent -> UI / disk)
+
+
+class Sharding(msgspec.Struct, kw_only=True):
+    """What a strategy splits across ranks rather than replicating."""
+
+    params: bool = False
+    grads: bool = False
+    optimizer: bool = False
+
+
+class Hello(Envelope, tag="hello", kw_only=True):
+    run_id: str
+    world_size: int
+    local_rank: int = 0
+    host: str = ""
+    pid: int = 0
+    backend: str = ""
+    device: str = ""
+    strategy: str = ""
+    strategy_options: dict[str, Any] = {}
+    sharding: Sharding = msgspec.field(default_factory=Sharding)
+    model: str = ""
+    param_count: int = 0
+    torch_version: str = ""
+    ringtop_version: str = ""
+    batch_size: int = 0
+    seq_len: int = 0
+    steps: int = 0
+    start_step: int = 0
+    lr: float = 0.0
+    seed: int = 0
+    device_mem_total_bytes: int = 0
+    publish: str = ""
+    control: str = ""
+
+
+class MemorySample(msgspec.Struct, kw_only=True):
+    """Bytes this rank holds. `*_bytes` of state are counted from the tensors the rank owns."""
+
+    params_bytes: int = 0
+    grads_bytes: int = 0
+    optimizer_bytes: int = 0
+    rss_bytes: int = 0
+    cuda_allocated_bytes: int = 0
+    cuda_reserved_bytes: int = 0
+    cuda_peak_bytes: int = 0
+
+
+class CommStat(msgspec.Struct, kw_only=True, array_like=False):
+    """Collectives of one kind issued since the previous step."""
+
+    kind: str
+    count: int = 0
+    bytes: int = 0
+    busy_ms: float = 0.0
+    group_size: int = 0
+
+
+class Step(Envelope, tag="step", kw_only=True):
+    step: int
+    loss: float
+    step_ms: float
+    data_ms: float = 0.0
+    forward_ms: float = 0.0
+    backward_ms: float = 0.0
+    optimizer_ms: float = 0.0
+    comm_blocked_ms: float = 0.0
+    tokens: int = 0
+    tokens_per_s: float = 0.0
+    mem: MemorySample = msgspec.field(default_factory=MemorySample)
+    comm: list[CommStat] = []
+    cpu_percent: float = 0.0
+    drops: int = 0
+
+
+class GpuSample(msgspec.Struct, kw_only=True):
+    index: int = 0
+    name: str = ""
+    util_percent: float = 0.0
+    mem_used_bytes: int = 0
+    mem_total_bytes: int = 0
+    power_w: float = 0.0
+    temperature_c: float = 0.0
+
+
+class Sample(Envelope, tag="sample", kw_only=True):
+    """Host and device readings, taken on the sampler thread, never the training thread."""
+
+    cpu_percent: float = 0.0
+    rss_bytes: int = 0
+    gpu: GpuSample | None = None
+
+
+class Heartbeat(Envelope, tag="heartbeat", kw_only=True):
+    step: int = 0
+    drops: int = 0
+    queued: int = 0
+
+
+Level = Literal["info", "warn", "error"]
+
+
+class Event(Envelope, tag="event", kw_only=True):
+    level: Level = "info"
+    kind: str = ""
+    text: str = ""
+    step: int = -1
+    data: dict[str, Any] = {}
+
+
+class Bye(Envelope, tag="bye", kw_only=True):
+    reason: str = ""
+    step: int = 0
+    ok: bool = True
+
+
+# ---------------------------------------------------------------- control (UI -> rank 0 -> UI)
+
+
+class Command(Envelope, tag="command", kw_only=True):
+    id: str
+    cmd: str
+    args: dict[str, Any] = {}
+
+
+ReplyStatus = Literal["ack", "done", "error"]
+
+
+class Reply(Envelope, tag="reply", kw_only=True):
+    """`ack` when a command is accepted, then `done` or `error`; a rejected command gets `error` only."""
+
+    id: str
+    status: ReplyStatus
+    cmd: str = ""
+    result: dict[str, Any] = {}
+    error: str = ""
+    code: str = ""
+
+
+Telemetry = Union[Hello, Step, Sample, Heartbeat, Event, Bye]
+Message = Union[Hello, Step, Sample, Heartbeat, Event, Bye, Command, Reply]
+
+MESSAGE_TYPES: dict[str, type] = {
+    cls.__struct_config__.tag: cls for cls in (Hello, Step, Sample, Heartbeat, Event, Bye, Command, Reply)
+}
