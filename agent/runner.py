@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import socket
@@ -61,6 +62,7 @@ class Runner:
         self.start_step = 0
         self.stop_reason: str | None = None
         self.last_loss = float("nan")
+        self._loss_was_finite = True
         self.last_step_ms = 0.0
         self.last_checkpoint: str | None = None
         self.telemetry: Telemetry | None = None
@@ -117,7 +119,6 @@ class Runner:
         self.sync = StepSync(self.ctx.rank, self.control, self.control_group)
         gpu_index = self.ctx.device.index if self.ctx.device.type == "cuda" else None
         self.sampler = SystemSampler(self.telemetry.emit, gpu_index=gpu_index)
-        self.sampler.start()
         self.tracer = CommTracer()
 
     def snapshot(self) -> dict[str, Any]:
@@ -149,16 +150,18 @@ class Runner:
         previous = signal.signal(signal.SIGTERM, _raise_interrupted) if _is_main_thread() else None
         bye = Bye(reason="", ok=True)
         try:
-            if self.cfg.telemetry:
-                self._start_telemetry()
             model = self._build_model().to(self.ctx.device)
             self.strategy.setup(model, lambda params: torch.optim.AdamW(params, lr=self.cfg.lr), self.ctx)
-            if self.tracer is not None:
+            resumed_from = self._resume() if self.cfg.resume else None
+            if self.cfg.telemetry:
+                self._start_telemetry()
                 self.strategy.attach_comm_recorder(self.tracer)
-            if self.cfg.resume:
-                self._resume()
-            if self.telemetry is not None:
                 self.telemetry.emit(self._hello(model))
+                self.telemetry.step = self.step
+                self.sampler.start()
+            if resumed_from is not None:
+                self._event("info", "resume", f"resumed from {resumed_from} at step {self.step}",
+                            {"path": str(resumed_from)})
             self._loop(self._build_data())
             bye.reason = self.stop_reason or f"completed {self.step} steps"
         except (KeyboardInterrupt, Interrupted) as exc:
@@ -174,12 +177,12 @@ class Runner:
                 signal.signal(signal.SIGTERM, previous)
         return 0
 
-    def _resume(self) -> None:
+    def _resume(self):
         path = ckpt.resolve(self.cfg.resume, self.cfg.checkpoint_dir)
         payload = ckpt.load_full(path)
         self.strategy.load_full_state_dict(payload["model"], payload["optimizer"])
         self.start_step = self.step = int(payload["step"])
-        self._event("info", "resume", f"resumed from {path} at step {self.step}", {"path": str(path)})
+        return path
 
     def _loop(self, data) -> None:
         cfg = self.cfg
@@ -214,6 +217,9 @@ class Runner:
 
     def _emit_step(self, p: _PendingStep, timing: StepTiming) -> None:
         loss = float(p.loss)
+        if not math.isfinite(loss) and self._loss_was_finite:
+            self._event("warn", "loss", f"loss is {loss} at step {p.step}")
+        self._loss_was_finite = math.isfinite(loss)
         self.last_loss, self.last_step_ms = loss, timing.step_ms
         self.telemetry.step = p.step
         if self._held is None or p.step <= self.start_step + 2 or p.step % HELD_BYTES_EVERY == 0:
@@ -226,7 +232,7 @@ class Runner:
             mem.cuda_peak_bytes = torch.cuda.max_memory_allocated(self.ctx.device)
         ph = timing.phase_ms
         self.telemetry.emit(Step(
-            step=p.step, loss=loss, step_ms=timing.step_ms, data_ms=ph.get("data", 0.0),
+            step=p.step, loss=loss if math.isfinite(loss) else None, step_ms=timing.step_ms, data_ms=ph.get("data", 0.0),
             forward_ms=ph.get("forward", 0.0), backward_ms=ph.get("backward", 0.0),
             optimizer_ms=ph.get("optimizer", 0.0), comm_blocked_ms=p.comm.blocked_ms, tokens=p.tokens,
             tokens_per_s=p.tokens / (timing.step_ms / 1e3) if timing.step_ms > 0 else 0.0, mem=mem,

@@ -42,7 +42,8 @@ class Telemetry:
         self.rank = rank
         self.drops = 0
         self.failures = 0
-        self.step = 0
+        self.step = -1
+        """Last step published; heartbeats start once the runner sets it (after the Hello)."""
         self._seq = itertools.count()
         self._queue: collections.deque[Message] = collections.deque(maxlen=capacity)
         self._wake = threading.Event()
@@ -96,7 +97,7 @@ class Telemetry:
             self._wake.wait(0.05)
             self._wake.clear()
             self._await_subscription()
-            if not closing and time.monotonic() >= next_beat:
+            if not closing and self.step >= 0 and time.monotonic() >= next_beat:
                 next_beat = time.monotonic() + HEARTBEAT_INTERVAL_S
                 self.emit(Heartbeat(step=self.step, drops=self.drops, queued=len(self._queue)))
             if self._subscribed or closing:

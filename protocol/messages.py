@@ -85,7 +85,8 @@ class CommStat(msgspec.Struct, kw_only=True, array_like=False):
 
 class Step(Envelope, tag="step", kw_only=True):
     step: int
-    loss: float
+    loss: float | None
+    """None (null) when the loss was not finite: JSON has no NaN, and wire and disk share one schema."""
     step_ms: float
     data_ms: float = 0.0
     forward_ms: float = 0.0

@@ -1,0 +1,116 @@
+"""Shared helpers: launch real multi-rank agent runs on loopback and always clean them up."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from ringtop.protocol import ProtocolError, Step, free_tcp_port, from_json_line
+
+TESTS_DIR = Path(__file__).resolve().parent
+
+
+@dataclass
+class AgentRun:
+    proc: subprocess.Popen
+    publish: str
+    relay: str
+    control: str
+    log_dir: Path
+    checkpoint_dir: Path
+    output_path: Path
+    nproc: int
+    argv: list[str] = field(default_factory=list)
+
+    def wait(self, timeout_s: float = 90) -> int:
+        return self.proc.wait(timeout_s)
+
+    def output(self) -> str:
+        return self.output_path.read_text(errors="replace")
+
+    def messages(self, rank: int) -> list:
+        path = self.log_dir / f"rank-{rank}.jsonl"
+        if not path.exists():
+            return []
+        out = []
+        for line in path.read_bytes().splitlines():
+            try:
+                out.append(from_json_line(line))
+            except ProtocolError:
+                pass
+        return out
+
+    def steps(self, rank: int) -> list[Step]:
+        return [m for m in self.messages(rank) if isinstance(m, Step)]
+
+    def wait_for_step(self, step: int, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if all(any(s.step >= step for s in self.steps(r)) for r in range(self.nproc)):
+                return
+            if self.proc.poll() is not None:
+                raise AssertionError(f"run exited ({self.proc.returncode}) before step {step}:\n{self.output()[-3000:]}")
+            time.sleep(0.1)
+        raise AssertionError(f"no step {step} within {timeout_s}s:\n{self.output()[-3000:]}")
+
+
+def agent_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONWARNINGS"] = "ignore"
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), env.get("PYTHONPATH", "")])
+    return env
+
+
+def stop_process_group(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(15)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(10)
+
+
+@pytest.fixture
+def launch_agents(tmp_path):
+    """launch(nproc, *agent_args) -> AgentRun: `nproc` ranks through torch's elastic launcher
+    (nproc=0: one process without the launcher), with free loopback ports and a private log dir."""
+    runs: list[AgentRun] = []
+
+    def launch(nproc: int, *agent_args: str, name: str | None = None) -> AgentRun:
+        name = name or f"run{len(runs)}"
+        ports = [free_tcp_port() for _ in range(3)]
+        publish, relay, control = (f"tcp://127.0.0.1:{p}" for p in ports)
+        log_dir = tmp_path / name / "logs"
+        ckpt_dir = tmp_path / name / "checkpoints"
+        output_path = tmp_path / name / "output.txt"
+        output_path.parent.mkdir(parents=True, exist_ok=True)
+        argv = ["--publish", publish, "--relay", relay, "--control", control, "--log-dir", str(log_dir),
+                "--checkpoint-dir", str(ckpt_dir), "--dist-timeout-s", "60", *agent_args]
+        if nproc == 0:
+            cmd = [sys.executable, "-m", "ringtop.agent", *argv]
+        else:
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                   "-m", "ringtop.agent", *argv]
+        with open(output_path, "wb") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=agent_env(),
+                                    start_new_session=True)
+        run = AgentRun(proc, publish, relay, control, log_dir, ckpt_dir, output_path, max(nproc, 1), argv)
+        runs.append(run)
+        return run
+
+    yield launch
+    for run in runs:
+        stop_process_group(run.proc)
