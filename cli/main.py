@@ -118,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("logdir")
 
     run = sub.add_parser("run", help="launch N ranks (as torchrun does); agent options follow",
-                         epilog="Agent options: see `python -m ringtop.agent --help`.")
+                         epilog="Agent options: see `python -m ringtop.agent --help`.", allow_abbrev=False)
     run.add_argument("--nproc", type=int, default=2, help="ranks on this node (default %(default)s)")
     run.add_argument("--ui", action="store_true", help="open the UI while the ranks train")
 
@@ -143,11 +143,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     if argv and argv[0] == "run":
         known, agent_args = parser.parse_known_args(argv)
+        if agent_args[:1] == ["--"]:
+            agent_args = agent_args[1:]
+        if known.nproc < 1:
+            parser.error("--nproc must be >= 1")
         return _run(known, agent_args)
     args = parser.parse_args(argv)
     if args.verb is None:
         args = parser.parse_args(["ui"])
-    if args.verb in ("run", "demo") and args.nproc < 1:
+    if args.verb == "demo" and args.nproc < 1:
         parser.error("--nproc must be >= 1")
     handlers = {"ui": _ui, "replay": _replay, "ctl": _ctl, "demo": _demo}
     return handlers[args.verb](args)

@@ -1,0 +1,92 @@
+"""The agent's command line: bad options fail fast with a message that says what to do; a user's
+own model and data train; a bad factory is named in the error."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from ringtop.agent.config import ConfigError, parse_agent_args
+from ringtop.protocol import Bye, Hello, Step
+
+from conftest import agent_env
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--bogus"], "unrecognized arguments: --bogus"),
+        (["--steps", "-1"], "--steps must be >= 0"),
+        (["--batch-size", "0"], "--batch-size must be >= 1"),
+        (["--steps", "ten"], "invalid int value"),
+        (["--model", "mypkg.mod:build", "--model-size", "10m"], "drop it when --model is your own factory"),
+        (["--model", "gpt5"], "use 'tiny-gpt' or package.module:function"),
+        (["--no-telemetry", "--log-dir", "x"], "drop --log-dir or drop --no-telemetry"),
+        (["--publish", "tcp://0.0.0.0:5555"], "ssh -L"),
+        (["--publish", "tcp://127.0.0.1:7000", "--control", "tcp://127.0.0.1:7000"], "must differ"),
+        (["--publish", "udp://x"], "tcp://HOST:PORT"),
+        (["--seq-len", "4096"], "--seq-len <= 1024"),
+        (["--model-size", "7b"], "invalid choice"),
+    ],
+)
+def test_bad_options_fail_fast_with_advice(argv, says):
+    with pytest.raises(ConfigError, match=None) as info:
+        parse_agent_args(argv)
+    assert says in str(info.value)
+
+
+def test_remote_bind_is_allowed_only_when_asked():
+    cfg = parse_agent_args(["--publish", "tcp://0.0.0.0:5555", "--allow-remote"])
+    assert cfg.endpoints.publish == "tcp://0.0.0.0:5555"
+
+
+def run_agent(*argv: str, timeout: float = 90) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ringtop.agent", *argv], capture_output=True, text=True,
+                          env=agent_env(), timeout=timeout)
+
+
+@pytest.mark.timeout(60)
+def test_the_agent_exits_2_and_explains_an_unknown_option():
+    result = run_agent("--stratgy", "ddp")
+    assert result.returncode == 2
+    assert "ringtop agent: error: unrecognized arguments: --stratgy" in result.stderr
+
+
+@pytest.mark.timeout(60)
+def test_an_unknown_strategy_is_refused_with_the_choices():
+    result = run_agent("--no-telemetry", "--strategy", "zero9", "--steps", "1")
+    assert result.returncode == 2
+    assert "unknown strategy 'zero9'; available: ddp" in result.stderr
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize(
+    "model, says",
+    [
+        ("no_such_module:build", "--model 'no_such_module:build': cannot import module 'no_such_module'"),
+        ("user_factories:nope", "module 'user_factories' has no attribute 'nope'"),
+        ("user_factories:broken_model", "raised RuntimeError: weights went missing"),
+        ("user_factories:not_a_module", "returned int; expected an nn.Module"),
+    ],
+)
+def test_a_bad_model_factory_is_named(model, says):
+    result = run_agent("--no-telemetry", "--model", model, "--steps", "1")
+    assert result.returncode == 2, result.stderr
+    assert says in result.stderr
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("model", ["user_factories:model_and_loss", "user_factories:model_returning_loss"])
+def test_a_users_own_model_and_data_train_under_the_agent(launch_agents, model):
+    run = launch_agents(2, "--model", model, "--data", "user_factories:batches", "--steps", "5", "--batch-size", "4")
+    assert run.wait(80) == 0, run.output()[-3000:]
+    for rank in (0, 1):
+        msgs = run.messages(rank)
+        hello = msgs[0]
+        assert isinstance(hello, Hello) and hello.model == model and hello.param_count == 8 * 16 + 16 + 16 + 1
+        steps = [m for m in msgs if isinstance(m, Step)]
+        assert [s.step for s in steps] == [1, 2, 3, 4, 5]
+        assert all(s.tokens == 4 * 8 for s in steps)
+        assert isinstance(msgs[-1], Bye) and msgs[-1].ok

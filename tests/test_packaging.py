@@ -1,0 +1,35 @@
+"""The wheel maps the root folders into one `ringtop.*` namespace and installs no bare `agent`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.timeout(180)
+def test_built_wheel_holds_the_ringtop_namespace_and_imports_from_it(tmp_path):
+    subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(tmp_path), str(REPO)],
+                   check=True, capture_output=True, timeout=170)
+    (wheel,) = tmp_path.glob("ringtop-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names if not n.startswith("ringtop-")}
+    assert tops == {"ringtop"}, f"only the ringtop namespace is installed, found {tops}"
+    for room in ("protocol", "agent", "strategies", "tui", "cli"):
+        assert f"ringtop/{room}/__init__.py" in names
+    assert "ringtop/protocol/README.md" in names
+    assert any(n.endswith("entry_points.txt") for n in names)
+
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    probe = ("import ringtop.protocol, ringtop.agent.config, ringtop.tui.view_model, ringtop.cli.main;"
+             "print(ringtop.protocol.__file__)")
+    out = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(site)!r}); {probe}"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().startswith(str(site))
