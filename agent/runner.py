@@ -292,12 +292,12 @@ class Runner:
     def _shutdown(self, bye: Bye) -> None:
         if self.sampler is not None:
             self.sampler.stop()
+        if self.control is not None:
+            self.control.stop()  # its last replies are published before the Bye
         if self.telemetry is not None:
             self.telemetry.close(bye)
         if bye.ok and self.control_group is not None:
             dist.barrier(group=self.control_group)
-        if self.control is not None:
-            self.control.stop()
         if self.relay is not None:
             self.relay.stop()
         self.strategy.teardown()

@@ -274,11 +274,11 @@ def test_non_finite_floats_survive_msgpack():
     assert math.isnan(back.loss) and back.step_ms == float("inf")
 
 
-@pytest.mark.xfail(strict=True, reason="known v1 limitation: JSON writes NaN/inf as null, which a "
-                   "float field rejects; see protocol/README.md section 2")
-def test_non_finite_floats_survive_json_lines():
-    back = from_json_line(to_json_line(Step(step=1, loss=float("nan"), step_ms=1.0)))
-    assert math.isnan(back.loss)
+def test_a_non_finite_loss_travels_as_null_on_wire_and_disk():
+    line = to_json_line(Step(step=1, loss=None, step_ms=1.0))
+    assert b'"loss":null' in line
+    assert from_json_line(line).loss is None
+    assert decode(encode(Step(step=1, loss=None, step_ms=1.0))).loss is None
 
 
 # ------------------------------------------------------------------ forward compatibility
