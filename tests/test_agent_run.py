@@ -15,18 +15,19 @@ from reference import reference_run
 pytestmark = pytest.mark.timeout(150)
 
 
-def collect(sub: zmq.Socket, until, timeout_s: float) -> list:
+def collect(sub: zmq.Socket, until, timeout_s: float, rogue: zmq.Socket | None = None):
     got, rejected = [], []
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and not until(got):
+        if rogue is not None and len(got) % 10 == 0:
+            rogue.send_multipart([b"step.9", b"\xc1 garbage from a stranger"])
         if sub.poll(100):
             frames = sub.recv_multipart()
             try:
                 got.append(decode(frames[-1]))
             except ProtocolError as exc:
                 rejected.append(exc)
-    assert not rejected, rejected
-    return got
+    return got, rejected
 
 
 def test_both_ranks_stream_steps_to_a_subscriber_and_to_jsonl(launch_agents):
@@ -36,14 +37,19 @@ def test_both_ranks_stream_steps_to_a_subscriber_and_to_jsonl(launch_agents):
     sub.setsockopt(zmq.LINGER, 0)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.connect(run.publish)
+    rogue = zmq.Context.instance().socket(zmq.PUB)  # garbage into the relay must not stop anything
+    rogue.setsockopt(zmq.LINGER, 0)
+    rogue.connect(run.relay)
     try:
         def seen_everything(msgs):
             return {m.rank for m in msgs if isinstance(m, Bye)} == {0, 1}
 
-        msgs = collect(sub, seen_everything, timeout_s=100)
+        msgs, rejected = collect(sub, seen_everything, timeout_s=100, rogue=rogue)
     finally:
         sub.close()
+        rogue.close()
     assert run.wait(30) == 0, run.output()[-3000:]
+    assert rejected and all(exc.code == "malformed" for exc in rejected)
 
     hellos = {m.rank: m for m in msgs if isinstance(m, Hello)}
     assert set(hellos) == {0, 1}, "a subscriber that attaches late still gets every rank's Hello"

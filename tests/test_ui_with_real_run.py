@@ -1,0 +1,57 @@
+"""The real Textual app, driven by a Pilot, fed by a real 2-rank gloo run over ZeroMQ."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from textual.widgets import DataTable
+
+from ringtop.tui.app import RingtopApp
+
+pytestmark = pytest.mark.timeout(150)
+
+
+async def wait_until(pilot, predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        await pilot.pause(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def row_steps(app: RingtopApp) -> dict[int, int]:
+    return {rank: row.step for rank, row in app.view.ranks.items()}
+
+
+async def test_rows_for_both_ranks_appear_update_and_a_checkpoint_round_trips(launch_agents):
+    run = launch_agents(2, "--steps", "0", "--batch-size", "4", "--seq-len", "32")
+    app = RingtopApp(publish_addr=run.publish, control_addr=run.control)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await wait_until(pilot, lambda: set(app.view.ranks) == {0, 1} and min(row_steps(app).values()) > 0,
+                         90, "step rows for ranks 0 and 1")
+        first = row_steps(app)
+        await wait_until(pilot, lambda: all(row_steps(app)[r] > first[r] + 2 for r in (0, 1)), 60,
+                         "rows to update")
+        table = app.query_one("#ranks", DataTable)
+        assert table.row_count == 2
+        assert app.view.state == "live"
+
+        await pilot.press("c")
+        await wait_until(pilot, lambda: (run.checkpoint_dir / "latest").exists(), 60, "the checkpoint file")
+        await wait_until(pilot, lambda: any("done" in e.text and "checkpoint" in e.text for e in app.view.events),
+                         30, "the checkpoint's done reply in the event log")
+
+    run_id = app.view.facts.run_id
+    assert run_id and app.view.facts.world_size == 2
+
+    # The UI has quit; the agents go on training, and a new UI re-attaches with the run's facts.
+    before = max(s.step for s in run.steps(0))
+    run.wait_for_step(before + 3)
+    assert run.proc.poll() is None
+    again = RingtopApp(publish_addr=run.publish, control_addr=run.control)
+    async with again.run_test(size=(140, 40)) as pilot:
+        await wait_until(pilot, lambda: again.view.facts.run_id == run_id and set(again.view.ranks) == {0, 1},
+                         60, "the re-attached UI to learn the run's facts and both ranks")
+        assert again.view.facts.world_size == 2 and again.view.facts.strategy == "ddp"

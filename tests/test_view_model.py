@@ -1,0 +1,318 @@
+"""RunView: protocol messages in, rows / charts / events / connection state out. Pure, no UI."""
+
+import math
+
+import pytest
+
+from ringtop.protocol import UI_RANK, Bye, CommStat, Event, Heartbeat, Hello, MemorySample, Reply, Sample, Step
+from ringtop.tui.view_model import STEP_LAG, ControlReply, RunningStat, RunView
+
+
+def hello(rank, seq=0, ts=1000.0, world_size=2, **kw):
+    kw.setdefault("run_id", "run-abc")
+    kw.setdefault("pid", 100 + rank)
+    return Hello(rank=rank, seq=seq, ts=ts, world_size=world_size, host=f"node-{rank}",
+                 backend="gloo", device="cpu", strategy="ddp", model="tiny-gpt", param_count=1_234_567,
+                 torch_version="2.13.0", batch_size=8, seq_len=128, steps=100, **kw)
+
+
+def step(rank, n, seq, step_ms=100.0, loss=2.5, ts=None, **kw):
+    return Step(rank=rank, seq=seq, ts=1000.0 + n if ts is None else ts, step=n, loss=loss, step_ms=step_ms, **kw)
+
+
+def test_hello_sets_run_facts_and_rows():
+    v = RunView()
+    v.apply(hello(0), now=1.0)
+    v.apply(hello(1), now=1.0)
+    f = v.facts
+    assert (f.run_id, f.world_size, f.strategy, f.model, f.param_count) == ("run-abc", 2, "ddp", "tiny-gpt", 1_234_567)
+    assert (f.backend, f.device, f.torch_version, f.batch_size, f.seq_len, f.steps) == ("gloo", "cpu", "2.13.0", 8, 128, 100)
+    assert [r.rank for r in v.rows()] == [0, 1]
+    assert v.ranks[1].host == "node-1"
+    assert [e.kind for e in v.events] == ["hello", "hello"]
+    # an agent repeating its Hello for late joiners does not add lines
+    v.apply(hello(0, seq=1), now=1.5)
+    assert len(v.events) == 2
+
+
+def test_step_fields_comm_math_and_totals():
+    v = RunView()
+    v.apply(hello(0), now=1.0)
+    v.apply(hello(1), now=1.0)
+    comm = [CommStat(kind="all_reduce", count=2, bytes=3_000_000, busy_ms=5.0),
+            CommStat(kind="broadcast", count=1, bytes=1_000_000, busy_ms=1.0)]
+    mem = MemorySample(params_bytes=10, grads_bytes=20, optimizer_bytes=40, rss_bytes=5 * 2**30)
+    v.apply(step(0, 1, seq=1, step_ms=200.0, loss=2.75, comm=comm, comm_blocked_ms=50.0, tokens_per_s=1000.0,
+                 mem=mem, cpu_percent=97.0, forward_ms=60.0, backward_ms=90.0), now=2.0)
+    v.apply(step(1, 1, seq=1, step_ms=250.0, loss=2.5, tokens_per_s=800.0), now=2.0)
+    r0 = v.ranks[0]
+    assert (r0.step, r0.loss, r0.step_ms, r0.forward_ms, r0.backward_ms) == (1, 2.75, 200.0, 60.0, 90.0)
+    assert (r0.mem_params_bytes, r0.mem_grads_bytes, r0.mem_optimizer_bytes) == (10, 20, 40)
+    assert r0.mem_bytes == 5 * 2**30 and not r0.mem_is_cuda
+    total_bytes = 3_000_000 + 1_000_000
+    expected_mb_s = total_bytes / 0.200 / 1_000_000  # 20 MB/s
+    assert r0.comm_mb_s == pytest.approx(expected_mb_s) and r0.comm_mb_s == pytest.approx(20.0)
+    assert r0.comm_share_pct == pytest.approx(25.0)
+    assert r0.cpu_percent == 97.0
+    assert math.isnan(v.ranks[1].comm_mb_s) is False and v.ranks[1].comm_mb_s == 0.0
+    assert v.tokens_per_s == pytest.approx(1800.0)
+    assert v.latest_step == 1
+    v.apply(step(0, 2, seq=2), now=3.0)
+    assert v.latest_step == 1  # min over live ranks
+    # a Sample updates cpu
+    v.apply(Sample(rank=1, seq=2, ts=1003.0, cpu_percent=55.0, rss_bytes=123), now=3.0)
+    assert v.ranks[1].cpu_percent == 55.0 and v.ranks[1].mem_rss_bytes == 123
+
+
+def test_cuda_memory_preferred_over_rss():
+    v = RunView()
+    v.apply(step(0, 1, seq=1, mem=MemorySample(rss_bytes=10, cuda_allocated_bytes=7 * 2**30)), now=1.0)
+    assert v.ranks[0].mem_is_cuda and v.ranks[0].mem_bytes == 7 * 2**30
+
+
+def test_slowest_rank_only_with_more_than_one_rank():
+    v = RunView()
+    v.apply(hello(0, world_size=1), now=1.0)
+    for n in range(5):
+        v.apply(step(0, n, seq=n + 1, step_ms=300.0), now=1.0)
+    assert v.slowest_rank is None and not v.ranks[0].slowest
+
+    v = RunView()
+    for r in range(3):
+        v.apply(hello(r, world_size=3), now=1.0)
+    for n in range(10):
+        for r, ms in ((0, 100.0), (1, 150.0), (2, 101.0)):
+            v.apply(step(r, n, seq=n + 1, step_ms=ms), now=1.0)
+    assert v.slowest_rank == 1
+    assert [r.rank for r in v.rows() if r.slowest] == [1]
+    assert v.slowest_excess_pct == pytest.approx((150.0 / 101.0 - 1) * 100)
+    # rank 1 recovers and rank 2 becomes slow: the recent window follows
+    for n in range(10, 40):
+        for r, ms in ((0, 100.0), (1, 100.0), (2, 180.0)):
+            v.apply(step(r, n, seq=n + 1, step_ms=ms), now=1.0)
+    assert v.slowest_rank == 2
+
+
+def test_cross_rank_history_max_median_and_loss():
+    v = RunView()
+    for r in range(3):
+        v.apply(hello(r, world_size=3), now=1.0)
+    for r, ms, lo in ((0, 100.0, 3.0), (1, 130.0, 2.0), (2, 110.0, 1.0)):
+        v.apply(step(r, 1, seq=1, step_ms=ms, loss=lo), now=1.0)
+    assert len(v.steps) == 1
+    p = v.steps[0]
+    assert (p.step, p.max_ms, p.median_ms, p.max_rank, p.ranks) == (1, 130.0, 110.0, 1, 3)
+    assert p.loss == pytest.approx(2.0)
+    assert v.step_ms_max_history == [130.0] and v.loss_history == [2.0]
+    # a step is not closed until every live rank reported it...
+    v.apply(step(0, 2, seq=2, step_ms=90.0), now=1.0)
+    assert len(v.steps) == 1
+    # ...unless a rank falls far behind
+    for n in range(3, 12):
+        v.apply(step(0, n, seq=n, step_ms=90.0), now=1.0)
+        v.apply(step(1, n, seq=n, step_ms=90.0), now=1.0)
+    assert STEP_LAG == 8
+    # newest step is 11, so steps up to 11 - STEP_LAG = 3 are closed without rank 2
+    assert [(p.step, p.ranks) for p in v.steps] == [(1, 3), (2, 1), (3, 2)]
+    # a rank that said bye stops holding steps open
+    v.apply(Bye(rank=2, seq=2, ts=1020.0, reason="finished"), now=1.0)
+    assert [p.step for p in v.steps][-1] == 11
+
+
+def test_running_time_weighted_stats():
+    s = RunningStat()
+    s.update(100.0, ts=10.0, fallback_weight=0.1)  # first: weight = its own 0.1 s
+    s.update(300.0, ts=10.3)  # held 0.3 s
+    assert (s.count, s.min, s.max, s.last) == (2, 100.0, 300.0, 300.0)
+    assert s.mean == pytest.approx((100.0 * 0.1 + 300.0 * 0.3) / 0.4)
+    v = RunView()
+    v.apply(step(0, 1, seq=1, step_ms=100.0, ts=10.0), now=1.0)
+    v.apply(step(0, 2, seq=2, step_ms=300.0, ts=10.3), now=1.0)
+    st = v.ranks[0].step_ms_stat
+    assert (st.min, st.max) == (100.0, 300.0) and st.mean == pytest.approx(250.0)
+    assert len(v.ranks[0].step_ms_history) == 2
+
+
+def test_connection_states_with_explicit_now():
+    v = RunView(stale_after_s=3.0)
+    assert v.tick(100.0) == "waiting"
+    v.apply(hello(0), now=100.0)
+    v.apply(hello(1), now=100.0)
+    assert v.tick(101.0) == "live"
+    assert v.tick(103.0) == "live"
+    assert v.tick(103.5) == "stale"
+    v.apply(step(0, 1, seq=1), now=104.0)
+    assert v.tick(104.1) == "live"
+    assert v.ranks[1].silent_s == pytest.approx(4.1)
+    v.apply(Bye(rank=0, seq=2, ts=1005.0, reason="finished", step=1), now=105.0)
+    assert v.tick(105.0) == "live"  # rank 1 still running
+    assert v.ranks[0].ended and v.ranks[0].bye_reason == "finished"
+    v.apply(Bye(rank=1, seq=1, ts=1005.0, reason="killed", ok=False), now=105.0)
+    assert v.is_ended
+    assert v.tick(500.0) == "ended"
+    assert v.events[-1].kind == "ended"
+    assert any(e.level == "error" and e.rank == 1 and "killed" in e.text for e in v.events)
+
+
+def test_not_ended_while_world_size_not_all_said_bye():
+    v = RunView()
+    v.apply(hello(0, world_size=2), now=1.0)
+    v.apply(Bye(rank=0, seq=1, ts=1001.0, reason="finished"), now=1.0)
+    assert not v.is_ended and v.tick(1.0) == "live"
+
+
+def test_sequence_gaps_count_as_drops():
+    v = RunView()
+    v.apply(hello(0, seq=0), now=1.0)
+    v.apply(step(0, 1, seq=1), now=1.0)
+    v.apply(step(0, 2, seq=5), now=1.0)  # 2, 3, 4 lost
+    assert v.ranks[0].seq_lost == 3 and v.ranks[0].drops == 3
+    v.apply(step(0, 3, seq=4), now=1.0)  # late / duplicate: not a gap
+    assert v.ranks[0].seq_lost == 3
+    # the agent stamps seq before its queue, so its own drops are gaps too: not counted twice
+    v.apply(Heartbeat(rank=0, seq=6, ts=1007.0, step=2, drops=2), now=1.0)
+    assert v.ranks[0].agent_drops == 2 and v.ranks[0].drops == 3
+    # drops the agent made before the UI followed the rank show through its counter
+    v.apply(step(0, 4, seq=7, drops=9), now=1.0)
+    assert v.ranks[0].seq_lost == 3 and v.ranks[0].drops == 9
+    v.apply(step(0, 5, seq=20, drops=9), now=1.0)  # 12 more lost on the way
+    assert v.ranks[0].seq_lost == 15 and v.ranks[0].drops == 15
+    assert v.total_drops == 15
+    # a first message seen mid-stream (UI joined late) is no gap
+    v.apply(step(1, 4, seq=5000), now=1.0)
+    assert v.ranks[1].seq_lost == 0
+    # an agent that repeats its Hello in its stream: the Hello takes its seq, no gap
+    v.apply(hello(1, seq=5001), now=1.0)
+    v.apply(step(1, 5, seq=5002), now=1.0)
+    assert v.ranks[1].seq_lost == 0 and [e.kind for e in v.events].count("hello") == 2
+
+
+def test_late_join_cached_hello_and_bye_are_not_gaps_or_restarts():
+    """The relay re-sends each rank's cached Hello (seq 0) and Bye to every new subscriber."""
+    v = RunView()
+    v.apply(hello(0, seq=0, ts=1000.0), now=1.0)  # cached copy, sent when we subscribed
+    v.apply(step(0, 500, seq=700), now=1.0)  # the live stream
+    v.apply(step(0, 501, seq=701), now=1.0)
+    assert v.ranks[0].seq_lost == 0
+    v.apply(hello(0, seq=0, ts=1000.0), now=2.0)  # re-sent when another UI subscribed
+    assert [e.kind for e in v.events] == ["hello"]
+    v.apply(step(0, 502, seq=702), now=2.0)
+    assert v.ranks[0].seq_lost == 0 and v.ranks[0].step == 502
+    v.apply(Bye(rank=0, seq=703, ts=1600.0, reason="finished", step=502), now=3.0)
+    v.apply(Bye(rank=0, seq=703, ts=1600.0, reason="finished", step=502), now=4.0)  # cached copy
+    assert [e.kind for e in v.events].count("bye") == 1
+    # a real restart: a new process with a new pid
+    v.apply(hello(0, seq=0, ts=2000.0, pid=999), now=5.0)
+    assert not v.ranks[0].ended and "rejoined" in v.events[-1].text
+    v.apply(step(0, 503, seq=1), now=5.0)
+    assert v.ranks[0].seq_lost == 0
+
+
+def test_non_finite_loss_is_null_on_the_wire():
+    v = RunView()
+    for r in (0, 1):
+        v.apply(hello(r), now=1.0)
+    v.apply(step(0, 1, seq=1, loss=None), now=1.0)
+    v.apply(step(1, 1, seq=1, loss=2.0), now=1.0)
+    assert math.isnan(v.ranks[0].loss)
+    assert v.loss_history == [2.0]
+    v.apply(step(0, 2, seq=2, loss=None), now=1.0)
+    v.apply(step(1, 2, seq=2, loss=None), now=1.0)
+    assert v.loss_history == [2.0] and v.step_ms_max_history == [100.0, 100.0]
+
+
+def test_reply_status_transitions():
+    v = RunView()
+    v.note_command_sent("c1", "checkpoint", {"kind": "full"})
+    assert v.commands["c1"].status == "pending"
+    v.apply(ControlReply(Reply(rank=0, seq=1, ts=1000.0, id="c1", status="ack", cmd="checkpoint")), now=1.0)
+    assert v.commands["c1"].status == "ack"
+    v.apply(ControlReply(Reply(rank=0, seq=2, ts=1001.0, id="c1", status="done", cmd="checkpoint",
+                               result={"path": "/ckpt/step-7"})), now=1.0)
+    c = v.commands["c1"]
+    assert c.status == "done" and c.finished and c.history == ["pending", "ack", "done"]
+    assert c.result == {"path": "/ckpt/step-7"}
+    texts = [e.text for e in v.events if e.cmd_id == "c1"]
+    assert len(texts) == 3
+    assert "pending" in texts[0] and "checkpoint" in texts[0]
+    assert "pending → ack → done" in texts[2] and "/ckpt/step-7" in texts[2]
+    # an error reply
+    v.note_command_sent("c2", "stop")
+    v.apply(ControlReply(Reply(rank=0, seq=3, ts=1002.0, id="c2", status="error", cmd="stop", error="no",
+                               code="bad_arguments")), now=1.0)
+    assert v.commands["c2"].status == "error"
+    assert v.events[-1].level == "error" and "bad_arguments" in v.events[-1].text
+    assert v.last_warning is v.events[-1]
+    # replies do not create rank rows
+    assert v.ranks == {}
+
+
+def test_reply_on_both_channels_is_shown_once_and_keeps_rank0_sequence():
+    """Rank 0 answers on the control socket and publishes the same reply on telemetry, where it
+    takes a seq from rank 0's telemetry stream."""
+    v = RunView()
+    v.apply(hello(0, seq=0), now=1.0)
+    v.apply(step(0, 1, seq=1), now=1.0)
+    v.note_command_sent("c1", "checkpoint", {"kind": "full"})
+    ack = dict(rank=0, id="c1", status="ack", cmd="checkpoint")
+    v.apply(ControlReply(Reply(seq=57, ts=1002.0, **ack)), now=2.0)  # control server's own counter
+    v.apply(Reply(seq=2, ts=1002.0, **ack), now=2.0)  # the telemetry copy
+    done = dict(rank=0, id="c1", status="done", cmd="checkpoint", result={"path": "/c"})
+    v.apply(Reply(seq=3, ts=1003.0, **done), now=2.0)  # telemetry first this time
+    v.apply(ControlReply(Reply(seq=58, ts=1003.0, **done)), now=2.0)
+    v.apply(step(0, 2, seq=4), now=2.0)
+    assert v.commands["c1"].history == ["pending", "ack", "done"]
+    assert len([e for e in v.events if e.cmd_id == "c1"]) == 3
+    assert v.ranks[0].seq_lost == 0
+    # another UI's command: seen on telemetry only
+    v.apply(Reply(seq=5, ts=1004.0, rank=0, id="other", status="done", cmd="status", result={"step": 2}), now=2.0)
+    assert v.commands["other"].status == "done" and "step=2" in v.events[-1].text
+
+
+def test_events_from_ranks_and_rejections():
+    v = RunView()
+    v.apply(Event(rank=1, seq=0, ts=1000.0, level="warn", kind="straggler", text="slow", step=12), now=1.0)
+    v.apply(Event(rank=UI_RANK, seq=0, ts=1000.0, text="from ctl"), now=1.0)
+    e = v.events[0]
+    assert (e.level, e.rank) == ("warn", 1) and "straggler" in e.text and "step 12" in e.text
+    assert v.events[1].rank is None
+    v.note_rejected("malformed: not a MessagePack map", now=10.0)
+    v.note_rejected("malformed: again", now=10.1)  # counted, not a new line (rate limit)
+    v.note_rejected("malformed: later", now=11.5)
+    assert v.rejected_total == 3
+    rej = [e for e in v.events if e.kind == "rejected"]
+    assert len(rej) == 2 and "not a MessagePack map" in rej[0].text and "2 frames" in rej[1].text
+    seqs = [e.seq for e in v.events]
+    assert seqs == list(range(len(seqs)))
+    assert [e.seq for e in v.events_since(2)] == seqs[2:]
+
+
+def test_events_are_bounded():
+    v = RunView(max_events=10)
+    for i in range(25):
+        v.note(f"line {i}")
+    assert len(v.events) == 10 and v.events_total == 25
+    assert v.events_since(0)[0].text == "line 15"
+
+
+def test_histories_are_bounded():
+    v = RunView(history_points=16)
+    for n in range(100):
+        v.apply(step(0, n, seq=n + 1, step_ms=float(n)), now=1.0)
+    assert len(v.steps) == 16 and len(v.ranks[0].step_ms_history) == 16
+    assert v.step_ms_max_history[-1] == 99.0
+
+
+def test_new_run_id_resets():
+    v = RunView()
+    v.apply(hello(0), now=1.0)
+    v.apply(step(0, 5, seq=1), now=1.0)
+    v.apply(hello(0, run_id="run-new"), now=2.0)
+    assert v.facts.run_id == "run-new" and v.ranks[0].step == -1
+
+
+def test_view_model_has_no_ui_imports():
+    import ringtop.tui.view_model as vm
+
+    src = open(vm.__file__).read()
+    assert "textual" not in src and "import torch" not in src and "zmq" not in src

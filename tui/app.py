@@ -1,0 +1,489 @@
+"""ringtop's terminal UI: a Textual app that renders a `RunView` at a fixed rate.
+
+Live: a `TelemetryClient` thread receives and decodes telemetry and posts batches to the app as
+`TelemetryBatch` messages; the handler only folds them into the view model. A 4 Hz timer repaints
+the screens from the view model, so the message rate never drives the repaint rate.
+Replay: the messages of a log directory are folded in (in chunks, so the UI stays responsive).
+
+Quitting closes only the UI's own sockets; the agents are separate processes and keep running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+from rich.text import Text
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.message import Message
+from textual.widgets import DataTable, Footer, RichLog, Sparkline, Static, TabbedContent, TabPane
+
+from . import fmt
+from .connection import TelemetryClient
+from .replay import ReplayError, load_replay
+from .view_model import RankRow, RunView
+
+REFRESH_S = 0.25
+SLOWEST_MARK_PCT = 3.0
+"""The slowest rank is marked in the table only when it is this much slower than the median rank:
+ranks in lockstep differ by a percent or so, and marking that would only flicker."""
+REPLAY_CHUNK = 5_000
+
+STATE_STYLE = {
+    "live": ("● live", "bold green"),
+    "waiting": ("○ waiting", "dim"),
+    "stale": ("◌ stale", "bold yellow"),
+    "ended": ("■ ended", "bold"),
+}
+LEVEL_STYLE = {"info": "cyan", "warn": "bold yellow", "error": "bold red"}
+
+# (key, label, width); widths fixed so in-place updates never reflow the table
+COLUMNS: list[tuple[str, str, int]] = [
+    ("rank", "rank", 4),
+    ("host", "host", 10),
+    ("step", "step", 7),
+    ("step_ms", "step ms", 8),
+    ("loss", "loss", 7),
+    ("tok_s", "tok/s", 6),
+    ("mem", "mem", 9),
+    ("comm_mb_s", "comm MB/s", 9),
+    ("comm_pct", "comm%", 5),
+    ("cpu", "cpu%", 5),
+    ("drops", "drops", 5),
+    ("note", "note", 22),
+]
+NUMERIC = {"rank", "step", "step_ms", "loss", "tok_s", "mem", "comm_mb_s", "comm_pct", "cpu", "drops"}
+
+
+class TelemetryBatch(Message):
+    """Decoded messages (and rejected-frame errors) from the receive thread."""
+
+    def __init__(self, messages: list[Any], rejected: list[str]) -> None:
+        super().__init__()
+        self.messages = messages
+        self.rejected = rejected
+
+
+class RingtopApp(App):
+    """The ringtop cockpit. Live: pass `publish_addr` (and `control_addr`); replay: pass `messages`."""
+
+    TITLE = "ringtop"
+    CSS = """
+    Screen { layout: vertical; }
+    #header { height: 1; background: $panel; }
+    #facts { width: 1fr; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
+    #conn { width: auto; padding: 0 1; }
+    TabbedContent { height: 1fr; }
+    TabPane { padding: 0; }
+    #overview-body { height: 1fr; }
+    #ranks { height: auto; max-height: 75%; }
+    .chart { height: 1; margin: 0 1; }
+    .chart-label { width: 44; }
+    .chart Sparkline { width: 1fr; }
+    #alert { height: auto; max-height: 3; margin: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
+    #event-log { height: 1fr; }
+    """
+
+    BINDINGS = [
+        Binding("c", "checkpoint", "checkpoint"),
+        Binding("s", "status", "status"),
+        Binding("1", "show_tab('overview')", "overview"),
+        Binding("2", "show_tab('events')", "events"),
+        Binding("q", "quit", "quit"),
+    ]
+
+    def __init__(
+        self,
+        publish_addr: str | None = None,
+        control_addr: str | None = None,
+        *,
+        messages: Iterable[Any] | None = None,
+        problems: Iterable[str] = (),
+        source: str = "",
+        stale_after_s: float = 3.0,
+    ) -> None:
+        super().__init__()
+        if messages is None and publish_addr is None:
+            raise ValueError("RingtopApp needs either publish_addr (live) or messages (replay)")
+        self.replay = messages is not None
+        self.publish_addr = publish_addr
+        self.control_addr = control_addr
+        self.source = source or (publish_addr or "")
+        self._replay_messages: list[Any] = list(messages) if messages is not None else []
+        self._replay_problems = list(problems)
+        self.replay_applied = 0
+        self.replay_loaded = not self.replay
+        self.view = RunView(stale_after_s=stale_after_s)
+        self.client: TelemetryClient | None = None
+        self._events_shown = 0
+        self._cells: dict[tuple[str, str], tuple[str, str]] = {}
+        self._row_order: list[int] = []
+        self._shown: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ layout
+
+    def compose(self) -> ComposeResult:
+        with Horizontal(id="header"):
+            yield Static(id="facts")
+            yield Static(id="conn")
+        with TabbedContent(initial="overview"):
+            with TabPane("Overview", id="overview"):
+                table: DataTable = DataTable(id="ranks", cursor_type="row", zebra_stripes=True)
+                yield table
+                with Horizontal(classes="chart"):
+                    yield Static(id="step-label", classes="chart-label")
+                    yield Sparkline([], id="step-spark")
+                with Horizontal(classes="chart"):
+                    yield Static(id="loss-label", classes="chart-label")
+                    yield Sparkline([], id="loss-spark")
+                yield Static(id="alert")
+            with TabPane("Events", id="events"):
+                yield RichLog(id="event-log", max_lines=2000, wrap=True, markup=False, auto_scroll=True)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one("#ranks", DataTable)
+        for key, label, width in COLUMNS:
+            table.add_column(Text(label, justify="right" if key in NUMERIC else "left"), width=width, key=key)
+        if self.replay:
+            self.sub_title = f"replay {self.source}"
+            for p in self._replay_problems:
+                self.view.note(p, level="warn", kind="replay")
+            self.run_worker(self._load_replay(), name="replay", exclusive=True)
+        else:
+            self.sub_title = self.source
+            self._start_client()
+        self.set_interval(REFRESH_S, self.refresh_view)
+        self.refresh_view()
+
+    def _start_client(self) -> None:
+        assert self.publish_addr is not None
+        client = TelemetryClient(self.publish_addr, self.control_addr, self._on_batch_from_thread)
+        try:
+            client.start()
+        except Exception as exc:  # a bad address: say so, keep the UI up
+            self.view.note(f"cannot connect to {self.publish_addr}: {exc}", level="error", kind="connect")
+            return
+        self.client = client
+        ctl = self.control_addr or "none"
+        self.view.note(f"subscribed to {self.publish_addr}, control {ctl}", kind="connect")
+
+    def _on_batch_from_thread(self, messages: list[Any], rejected: list[str]) -> None:
+        # Called on the receive thread; App.post_message is thread-safe (call_soon_threadsafe).
+        self.post_message(TelemetryBatch(messages, rejected))
+
+    async def _load_replay(self) -> None:
+        msgs = self._replay_messages
+        for i in range(0, len(msgs), REPLAY_CHUNK):
+            now = time.monotonic()
+            for m in msgs[i : i + REPLAY_CHUNK]:
+                self._apply_one(m, now)
+            self.replay_applied = min(len(msgs), i + REPLAY_CHUNK)
+            await asyncio.sleep(0)
+        self.replay_applied = len(msgs)
+        self.replay_loaded = True
+        self.view.note(f"replay loaded: {len(msgs):,} messages from {self.source or 'log'}", kind="replay")
+        self.refresh_view()
+
+    def on_unmount(self) -> None:
+        self._stop_client()
+
+    def _stop_client(self) -> None:
+        if self.client is not None:
+            self.client.stop()
+            self.client = None
+
+    # ------------------------------------------------------------------ input
+
+    def on_telemetry_batch(self, batch: TelemetryBatch) -> None:
+        now = time.monotonic()
+        for m in batch.messages:
+            self._apply_one(m, now)
+        for err in batch.rejected:
+            self.view.note_rejected(err, now)
+
+    def _apply_one(self, msg: Any, now: float) -> None:
+        try:
+            self.view.apply(msg, now)
+        except Exception as exc:  # a view bug must not take the UI down
+            self.view.note(f"could not show a {type(msg).__name__} message: {exc!r}", level="error", kind="ui")
+
+    # ------------------------------------------------------------------ actions
+
+    def action_show_tab(self, tab: str) -> None:
+        self.query_one(TabbedContent).active = tab
+
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        self.call_after_refresh(self.refresh_view)
+
+    def action_checkpoint(self) -> None:
+        self._send("checkpoint", {"kind": "full"})
+
+    def action_status(self) -> None:
+        self._send("status", {})
+
+    def _send(self, cmd: str, args: dict[str, Any]) -> None:
+        if self.replay:
+            self.view.note(f"{cmd}: not connected (replay)", level="warn", kind="command")
+        elif self.client is None or not self.client.has_control:
+            self.view.note(f"{cmd}: not connected (no control address)", level="warn", kind="command")
+        else:
+            cmd_id = self.client.send_command(cmd, args)
+            self.view.note_command_sent(cmd_id, cmd, args)
+        self.refresh_view()
+
+    async def action_quit(self) -> None:
+        self._stop_client()  # closes the UI's sockets only; agents keep running
+        self.exit()
+
+    # ------------------------------------------------------------------ render
+
+    def refresh_view(self) -> None:
+        """Repaint everything from the view model (called at a fixed rate)."""
+        if not self.is_running:
+            return
+        self.view.tick(time.monotonic())
+        self._render_header()
+        self._render_table()
+        self._render_charts()
+        self._render_alert()
+        self._render_events()
+
+    def header_text(self) -> Text:
+        """The whole header line: run facts, then the connection indicator."""
+        return Text.assemble(self.facts_text(), "  ", self.connection_text())
+
+    def facts_text(self) -> Text:
+        v, f = self.view, self.view.facts
+        t = Text(no_wrap=True, overflow="ellipsis")
+        t.append("ringtop", style="bold")
+        t.append(" ─ ", style="dim")
+        if not self.replay and not v.ranks and not f.run_id:
+            t.append(f"waiting for telemetry on {self.publish_addr}", style="dim")
+            return t
+        t.append(f"run {f.run_id[:8] or '?'}", style="bold")
+        if f.model:
+            t.append(f"  {f.model}")
+            if f.param_count:
+                t.append(f" {fmt.count(f.param_count)}")
+        if f.strategy:
+            t.append(f"  {f.strategy}", style="bold magenta")
+            if f.world_size:
+                t.append(f" ×{f.world_size}")
+        elif f.world_size:
+            t.append(f"  ×{f.world_size}")
+        if f.backend:
+            t.append(f"  {f.backend}")
+        if f.device and f.device != f.backend:
+            t.append(f"/{f.device}", style="dim")
+        step = v.latest_step
+        t.append("  step ")
+        t.append(f"{step:,}" if step >= 0 else "-", style="bold")
+        if f.steps:
+            t.append(f"/{f.steps:,}", style="dim")
+        if v.tokens_per_s:
+            t.append(f"  {fmt.count(v.tokens_per_s)} tok/s")
+        if v.total_drops:
+            t.append(f"  drops {v.total_drops:,}", style="yellow")
+        if v.rejected_total:
+            t.append(f"  rejected {v.rejected_total:,}", style="yellow")
+        return t
+
+    def connection_text(self) -> Text:
+        v = self.view
+        t = Text(no_wrap=True)
+        if self.replay:
+            label = "▶ replay" if self.replay_loaded else f"▶ replay {self._replay_pct():.0f}%"
+            t.append(label, style="bold cyan")
+            if v.is_ended:
+                t.append(" ■ ended", style="bold")
+        else:
+            label, style = STATE_STYLE.get(v.state, (v.state, ""))
+            t.append(label, style=style)
+        return t
+
+    def _replay_pct(self) -> float:
+        n = len(self._replay_messages)
+        return 100.0 * self.replay_applied / n if n else 100.0
+
+    def _set_static(self, selector: str, text: Text) -> None:
+        """Update a Static only when its content changed (an update costs a layout pass)."""
+        if self._shown.get(selector) != text:
+            self._shown[selector] = text
+            self.query_one(selector, Static).update(text)
+
+    def _set_spark(self, selector: str, data: list[float]) -> None:
+        steps = self.view.steps
+        key = (len(data), steps[-1].step if steps else -1)
+        if self._shown.get(selector) != key:
+            self._shown[selector] = key
+            self.query_one(selector, Sparkline).data = data
+
+    def _render_header(self) -> None:
+        self._set_static("#facts", self.facts_text())
+        self._set_static("#conn", self.connection_text())
+
+    def _row_cells(self, row: RankRow) -> dict[str, Text]:
+        v = self.view
+        excess = v.slowest_excess_pct
+        slow = row.slowest and math.isfinite(excess) and excess >= SLOWEST_MARK_PCT
+        dim = "dim" if row.ended else ""
+        mem = fmt.nbytes(row.mem_bytes) if row.mem_bytes else "-"
+        if row.mem_is_cuda and row.device_mem_total_bytes:
+            mem = f"{row.mem_cuda_bytes / 2**30:.1f}/{row.device_mem_total_bytes / 2**30:.0f}G"
+        note, note_style = "", ""
+        if row.ended:
+            note, note_style = f"ended: {row.bye_reason}", ("" if row.bye_ok else "red")
+        elif not self.replay and row.silent_s > v.stale_after_s:
+            note, note_style = f"silent {fmt.ago(row.silent_s)}", "yellow"
+        elif slow:
+            note, note_style = f"slowest +{excess:.0f}%", "bold yellow"
+        cells = {
+            "rank": (str(row.rank), "bold"),
+            "host": (row.host or "?", ""),
+            "step": (f"{row.step:,}" if row.step >= 0 else "-", ""),
+            "step_ms": (fmt.ms(row.step_ms) + (" ▲" if slow else ""), "bold yellow" if slow else ""),
+            "loss": (fmt.loss(row.loss) if row.step >= 0 else "-",
+                     "bold red" if row.step >= 0 and not math.isfinite(row.loss) else ""),
+            "tok_s": (fmt.count(row.tokens_per_s) if row.tokens_per_s else "-", ""),
+            "mem": (mem, ""),
+            "comm_mb_s": (fmt.num(row.comm_mb_s, 1) if math.isfinite(row.comm_mb_s) else "-", ""),
+            "comm_pct": (fmt.num(row.comm_share_pct, 1), ""),
+            "cpu": (fmt.num(row.cpu_percent, 0), ""),
+            "drops": (f"{row.drops:,}", "yellow" if row.drops else ""),
+            "note": (note, note_style),
+        }
+        out = {}
+        for key, (text, style) in cells.items():
+            out[key] = Text(text, style=" ".join(s for s in (style, dim) if s),
+                            justify="right" if key in NUMERIC else "left", no_wrap=True, overflow="ellipsis")
+        return out
+
+    def _render_table(self) -> None:
+        table = self.query_one("#ranks", DataTable)
+        rows = self.view.rows()
+        ranks = [r.rank for r in rows]
+        if ranks != self._row_order:
+            added = [r for r in rows if r.rank not in self._row_order]
+            for row in added:
+                cells = self._row_cells(row)
+                table.add_row(*(cells[k] for k, _, _ in COLUMNS), key=f"r{row.rank}")
+                for k, _, _ in COLUMNS:
+                    self._cells[(f"r{row.rank}", k)] = (cells[k].plain, str(cells[k].style))
+            if added and sorted(self._row_order + [r.rank for r in added]) != self._row_order + [r.rank for r in added]:
+                self._sort_rows(table)
+            self._row_order = ranks
+        for row in rows:
+            rk = f"r{row.rank}"
+            for key, cell in self._row_cells(row).items():
+                sig = (cell.plain, str(cell.style))
+                if self._cells.get((rk, key)) != sig:
+                    self._cells[(rk, key)] = sig
+                    table.update_cell(rk, key, cell)
+
+    @staticmethod
+    def _sort_rows(table: DataTable) -> None:
+        keep = None
+        if table.row_count and table.cursor_row >= 0:
+            try:
+                keep = table.coordinate_to_cell_key(table.cursor_coordinate).row_key
+            except Exception:
+                keep = None
+        table.sort("rank", key=lambda cell: int(str(cell)))
+        if keep is not None:
+            table.move_cursor(row=table.get_row_index(keep), animate=False)
+
+    def _render_charts(self) -> None:
+        v = self.view
+        steps = v.step_ms_max_history
+        self._set_spark("#step-spark", steps)
+        self._set_static("#step-label", _chart_label("step ms (max)", steps, fmt.ms))
+        losses = v.loss_history
+        self._set_spark("#loss-spark", losses)
+        self._set_static("#loss-label", _chart_label("loss (mean)", losses, fmt.loss))
+
+    def _render_alert(self) -> None:
+        v = self.view
+        t = Text(no_wrap=True, overflow="ellipsis")
+        if v.slowest_rank is not None and math.isfinite(v.slowest_excess_pct) and v.slowest_excess_pct >= 5:
+            row = v.ranks[v.slowest_rank]
+            t.append("▲ ", style="bold yellow")
+            t.append(f"rank {row.rank} slowest: {fmt.ms(row.recent_step_ms())} ms/step over the last "
+                     f"{min(len(row.step_ms_history), 20)} steps, +{v.slowest_excess_pct:.0f}% vs the median rank")
+            stat = row.step_ms_stat
+            if stat.count:
+                t.append(f"   run mean {fmt.ms(stat.mean)} min {fmt.ms(stat.min)} max {fmt.ms(stat.max)}",
+                         style="dim")
+        w = v.last_warning
+        if w is not None:
+            if t.plain:
+                t.append("\n")
+            t.append("⚠ " if w.level == "warn" else "✖ ", style=LEVEL_STYLE.get(w.level, ""))
+            who = f"rank {w.rank}: " if w.rank is not None else ""
+            t.append(f"{fmt.clock(w.ts)} {who}{w.text}")
+        self._set_static("#alert", t)
+
+    def _render_events(self) -> None:
+        v = self.view
+        if v.events_total <= self._events_shown:
+            return
+        # Write only while the Events tab is shown: the view holds a bounded backlog meanwhile, and a
+        # hidden RichLog would queue every write unbounded until it first gets a size.
+        if self.query_one(TabbedContent).active != "events":
+            return
+        log = self.query_one("#event-log", RichLog)
+        new = v.events_since(self._events_shown)
+        if new and new[0].seq > self._events_shown:
+            log.write(Text(f"… {new[0].seq - self._events_shown:,} older events not kept", style="dim"))
+        for e in new:
+            line = Text(no_wrap=False)
+            line.append(fmt.clock(e.ts) + " ", style="dim")
+            line.append(f"{e.level:<5} ", style=LEVEL_STYLE.get(e.level, ""))
+            who = f"r{e.rank}" if e.rank is not None else ("run" if e.kind in ("ended", "run", "rejected") else "ui")
+            line.append(f"{who:>4} ", style="bold")
+            line.append(e.text)
+            log.write(line)
+        self._events_shown = v.events_total
+
+
+def _chart_label(name: str, data: list[float], f) -> Text:
+    t = Text(no_wrap=True, overflow="ellipsis")
+    t.append(f"{name:<14}", style="bold")
+    finite = [x for x in data if math.isfinite(x)]
+    if not finite:
+        t.append("-", style="dim")
+        return t
+    t.append(f"{f(finite[-1]):>8}")
+    t.append(f"  ↓{f(min(finite))} ↑{f(max(finite))}", style="dim")
+    return t
+
+
+# ---------------------------------------------------------------------- entry points
+
+
+def run_live(publish: str, control: str | None = None) -> int:
+    """Run the UI against a live run (rank 0's publish and control addresses)."""
+    app = RingtopApp(publish_addr=publish, control_addr=control)
+    try:
+        app.run()
+    finally:
+        app._stop_client()
+    return 0
+
+
+def run_replay(logdir: str | Path) -> int:
+    """Replay a log directory; prints the problem and returns 2 when it cannot be read."""
+    try:
+        log = load_replay(logdir)
+    except ReplayError as exc:
+        print(f"ringtop: {exc}", file=sys.stderr)
+        return 2
+    app = RingtopApp(messages=log.messages, problems=log.problems, source=str(logdir))
+    app.run()
+    return 0

@@ -1,0 +1,704 @@
+"""The UI's view model: protocol messages in, a plain snapshot of the run out.
+
+Pure Python — no Textual, no sockets, no clock of its own. `RunView.apply(msg, now)` folds one
+message in; `RunView.tick(now)` updates the connection state. Everything the screens show is read
+from here, so it can be tested by feeding constructed messages with explicit `now` values.
+
+Times: `now` is whatever monotonic clock the caller uses (the app passes `time.monotonic()`); it
+only decides live/stale. Message `ts` (the agent's wall clock) is kept for display and ordering.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from ringtop.protocol import (
+    UI_RANK,
+    Bye,
+    Command,
+    Event,
+    Heartbeat,
+    Hello,
+    Reply,
+    Sample,
+    Step,
+)
+
+HISTORY_POINTS = 240
+"""Points kept per chart history (per rank and cross-rank)."""
+MAX_EVENTS = 500
+SLOWEST_WINDOW = 20
+"""Recent steps per rank averaged to pick the slowest rank."""
+STEP_LAG = 8
+"""A step is closed for the cross-rank chart once every live rank reported it, or once some rank
+is this many steps ahead (a silent rank must not stall the chart)."""
+MAX_PENDING_STEPS = 64
+REJECT_EVENT_EVERY_S = 1.0
+"""At most one event line per this many seconds for rejected frames; all are counted."""
+
+CONNECTION_STATES = ("waiting", "live", "stale", "ended")
+
+
+@dataclass(frozen=True, slots=True)
+class ControlReply:
+    """A `Reply` that arrived on the UI's own control socket (DEALER), not on telemetry.
+
+    Rank 0 stamps those with its control server's counter, while the copy it also publishes on
+    telemetry carries a seq from rank 0's telemetry stream. Only the telemetry copy may take part in
+    rank 0's sequence-gap counting, so the receiver says which channel a reply came from.
+    """
+
+    reply: Reply
+
+
+class RunningStat:
+    """Running time-weighted mean, min, max and last of a metric, without storing history.
+
+    Each value is weighted by the time it covers: the gap since the previous sample's timestamp,
+    or, for the first sample (or a non-increasing timestamp), `fallback_weight` — for step times
+    the step's own duration in seconds, so both weights are in seconds.
+    """
+
+    __slots__ = ("count", "min", "max", "last", "_wsum", "_w", "_last_ts")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.min = math.inf
+        self.max = -math.inf
+        self.last = math.nan
+        self._wsum = 0.0
+        self._w = 0.0
+        self._last_ts: float | None = None
+
+    def update(self, value: float, ts: float | None = None, fallback_weight: float = 1.0) -> None:
+        if not math.isfinite(value):
+            return
+        weight = fallback_weight
+        if ts is not None and self._last_ts is not None and ts > self._last_ts:
+            weight = ts - self._last_ts
+        if ts is not None:
+            self._last_ts = ts if self._last_ts is None else max(ts, self._last_ts)
+        if not (weight > 0 and math.isfinite(weight)):
+            weight = 1.0
+        self.count += 1
+        self.min = min(self.min, value)
+        self.max = max(self.max, value)
+        self.last = value
+        self._wsum += value * weight
+        self._w += weight
+
+    @property
+    def mean(self) -> float:
+        return self._wsum / self._w if self._w > 0 else math.nan
+
+
+@dataclass
+class RunFacts:
+    run_id: str = ""
+    world_size: int = 0
+    strategy: str = ""
+    strategy_options: dict[str, Any] = field(default_factory=dict)
+    model: str = ""
+    param_count: int = 0
+    backend: str = ""
+    device: str = ""
+    torch_version: str = ""
+    ringtop_version: str = ""
+    batch_size: int = 0
+    seq_len: int = 0
+    steps: int = 0
+    start_step: int = 0
+    device_mem_total_bytes: int = 0
+
+
+@dataclass
+class RankRow:
+    rank: int
+    host: str = ""
+    pid: int = 0
+    local_rank: int = 0
+    device: str = ""
+    # latest step
+    step: int = -1
+    loss: float = math.nan
+    step_ms: float = math.nan
+    data_ms: float = 0.0
+    forward_ms: float = 0.0
+    backward_ms: float = 0.0
+    optimizer_ms: float = 0.0
+    comm_blocked_ms: float = 0.0
+    tokens_per_s: float = 0.0
+    # memory, bytes
+    mem_params_bytes: int = 0
+    mem_grads_bytes: int = 0
+    mem_optimizer_bytes: int = 0
+    mem_rss_bytes: int = 0
+    mem_cuda_bytes: int = 0
+    mem_cuda_reserved_bytes: int = 0
+    mem_cuda_peak_bytes: int = 0
+    device_mem_total_bytes: int = 0
+    # communication in the latest step
+    comm_bytes: int = 0
+    comm_mb_s: float = math.nan
+    """Sum of CommStat.bytes in the step / step time, in MB/s (1 MB = 1e6 bytes)."""
+    comm_share_pct: float = math.nan
+    """comm_blocked_ms / step_ms, in percent."""
+    comm: list = field(default_factory=list)
+    # host / device samples
+    cpu_percent: float = math.nan
+    gpu_util_percent: float = math.nan
+    gpu_mem_used_bytes: int = 0
+    # loss of messages
+    agent_drops: int = 0
+    """Messages the agent says it dropped so far (its bounded queue overflowed, or a send failed)."""
+    seq_lost: int = 0
+    """Messages missing from this rank's `seq` since the UI started following it (lost anywhere
+    between the rank's `emit` and this UI: agent queue, sockets, relay)."""
+    last_seq: int | None = None
+    hello_ts: float = 0.0
+    bye_ts: float = 0.0
+    # liveness
+    last_seen: float | None = None
+    """`now` of the last message received from this rank (caller's clock)."""
+    last_ts: float = 0.0
+    """The agent's wall-clock `ts` of its last message."""
+    silent_s: float = 0.0
+    said_hello: bool = False
+    ended: bool = False
+    bye_reason: str = ""
+    bye_ok: bool = True
+    slowest: bool = False
+    # history and running stats
+    step_ms_stat: RunningStat = field(default_factory=RunningStat)
+    step_ms_history: deque = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
+    loss_history: deque = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
+
+    @property
+    def drops(self) -> int:
+        """Messages of this rank that did not reach the UI.
+
+        The agent stamps `seq` when a message is emitted, before its queue, so a message the agent
+        drops shows up both in its `drops` counter and as a gap here; adding the two would count it
+        twice. Gaps cover every loss since the UI started following the rank, the agent's counter
+        also covers the time before; the larger of the two is the best single figure.
+        """
+        return max(self.agent_drops, self.seq_lost)
+
+    @property
+    def mem_bytes(self) -> int:
+        """The memory figure for the table: CUDA allocated when on a GPU, else process RSS."""
+        return self.mem_cuda_bytes if self.mem_cuda_bytes > 0 else self.mem_rss_bytes
+
+    @property
+    def mem_is_cuda(self) -> bool:
+        return self.mem_cuda_bytes > 0
+
+    def recent_step_ms(self, window: int = SLOWEST_WINDOW) -> float:
+        if not self.step_ms_history:
+            return math.nan
+        pts = list(self.step_ms_history)[-window:]
+        return sum(pts) / len(pts)
+
+
+@dataclass(frozen=True)
+class StepPoint:
+    """One step across ranks, for the step-time and loss charts."""
+
+    step: int
+    max_ms: float
+    median_ms: float
+    max_rank: int
+    loss: float
+    """Mean of the ranks' losses at this step."""
+    ranks: int
+
+
+@dataclass(frozen=True)
+class EventLine:
+    seq: int
+    """Position in the run's event stream, counting from 0; lets a screen append only new lines."""
+    ts: float
+    """Wall-clock seconds."""
+    level: str
+    rank: int | None
+    text: str
+    kind: str = ""
+    cmd_id: str = ""
+
+
+@dataclass
+class CommandState:
+    id: str
+    cmd: str
+    args: dict[str, Any] = field(default_factory=dict)
+    status: str = "pending"
+    """pending (sent, nothing back yet) -> ack -> done | error."""
+    history: list[str] = field(default_factory=list)
+    result: dict[str, Any] = field(default_factory=dict)
+    error: str = ""
+    code: str = ""
+    sent_ts: float = 0.0
+
+    @property
+    def finished(self) -> bool:
+        return self.status in ("done", "error")
+
+
+class RunView:
+    """Aggregates ringtop protocol messages into what the screens show."""
+
+    def __init__(self, stale_after_s: float = 3.0, history_points: int = HISTORY_POINTS,
+                 max_events: int = MAX_EVENTS) -> None:
+        self.stale_after_s = stale_after_s
+        self.history_points = history_points
+        self.max_events = max_events
+        self._reset()
+
+    def _reset(self) -> None:
+        self.facts = RunFacts()
+        self.ranks: dict[int, RankRow] = {}
+        self.steps: deque[StepPoint] = deque(maxlen=self.history_points)
+        self._pending: dict[int, dict[int, tuple[float, float]]] = {}
+        self._newest_step = -1
+        self.events: deque[EventLine] = deque(maxlen=self.max_events)
+        self.events_total = 0
+        self.commands: dict[str, CommandState] = {}
+        self._replies_seen: set[tuple[str, str]] = set()
+        self.messages_total = 0
+        self.rejected_total = 0
+        self._rejected_unreported = 0
+        self._last_reject_event: float | None = None
+        self._last_rx: float | None = None
+        self.state = "waiting"
+        self._live: set[int] = set()
+        self._slowest_rank: int | None = None
+        self._slowest_excess_pct = math.nan
+        self._slowest_dirty = False
+        self.last_warning: EventLine | None = None
+
+    # ------------------------------------------------------------------ input
+
+    def apply(self, msg: Any, now: float | None = None) -> None:
+        """Fold one message into the view: any `ringtop.protocol` message, or a `ControlReply`
+        (a reply from the UI's own control socket). `now`: the caller's monotonic clock."""
+        now = time.monotonic() if now is None else now
+        self.messages_total += 1
+        if isinstance(msg, ControlReply):
+            self._last_rx = now
+            self._on_reply(msg.reply)
+            return
+        if isinstance(msg, Reply):  # the copy published on telemetry: part of rank 0's stream
+            self._last_rx = now
+            row = self.ranks.get(msg.rank)
+            if row is not None:
+                self._track_seq(row, msg)
+                row.last_seen = now
+            self._on_reply(msg)
+            return
+        if isinstance(msg, Command):
+            return  # another client's command echoed to us; nothing to show
+        self._last_rx = now
+        if msg.rank == UI_RANK:
+            if isinstance(msg, Event):
+                self._add_event(msg.level, None, msg.text or msg.kind, msg.ts, kind=msg.kind)
+            return
+        if isinstance(msg, Hello):
+            self._on_hello(msg, now)
+            return
+        row = self._row(msg.rank)
+        self._track_seq(row, msg)
+        row.last_seen = now
+        row.last_ts = max(row.last_ts, msg.ts)
+        row.silent_s = 0.0
+        if isinstance(msg, Step):
+            self._on_step(row, msg)
+        elif isinstance(msg, Sample):
+            if msg.cpu_percent or not math.isfinite(row.cpu_percent):
+                row.cpu_percent = msg.cpu_percent
+            if msg.rss_bytes:
+                row.mem_rss_bytes = msg.rss_bytes
+            if msg.gpu is not None:
+                row.gpu_util_percent = msg.gpu.util_percent
+                row.gpu_mem_used_bytes = msg.gpu.mem_used_bytes
+                if msg.gpu.mem_total_bytes:
+                    row.device_mem_total_bytes = msg.gpu.mem_total_bytes
+        elif isinstance(msg, Heartbeat):
+            if msg.step > row.step:
+                row.step = msg.step
+            row.agent_drops = max(row.agent_drops, msg.drops)
+        elif isinstance(msg, Event):
+            self._add_event(msg.level, msg.rank, self._event_text(msg), msg.ts, kind=msg.kind)
+        elif isinstance(msg, Bye):
+            self._on_bye(row, msg)
+
+    def apply_many(self, msgs: Iterable[Any], now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        for m in msgs:
+            self.apply(m, now)
+
+    def note_rejected(self, error_text: str, now: float | None = None) -> None:
+        """A telemetry frame that did not decode: counted, and reported (rate-limited) as an event."""
+        now = time.monotonic() if now is None else now
+        self.rejected_total += 1
+        self._rejected_unreported += 1
+        if self._last_reject_event is None or now - self._last_reject_event >= REJECT_EVENT_EVERY_S:
+            n = self._rejected_unreported
+            more = f" ({n} frames since the last report)" if n > 1 else ""
+            self._add_event("warn", None, f"rejected telemetry frame: {error_text}{more}", time.time(),
+                            kind="rejected")
+            self._rejected_unreported = 0
+            self._last_reject_event = now
+
+    def note_command_sent(self, cmd_id: str, cmd: str, args: dict[str, Any] | None = None) -> CommandState:
+        """The UI sent a command; it is `pending` until a Reply arrives."""
+        state = CommandState(id=cmd_id, cmd=cmd, args=dict(args or {}), status="pending",
+                             history=["pending"], sent_ts=time.time())
+        self.commands[cmd_id] = state
+        arg_text = " ".join(f"{k}={v}" for k, v in state.args.items())
+        self._add_event("info", None, f"{cmd} [{cmd_id}] sent{' ' + arg_text if arg_text else ''} → pending",
+                        state.sent_ts, kind="command", cmd_id=cmd_id)
+        return state
+
+    def note(self, text: str, level: str = "info", kind: str = "ui") -> None:
+        """An event line that comes from the UI itself (e.g. 'not connected')."""
+        self._add_event(level, None, text, time.time(), kind=kind)
+
+    def tick(self, now: float) -> str:
+        """Update connection state (and per-rank silence) as of `now`; returns the state."""
+        for row in self.ranks.values():
+            row.silent_s = 0.0 if row.last_seen is None or row.ended else max(0.0, now - row.last_seen)
+        self._ensure_slowest()
+        self.state = self.connection_state(now)
+        return self.state
+
+    # ------------------------------------------------------------------ derived
+
+    def connection_state(self, now: float) -> str:
+        if self._last_rx is None:
+            return "waiting"
+        if self.is_ended:
+            return "ended"
+        return "live" if now - self._last_rx <= self.stale_after_s else "stale"
+
+    @property
+    def is_ended(self) -> bool:
+        """Every rank we know of said Bye (and, when the world size is known, all of them did)."""
+        known = [r for r in self.ranks.values() if r.said_hello or r.ended] or list(self.ranks.values())
+        if not known or not all(r.ended for r in known):
+            return False
+        ws = self.facts.world_size
+        return ws <= 0 or sum(1 for r in self.ranks.values() if r.ended) >= ws
+
+    def rows(self) -> list[RankRow]:
+        self._ensure_slowest()
+        return [self.ranks[r] for r in sorted(self.ranks)]
+
+    @property
+    def slowest_rank(self) -> int | None:
+        """The live rank with the highest mean step time over its last SLOWEST_WINDOW steps;
+        None unless more than one rank is live."""
+        self._ensure_slowest()
+        return self._slowest_rank
+
+    @property
+    def slowest_excess_pct(self) -> float:
+        """How much slower the slowest rank is than the median rank, in percent."""
+        self._ensure_slowest()
+        return self._slowest_excess_pct
+
+    def live_rows(self) -> list[RankRow]:
+        return [r for r in self.rows() if not r.ended]
+
+    @property
+    def latest_step(self) -> int:
+        """The step every live rank has reached (min over live ranks); -1 when unknown."""
+        rows = [r for r in self.live_rows() if r.step >= 0] or [r for r in self.rows() if r.step >= 0]
+        return min((r.step for r in rows), default=-1)
+
+    @property
+    def tokens_per_s(self) -> float:
+        rows = self.live_rows() or self.rows()
+        return sum(r.tokens_per_s for r in rows)
+
+    @property
+    def step_ms_max_history(self) -> list[float]:
+        return [p.max_ms for p in self.steps]
+
+    @property
+    def step_ms_median_history(self) -> list[float]:
+        return [p.median_ms for p in self.steps]
+
+    @property
+    def loss_history(self) -> list[float]:
+        return [p.loss for p in self.steps if math.isfinite(p.loss)]
+
+    def events_since(self, seq: int) -> list[EventLine]:
+        """Event lines with `seq >= seq` still held (older ones may have been dropped)."""
+        if not self.events or self.events[-1].seq < seq:
+            return []
+        return [e for e in self.events if e.seq >= seq]
+
+    @property
+    def total_drops(self) -> int:
+        return sum(r.drops for r in self.ranks.values())
+
+    # ------------------------------------------------------------------ internals
+
+    def _row(self, rank: int) -> RankRow:
+        row = self.ranks.get(rank)
+        if row is None:
+            row = RankRow(rank=rank, device_mem_total_bytes=self.facts.device_mem_total_bytes)
+            row.step_ms_history = deque(maxlen=self.history_points)
+            row.loss_history = deque(maxlen=self.history_points)
+            self.ranks[rank] = row
+            self._live.add(rank)
+        return row
+
+    def _track_seq(self, row: RankRow, msg: Any) -> None:
+        seq = msg.seq
+        if row.last_seq is not None and seq > row.last_seq + 1:
+            row.seq_lost += seq - row.last_seq - 1
+        if row.last_seq is None or seq > row.last_seq:
+            row.last_seq = seq
+
+    def _on_hello(self, msg: Hello, now: float) -> None:
+        if self.facts.run_id and msg.run_id and msg.run_id != self.facts.run_id:
+            old = self.facts.run_id
+            self._reset()
+            self._add_event("info", None, f"new run {msg.run_id} (was {old})", msg.ts, kind="run")
+        self._last_rx = now
+        f = self.facts
+        authoritative = msg.rank == 0 or not f.run_id
+        if authoritative:
+            f.run_id = msg.run_id or f.run_id
+            f.world_size = msg.world_size or f.world_size
+            f.strategy = msg.strategy or f.strategy
+            f.strategy_options = dict(msg.strategy_options) or f.strategy_options
+            f.model = msg.model or f.model
+            f.param_count = msg.param_count or f.param_count
+            f.backend = msg.backend or f.backend
+            f.device = msg.device or f.device
+            f.torch_version = msg.torch_version or f.torch_version
+            f.ringtop_version = msg.ringtop_version or f.ringtop_version
+            f.batch_size = msg.batch_size or f.batch_size
+            f.seq_len = msg.seq_len or f.seq_len
+            f.steps = msg.steps or f.steps
+            f.start_step = msg.start_step or f.start_step
+            f.device_mem_total_bytes = msg.device_mem_total_bytes or f.device_mem_total_bytes
+        row = self._row(msg.rank)
+        first = not row.said_hello
+        # The relay re-sends its cached Hello (and Bye) of every rank whenever a UI subscribes, so
+        # the same Hello may arrive again: only a new process (new pid, or a newer Hello that restarts
+        # the sequence) counts as a restart.
+        if row.pid and msg.pid:
+            restarted = not first and msg.pid != row.pid
+        else:
+            restarted = not first and msg.ts > row.hello_ts and (row.last_seq is None or msg.seq <= row.last_seq)
+        if restarted:
+            self._live.add(row.rank)
+            row.agent_drops = 0
+            row.seq_lost = 0
+            row.ended = False
+            row.bye_reason = ""
+            row.bye_ok = True
+            row.bye_ts = 0.0
+        if first or restarted:
+            # A Hello may be a cached copy sent long after; the next message sets the baseline.
+            row.last_seq = None
+            row.hello_ts = msg.ts
+        else:
+            self._track_seq(row, msg)  # a Hello repeated in-stream; an old cached copy is ignored
+        row.said_hello = True
+        row.host = msg.host or row.host
+        row.pid = msg.pid or row.pid
+        row.local_rank = msg.local_rank
+        row.device = msg.device or row.device
+        if msg.device_mem_total_bytes:
+            row.device_mem_total_bytes = msg.device_mem_total_bytes
+        if msg.start_step and row.step < 0:
+            row.step = msg.start_step
+        row.last_seen = now
+        row.last_ts = max(row.last_ts, msg.ts)
+        if first or restarted:  # an agent may repeat its Hello for late joiners; say it once
+            where = f"{msg.host} pid {msg.pid}" if msg.host else f"pid {msg.pid}"
+            extra = f", resuming at step {msg.start_step}" if msg.start_step else ""
+            self._add_event("info", msg.rank,
+                            f"{'rejoined' if restarted else 'joined'}: {where}, {msg.strategy or '?'} on "
+                            f"{msg.device or msg.backend or '?'}{extra}", msg.ts, kind="hello")
+
+    def _on_step(self, row: RankRow, msg: Step) -> None:
+        loss = math.nan if msg.loss is None else msg.loss  # null: the loss was not finite
+        row.step = max(row.step, msg.step)
+        row.loss = loss
+        row.step_ms = msg.step_ms
+        row.data_ms = msg.data_ms
+        row.forward_ms = msg.forward_ms
+        row.backward_ms = msg.backward_ms
+        row.optimizer_ms = msg.optimizer_ms
+        row.comm_blocked_ms = msg.comm_blocked_ms
+        row.tokens_per_s = msg.tokens_per_s
+        m = msg.mem
+        row.mem_params_bytes = m.params_bytes
+        row.mem_grads_bytes = m.grads_bytes
+        row.mem_optimizer_bytes = m.optimizer_bytes
+        if m.rss_bytes:
+            row.mem_rss_bytes = m.rss_bytes
+        row.mem_cuda_bytes = m.cuda_allocated_bytes
+        row.mem_cuda_reserved_bytes = m.cuda_reserved_bytes
+        row.mem_cuda_peak_bytes = m.cuda_peak_bytes
+        row.comm = list(msg.comm)
+        row.comm_bytes = sum(c.bytes for c in msg.comm)
+        if msg.step_ms > 0:
+            row.comm_mb_s = row.comm_bytes / (msg.step_ms / 1000.0) / 1e6
+            row.comm_share_pct = 100.0 * msg.comm_blocked_ms / msg.step_ms
+        else:
+            row.comm_mb_s = math.nan
+            row.comm_share_pct = math.nan
+        if msg.cpu_percent:
+            row.cpu_percent = msg.cpu_percent
+        row.agent_drops = max(row.agent_drops, msg.drops)
+        if math.isfinite(msg.step_ms):
+            row.step_ms_stat.update(msg.step_ms, msg.ts or None, fallback_weight=max(msg.step_ms, 0.0) / 1000.0)
+            row.step_ms_history.append(msg.step_ms)
+        row.loss_history.append(loss)
+        self._collect_step(msg.step, msg.rank, msg.step_ms, loss)
+        self._slowest_dirty = True
+
+    def _collect_step(self, step: int, rank: int, step_ms: float, loss: float) -> None:
+        if self.steps and step <= self.steps[-1].step:
+            return  # already closed (a late rank); its own row still shows it
+        self._pending.setdefault(step, {})[rank] = (step_ms, loss)
+        self._newest_step = max(self._newest_step, step)
+        expected = self._live
+        for s in sorted(self._pending):
+            got = self._pending[s]
+            if expected.issubset(got) or s <= self._newest_step - STEP_LAG or len(self._pending) > MAX_PENDING_STEPS:
+                self._close_step(s, self._pending.pop(s))
+            else:
+                break
+
+    def _close_step(self, step: int, got: dict[int, tuple[float, float]]) -> None:
+        times = {r: ms for r, (ms, _) in got.items() if math.isfinite(ms)}
+        losses = [lo for _, lo in got.values() if math.isfinite(lo)]
+        if not times:
+            return
+        max_rank = max(times, key=times.__getitem__)
+        self.steps.append(StepPoint(
+            step=step,
+            max_ms=times[max_rank],
+            median_ms=statistics.median(times.values()),
+            max_rank=max_rank,
+            loss=sum(losses) / len(losses) if losses else math.nan,
+            ranks=len(got),
+        ))
+
+    def _ensure_slowest(self) -> None:
+        if self._slowest_dirty:
+            self._slowest_dirty = False
+            self._update_slowest()
+
+    def _update_slowest(self) -> None:
+        live = [r for r in self.ranks.values() if not r.ended and r.step_ms_history]
+        for r in self.ranks.values():
+            r.slowest = False
+        if len(live) < 2:
+            self._slowest_rank = None
+            self._slowest_excess_pct = math.nan
+            return
+        means = {r.rank: r.recent_step_ms() for r in live}
+        slowest = max(means, key=lambda k: (means[k], k))
+        median = statistics.median(means.values())
+        self._slowest_rank = slowest
+        self._slowest_excess_pct = 100.0 * (means[slowest] / median - 1.0) if median > 0 else math.nan
+        self.ranks[slowest].slowest = True
+
+    def _on_bye(self, row: RankRow, msg: Bye) -> None:
+        if row.ended and msg.ts <= row.bye_ts:
+            return  # the relay's cached copy, sent again to a new subscriber
+        was_ended = self.is_ended
+        row.bye_ts = msg.ts
+        row.ended = True
+        self._live.discard(row.rank)
+        row.bye_reason = msg.reason or ("finished" if msg.ok else "failed")
+        row.bye_ok = msg.ok
+        if msg.step > row.step:
+            row.step = msg.step
+        level = "info" if msg.ok else "error"
+        self._add_event(level, msg.rank, f"bye at step {msg.step}: {row.bye_reason}", msg.ts, kind="bye")
+        self._slowest_dirty = True
+        # a rank that left must not hold open the cross-rank chart
+        expected = self._live
+        for s in sorted(self._pending):
+            if expected.issubset(self._pending[s]):
+                self._close_step(s, self._pending.pop(s))
+            else:
+                break
+        if self.is_ended and not was_ended:
+            self._add_event("info", None, "every rank said bye: the run has ended", msg.ts, kind="ended")
+
+    def _on_reply(self, msg: Reply) -> None:
+        # Each reply reaches the UI that sent the command twice: on its control socket and on
+        # telemetry (where every UI sees it). Show each status of a command once.
+        key = (msg.id, msg.status)
+        if msg.id and key in self._replies_seen:
+            return
+        if msg.id:
+            self._replies_seen.add(key)
+            if len(self._replies_seen) > 10_000:
+                self._replies_seen.clear()
+        state = self.commands.get(msg.id)
+        if state is None:
+            state = CommandState(id=msg.id, cmd=msg.cmd, history=[])
+            self.commands[msg.id] = state
+        state.cmd = state.cmd or msg.cmd
+        state.status = msg.status
+        state.history.append(msg.status)
+        if msg.result:
+            state.result = dict(msg.result)
+        if msg.error:
+            state.error = msg.error
+            state.code = msg.code
+        trail = " → ".join(state.history)
+        detail = ""
+        if msg.status == "error":
+            detail = f": {msg.error}" + (f" ({msg.code})" if msg.code else "")
+        elif msg.result:
+            detail = ": " + _compact(msg.result)
+        level = "error" if msg.status == "error" else "info"
+        self._add_event(level, msg.rank if msg.rank != UI_RANK else None,
+                        f"{state.cmd or '?'} [{msg.id}] {trail}{detail}", msg.ts, kind="reply", cmd_id=msg.id)
+
+    @staticmethod
+    def _event_text(msg: Event) -> str:
+        text = msg.text or msg.kind or "(empty event)"
+        if msg.kind and msg.text and not msg.text.startswith(msg.kind):
+            text = f"{msg.kind}: {msg.text}"
+        if msg.step >= 0:
+            text = f"{text} (step {msg.step})"
+        return text
+
+    def _add_event(self, level: str, rank: int | None, text: str, ts: float, *, kind: str = "",
+                   cmd_id: str = "") -> None:
+        line = EventLine(seq=self.events_total, ts=ts or time.time(), level=level, rank=rank, text=text,
+                         kind=kind, cmd_id=cmd_id)
+        self.events_total += 1
+        self.events.append(line)
+        if level in ("warn", "error"):
+            self.last_warning = line
+
+
+def _compact(d: dict[str, Any], limit: int = 160) -> str:
+    parts = []
+    for k, v in d.items():
+        if isinstance(v, float):
+            v = f"{v:.4g}"
+        elif isinstance(v, (dict, list)):
+            v = f"{type(v).__name__}[{len(v)}]"
+        parts.append(f"{k}={v}")
+    text = " ".join(parts)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
