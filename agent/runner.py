@@ -164,8 +164,11 @@ class Runner:
                             {"path": str(resumed_from)})
             self._loop(self._build_data())
             bye.reason = self.stop_reason or f"completed {self.step} steps"
-        except (KeyboardInterrupt, Interrupted) as exc:
-            bye.reason, bye.ok = f"interrupted ({type(exc).__name__})", False
+        except KeyboardInterrupt:
+            bye.reason, bye.ok = "interrupted: SIGINT", False
+            raise
+        except Interrupted as exc:
+            bye.reason, bye.ok = f"interrupted: {exc}", False
             raise
         except BaseException as exc:
             bye.reason, bye.ok = f"error: {type(exc).__name__}: {exc}", False
@@ -304,7 +307,7 @@ class Runner:
 
 
 def _raise_interrupted(signum, frame):
-    raise Interrupted(f"signal {signum}")
+    raise Interrupted(signal.Signals(signum).name)
 
 
 def _is_main_thread() -> bool:
