@@ -1,4 +1,4 @@
-"""The `ringtop` command: ui, replay, run, demo, ctl.
+"""The `ringtop` command: ui, replay, run, demo, ctl, plan.
 
 Only `run` and `demo` start training, and they do it in child processes; this process never
 imports torch, so the UI starts on a machine without it.
@@ -33,6 +33,12 @@ def _ctl(args: argparse.Namespace) -> int:
     from .ctl import run_ctl
 
     return run_ctl(args.connect, args.command, args.args, args.timeout, args.json)
+
+
+def _plan(plan_args: list[str]) -> int:
+    from .plan import main as plan_main
+
+    return plan_main(plan_args)
 
 
 def _check_agent_args(agent_args: list[str]) -> int | None:
@@ -135,12 +141,17 @@ def build_parser() -> argparse.ArgumentParser:
     ctl.add_argument("--json", action="store_true", help="print the replies as JSON lines")
     ctl.add_argument("command", help="status | checkpoint | stop")
     ctl.add_argument("args", nargs="*", help="KEY=VALUE arguments, e.g. kind=full")
+
+    sub.add_parser("plan", add_help=False, help="predict memory and communication of each strategy "
+                   "(`ringtop plan --help`)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
+    if argv and argv[0] == "plan":
+        return _plan(argv[1:])
     if argv and argv[0] == "run":
         known, agent_args = parser.parse_known_args(argv)
         if agent_args[:1] == ["--"]:

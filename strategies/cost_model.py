@@ -1,0 +1,450 @@
+"""The analytic cost of each parallel strategy: memory per rank, bytes on the wire, time, bubbles.
+
+Torch-free (stdlib only): the UI imports this in a process without torch, and `ringtop plan` runs
+on a laptop. Pure functions over small frozen dataclasses; units are in the names (`*_bytes`,
+`*_s`, `*_gbps`), GB = 1e9 bytes (decimal, as the chapter's "7B x 2 bytes = 14 GB").
+
+Conventions, each chosen because it reproduces the chapter (seed/distributed-training-basics.zh.txt)
+and the ZeRO paper (arXiv 1910.02054) — the arithmetic is in the docstrings below:
+
+- Memory: params P x param_bytes, grads P x grad_bytes, optimizer P x optimizer_bytes_per_param;
+  DDP replicates all three, ZeRO-1 divides the optimizer by N, ZeRO-2 grads and optimizer, ZeRO-3
+  all three. FSDP FULL_SHARD = ZeRO-3, SHARD_GRAD_OP = ZeRO-2, NO_SHARD = DDP.
+- Bytes: "sent" is what one rank puts on the wire per step (ring algorithms); "payload" is the full
+  logical tensor handed to the collective (nccl-tests' "size"), so sent = payload x busbw factor.
+- Time: sent bytes / the link's per-direction bandwidth (half the bidirectional figure quoted).
+- Overhead: comm_s / compute_s (communication added on top of an un-overlapped compute step).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .links import GB, Link
+
+DTYPE_BYTES: dict[str, int] = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
+
+STRATEGIES: tuple[str, ...] = ("ddp", "zero1", "zero2", "zero3", "fsdp-full", "fsdp-grad-op", "fsdp-no-shard", "pp")
+"""Canonical strategy names. `fsdp` + sharding full|grad-op|no-shard maps onto the fsdp-* ones."""
+
+FSDP_SHARDINGS: tuple[str, ...] = ("full", "grad-op", "no-shard")
+
+BUSBW_FACTOR_KINDS: tuple[str, ...] = (
+    "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce")
+
+
+# ---------------------------------------------------------------- inputs and outputs
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """What the cost depends on: parameter count and bytes per parameter of each kind of state.
+
+    The chapter assumes optimizer state = 4x the param bytes (8 bytes/param with bf16 params); the
+    ZeRO paper's mixed-precision Adam keeps K = 12 bytes/param (fp32 master, momentum, variance).
+    """
+
+    params: int
+    param_bytes: int = 2
+    grad_bytes: int = 2
+    optimizer_bytes_per_param: int = 8
+
+    def __post_init__(self) -> None:
+        if self.params < 0 or self.param_bytes < 0 or self.grad_bytes < 0 or self.optimizer_bytes_per_param < 0:
+            raise ValueError(f"model sizes must be >= 0: {self}")
+
+    @classmethod
+    def from_dtype(cls, params: int, dtype: str = "bf16", optimizer_bytes_per_param: int = 8) -> ModelSpec:
+        """Params and grads in `dtype` (fp32 = 4 bytes, bf16/fp16 = 2)."""
+        if dtype not in DTYPE_BYTES:
+            raise ValueError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPE_BYTES)}")
+        return cls(params, DTYPE_BYTES[dtype], DTYPE_BYTES[dtype], optimizer_bytes_per_param)
+
+
+@dataclass(frozen=True, slots=True)
+class Sharding:
+    """Which state a strategy divides across its data-parallel ranks."""
+
+    params: bool = False
+    grads: bool = False
+    optimizer: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryPerRank:
+    """State bytes one rank holds (activations and buffers are not included)."""
+
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveBytes:
+    """One kind of collective in one step.
+
+    `payload_bytes`: the full logical tensors handed to it, summed over the step (nccl-tests'
+    "size": the all-reduced buffer, the reduce-scatter input, the all-gather output) — what a
+    tracer counting input buffers sees. `sent_bytes`: what each rank transmits for them.
+    """
+
+    kind: str
+    payload_bytes: int
+    sent_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class CommPerStep:
+    """Bytes each rank sends per optimizer step, broken down by collective kind."""
+
+    collectives: tuple[CollectiveBytes, ...] = ()
+
+    @property
+    def sent_bytes(self) -> int:
+        return sum(c.sent_bytes for c in self.collectives)
+
+    @property
+    def payload_bytes(self) -> int:
+        return sum(c.payload_bytes for c in self.collectives)
+
+    def by_kind(self) -> dict[str, CollectiveBytes]:
+        """Per kind, entries of the same kind summed (e.g. ZeRO-3's two all-gathers become one)."""
+        out: dict[str, CollectiveBytes] = {}
+        for c in self.collectives:
+            prev = out.get(c.kind)
+            out[c.kind] = c if prev is None else CollectiveBytes(
+                c.kind, prev.payload_bytes + c.payload_bytes, prev.sent_bytes + c.sent_bytes)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class StrategyCost:
+    """Memory and traffic of one strategy for one model on `ranks` ranks."""
+
+    strategy: str
+    ranks: int
+    memory: MemoryPerRank
+    comm: CommPerStep
+    pp_stages: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class FitResult:
+    """Whether a strategy's state plus an allowance for activations/other fits a device."""
+
+    strategy: str
+    need_bytes: int
+    capacity_bytes: int
+    fits: bool
+    cost: StrategyCost = field(repr=False)
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.capacity_bytes - self.need_bytes
+
+
+# ---------------------------------------------------------------- strategies
+
+
+def canonical_strategy(strategy: str, fsdp_sharding: str | None = None) -> str:
+    """One of STRATEGIES, from names like "zero2", "fsdp" + "grad-op", "fsdp(full)" or "FULL_SHARD"."""
+    s = strategy.strip().lower().replace("_", "-")
+    aliases = {"zero0": "ddp", "zero-0": "ddp", "zero-1": "zero1", "zero-2": "zero2", "zero-3": "zero3",
+               "full-shard": "fsdp-full", "shard-grad-op": "fsdp-grad-op", "no-shard": "fsdp-no-shard",
+               "pipeline": "pp"}
+    s = aliases.get(s, s)
+    if s.startswith("fsdp(") and s.endswith(")"):
+        s, fsdp_sharding = "fsdp", s[5:-1]
+    if s == "fsdp":
+        sharding = (fsdp_sharding or "full").strip().lower().replace("_", "-")
+        sharding = {"full-shard": "full", "shard-grad-op": "grad-op"}.get(sharding, sharding)
+        if sharding not in FSDP_SHARDINGS:
+            raise ValueError(f"unknown FSDP sharding {fsdp_sharding!r}: use one of {', '.join(FSDP_SHARDINGS)}")
+        s = f"fsdp-{sharding}"
+    if s not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}: use one of {', '.join(STRATEGIES)} (or fsdp with a sharding)")
+    return s
+
+
+_SHARDING: dict[str, Sharding] = {
+    "ddp": Sharding(),
+    "zero1": Sharding(optimizer=True),
+    "zero2": Sharding(grads=True, optimizer=True),
+    "zero3": Sharding(params=True, grads=True, optimizer=True),
+    "fsdp-full": Sharding(params=True, grads=True, optimizer=True),    # FULL_SHARD ~ ZeRO-3
+    "fsdp-grad-op": Sharding(grads=True, optimizer=True),              # SHARD_GRAD_OP ~ ZeRO-2
+    "fsdp-no-shard": Sharding(),                                        # NO_SHARD = DDP
+    "pp": Sharding(),  # each stage replicated across its data-parallel group (DDP inside a stage)
+}
+
+
+def sharding_of(strategy: str) -> Sharding:
+    """What `strategy` divides by N (the chapter's Stage 0-3 table)."""
+    return _SHARDING[canonical_strategy(strategy)]
+
+
+def shard_count(total: int, parts: int) -> int:
+    """The largest of `parts` even shards of `total` items (ceil): padding makes shards equal."""
+    if parts < 1:
+        raise ValueError(f"parts must be >= 1, got {parts}")
+    return -(-total // parts)
+
+
+def _check_ranks(ranks: int, pp_stages: int) -> int:
+    """Data-parallel degree: ranks / pipeline stages (must divide)."""
+    if ranks < 1:
+        raise ValueError(f"ranks must be >= 1, got {ranks}")
+    if pp_stages < 1:
+        raise ValueError(f"pipeline stages must be >= 1, got {pp_stages}")
+    if ranks % pp_stages:
+        raise ValueError(f"ranks ({ranks}) must be a multiple of pipeline stages ({pp_stages})")
+    return ranks // pp_stages
+
+
+def memory_per_rank(strategy: str, ranks: int, model: ModelSpec, *, pp_stages: int = 1) -> MemoryPerRank:
+    """State bytes per rank: replicated components hold all P, sharded ones ceil(P/N).
+
+    Chapter, 7B (taken as P = 7.6e9: its 15.2 GB is 7.6e9 x 2 bytes in decimal GB; 7e9 params
+    would give 14.0 GB, and GiB would make it smaller, not larger), N = 8, 2+2+8 bytes/param:
+      DDP    15.2 + 15.2 + 60.8 = 91.2 GB (the chapter writes "~95"; its own parts sum to 91.2)
+      ZeRO-1 15.2 + 15.2 + 7.6  = 38.0
+      ZeRO-2 15.2 + 1.9  + 7.6  = 24.7
+      ZeRO-3 1.9  + 1.9  + 7.6  = 11.4
+    ZeRO paper Fig. 1, Psi = 7.5e9, N = 64, 2+2+12 bytes/param: 16 Psi = 120 GB; 4 Psi + 12 Psi/64
+    = 31.4; 2 Psi + 14 Psi/64 = 16.6; 16 Psi/64 = 1.9 GB.
+
+    `pp` (with `pp_stages` S): each rank holds one stage, P/S parameters with all their state
+    (layers split evenly is assumed), replicated over the ranks/S data-parallel copies of a stage.
+    """
+    s = canonical_strategy(strategy)
+    stages = pp_stages if s == "pp" else 1
+    dp = _check_ranks(ranks, stages)
+    params = shard_count(model.params, stages)
+    sh = _SHARDING[s]
+
+    def held(sharded: bool) -> int:
+        return shard_count(params, dp) if sharded else params
+
+    return MemoryPerRank(
+        params_bytes=held(sh.params) * model.param_bytes,
+        grads_bytes=held(sh.grads) * model.grad_bytes,
+        optimizer_bytes=held(sh.optimizer) * model.optimizer_bytes_per_param,
+    )
+
+
+def ring_all_reduce_sent_bytes(payload_bytes: int, ranks: int) -> int:
+    """Ring all-reduce: reduce-scatter then all-gather, each sending (N-1)/N of the buffer: 2(N-1)/N x P."""
+    return round(2 * (ranks - 1) * payload_bytes / ranks)
+
+
+def ring_reduce_scatter_sent_bytes(payload_bytes: int, ranks: int, *, gloo_as_all_reduce: bool = False) -> int:
+    """(N-1)/N of the full input. On gloo, reduce_scatter_tensor runs as an all-reduce of the
+    full input (cpu-distributed-facts.md), so its wire bytes are twice a true reduce-scatter's."""
+    if gloo_as_all_reduce:
+        return ring_all_reduce_sent_bytes(payload_bytes, ranks)
+    return round((ranks - 1) * payload_bytes / ranks)
+
+
+def ring_all_gather_sent_bytes(payload_bytes: int, ranks: int) -> int:
+    """(N-1)/N of the gathered output: each rank forwards the N-1 shards it does not own."""
+    return round((ranks - 1) * payload_bytes / ranks)
+
+
+def comm_per_step(strategy: str, ranks: int, model: ModelSpec, *, pp_stages: int = 1,
+                  gloo_reduce_scatter_as_all_reduce: bool = False,
+                  activation_bytes_per_micro_batch: int = 0, micro_batches: int = 1) -> CommPerStep:
+    """Bytes each rank sends per optimizer step (one forward and backward, no gradient accumulation).
+
+    With G = P x grad_bytes and W = P x param_bytes, N data-parallel ranks:
+      DDP, FSDP NO_SHARD   all_reduce G                      -> 2(N-1)/N G
+      ZeRO-1, ZeRO-2       reduce_scatter G + all_gather W   -> (N-1)/N (G + W) = DDP's when G = W
+      FSDP SHARD_GRAD_OP   all_gather W once (forward) + reduce_scatter G: the same volume
+      ZeRO-3, FULL_SHARD   all_gather W in forward and again in backward + reduce_scatter G
+                           -> 3(N-1)/N W = 1.5x DDP (the chapter: "约 1.5 倍" of Stage 2)
+      pp                   all_reduce of its stage's G/S over the N/S replicas, plus point-to-point
+                           activations when `activation_bytes_per_micro_batch` is given (kind "send").
+    """
+    s = canonical_strategy(strategy)
+    stages = pp_stages if s == "pp" else 1
+    dp = _check_ranks(ranks, stages)
+    params = shard_count(model.params, stages)
+    grads_payload = params * model.grad_bytes
+    params_payload = params * model.param_bytes
+
+    def reduce_scatter() -> CollectiveBytes:
+        return CollectiveBytes("reduce_scatter", grads_payload, ring_reduce_scatter_sent_bytes(
+            grads_payload, dp, gloo_as_all_reduce=gloo_reduce_scatter_as_all_reduce))
+
+    def all_gather(times: int) -> CollectiveBytes:
+        return CollectiveBytes("all_gather", times * params_payload,
+                               times * ring_all_gather_sent_bytes(params_payload, dp))
+
+    if s in ("ddp", "fsdp-no-shard"):
+        out: tuple[CollectiveBytes, ...] = (
+            CollectiveBytes("all_reduce", grads_payload, ring_all_reduce_sent_bytes(grads_payload, dp)),)
+    elif s in ("zero1", "zero2", "fsdp-grad-op"):
+        out = (reduce_scatter(), all_gather(1))
+    elif s in ("zero3", "fsdp-full"):
+        out = (all_gather(2), reduce_scatter())
+    else:  # pp: no data-parallel group (and no all-reduce) when every rank is its own stage
+        out = ()
+        if dp > 1:
+            out = (CollectiveBytes("all_reduce", grads_payload, ring_all_reduce_sent_bytes(grads_payload, dp)),)
+        if activation_bytes_per_micro_batch:
+            p2p = pipeline_p2p_sent_bytes(activation_bytes_per_micro_batch, micro_batches)
+            out += (CollectiveBytes("send", p2p, p2p),)
+    return CommPerStep(out)
+
+
+def strategy_cost(strategy: str, ranks: int, model: ModelSpec, *, pp_stages: int = 1,
+                  gloo_reduce_scatter_as_all_reduce: bool = False) -> StrategyCost:
+    """Memory per rank and traffic per step of one strategy."""
+    s = canonical_strategy(strategy)
+    stages = pp_stages if s == "pp" else 1
+    return StrategyCost(
+        strategy=s, ranks=ranks, pp_stages=stages,
+        memory=memory_per_rank(s, ranks, model, pp_stages=stages),
+        comm=comm_per_step(s, ranks, model, pp_stages=stages,
+                           gloo_reduce_scatter_as_all_reduce=gloo_reduce_scatter_as_all_reduce),
+    )
+
+
+# ---------------------------------------------------------------- time on a link
+
+
+def comm_time_s(sent_bytes: int | float, link: Link | float) -> float:
+    """Seconds to send `sent_bytes` from one rank: bytes / per-direction bandwidth (bandwidth-bound,
+    no latency, no overlap). `link` is a Link or a number of GB/s per direction.
+
+    The chapter's example: 7e9 bf16 gradients = 14 GB, ring all-reduce over 8 GPUs sends
+    2 x 7/8 x 14 = 24.5 GB per rank (and receives as much at the same time).
+      NVLink 4.0, 900 GB/s bidirectional = 450 per direction: 24.5 / 450 = 0.0544 s  ("~0.05 s")
+      PCIe Gen4, 64 GB/s bidirectional  =  32 per direction: 24.5 / 32  = 0.766 s   ("~0.8 s")
+    Dividing by the bidirectional figure instead gives 0.027 s and 0.38 s, which the chapter does
+    not say; equivalently, its numbers are (sent + received) / bidirectional bandwidth.
+    """
+    gbps = link.per_direction_gbps if isinstance(link, Link) else float(link)
+    if gbps <= 0:
+        raise ValueError(f"bandwidth must be > 0 GB/s, got {gbps}")
+    return float(sent_bytes) / (gbps * GB)
+
+
+def comm_overhead(comm_s: float, compute_s: float) -> float:
+    """Communication as a fraction of the compute step: comm_s / compute_s (the chapter's measure).
+
+    Chapter, 2 s compute step: 0.0544 / 2 = 2.7 % over NVLink (it writes 2.5 % = 0.05 / 2, from the
+    rounded time) and 0.766 / 2 = 38 % over PCIe Gen4 ("30%+"). comm / (compute + comm) would give
+    2.65 % and 27.7 %, contradicting "30%+", so the chapter's formula is comm / compute.
+    """
+    if compute_s <= 0:
+        raise ValueError(f"compute step must be > 0 s, got {compute_s}")
+    return comm_s / compute_s
+
+
+def comm_share_of_step(comm_s: float, compute_s: float) -> float:
+    """Communication as a share of the whole step when nothing overlaps: comm / (compute + comm)."""
+    total = comm_s + compute_s
+    if total <= 0:
+        raise ValueError("step time must be > 0")
+    return comm_s / total
+
+
+# ---------------------------------------------------------------- busbw (nccl-tests)
+
+
+def busbw_factor(kind: str, ranks: int) -> float:
+    """nccl-tests' bus-bandwidth factor: all_reduce 2(n-1)/n; all_gather, reduce_scatter,
+    all_to_all (n-1)/n; broadcast, reduce 1. busbw = algbw x factor is comparable to the link peak."""
+    if ranks < 1:
+        raise ValueError(f"ranks must be >= 1, got {ranks}")
+    if kind == "all_reduce":
+        return 2 * (ranks - 1) / ranks
+    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (ranks - 1) / ranks
+    if kind in ("broadcast", "reduce"):
+        return 1.0
+    raise ValueError(f"unknown collective kind {kind!r}: use one of {', '.join(BUSBW_FACTOR_KINDS)}")
+
+
+def algbw_gbps(payload_bytes: int | float, seconds: float) -> float:
+    """Algorithm bandwidth: payload ("size" in nccl-tests) / time, in GB/s."""
+    if seconds <= 0:
+        raise ValueError(f"seconds must be > 0, got {seconds}")
+    return float(payload_bytes) / seconds / GB
+
+
+def busbw_gbps(kind: str, payload_bytes: int | float, seconds: float, ranks: int) -> float:
+    """Bus bandwidth: algbw x busbw_factor(kind, ranks), in GB/s."""
+    return algbw_gbps(payload_bytes, seconds) * busbw_factor(kind, ranks)
+
+
+# ---------------------------------------------------------------- pipeline
+
+
+def _check_pipeline(stages: int, micro_batches: int) -> None:
+    if stages < 1 or micro_batches < 1:
+        raise ValueError(f"stages and micro-batches must be >= 1, got {stages} and {micro_batches}")
+
+
+def gpipe_bubble_fraction(stages: int, micro_batches: int) -> float:
+    """Idle share of a GPipe step: (S-1)/(S+M-1). S=4: M=1 -> 3/4 = 75 %, M=8 -> 3/11 = 27 %, M=32 -> 3/35 = 9 %."""
+    _check_pipeline(stages, micro_batches)
+    return (stages - 1) / (stages + micro_batches - 1)
+
+
+def one_f_one_b_bubble_fraction(stages: int, micro_batches: int) -> float:
+    """1F1B reorders work but idles as long as GPipe: (S-1)/(S+M-1); it saves activation memory instead."""
+    _check_pipeline(stages, micro_batches)
+    return (stages - 1) / (stages + micro_batches - 1)
+
+
+def peak_in_flight_micro_batches(schedule: str, stages: int, micro_batches: int, stage: int = 0) -> int:
+    """Micro-batches whose activations a stage holds at once: GPipe all M; 1F1B at most S - stage."""
+    _check_pipeline(stages, micro_batches)
+    if not 0 <= stage < stages:
+        raise ValueError(f"stage must be in [0, {stages}), got {stage}")
+    key = schedule.strip().lower()
+    if key == "gpipe":
+        return micro_batches
+    if key in ("1f1b", "one_f_one_b"):
+        return min(stages - stage, micro_batches)
+    raise ValueError(f"unknown pipeline schedule {schedule!r}: use gpipe or 1f1b")
+
+
+def pipeline_p2p_sent_bytes(activation_bytes_per_micro_batch: int, micro_batches: int) -> int:
+    """A middle stage sends each micro-batch's activations forward and their gradients back: 2 x M x A."""
+    if activation_bytes_per_micro_batch < 0 or micro_batches < 1:
+        raise ValueError("activation bytes must be >= 0 and micro-batches >= 1")
+    return 2 * micro_batches * activation_bytes_per_micro_batch
+
+
+# ---------------------------------------------------------------- what fits
+
+
+def fits(memory: MemoryPerRank, capacity_bytes: int | float, other_bytes: int | float = 0) -> bool:
+    """State plus the allowance for activations/buffers/CUDA context fits in `capacity_bytes`."""
+    return memory.total_bytes + other_bytes <= capacity_bytes
+
+
+def which_fit(model: ModelSpec, ranks: int, capacity_bytes: int | float, other_bytes: int | float = 0, *,
+              strategies: tuple[str, ...] | None = None, pp_stages: int = 1,
+              gloo_reduce_scatter_as_all_reduce: bool = False) -> list[FitResult]:
+    """For each strategy (default: all but `pp` unless `pp_stages` > 1), whether it fits a device.
+
+    The chapter's 7.6e9-param bf16 model on 8 x 80 GB: DDP (91.2 GB) does not fit; ZeRO-1 (38.0)
+    and beyond do.
+    """
+    if strategies is None:
+        strategies = tuple(s for s in STRATEGIES if s != "pp" or pp_stages > 1)
+    out = []
+    for name in strategies:
+        cost = strategy_cost(name, ranks, model, pp_stages=pp_stages,
+                             gloo_reduce_scatter_as_all_reduce=gloo_reduce_scatter_as_all_reduce)
+        need = cost.memory.total_bytes + math.ceil(other_bytes)
+        out.append(FitResult(cost.strategy, need, math.floor(capacity_bytes), need <= capacity_bytes, cost))
+    return out
