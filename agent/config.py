@@ -8,10 +8,14 @@ from typing import Any
 import msgspec
 
 from ringtop.protocol import EndpointError, Endpoints, check_bind_safe, parse_tcp
+from ringtop.strategies.ds_config import DSConfigError, Owned, load_ds_config, merge_ds_config
 
 BUILTIN_MODEL = "tiny-gpt"
 BUILTIN_DATA = "synthetic"
 MODEL_SIZE_CHOICES = ("1m", "10m", "25m", "125m")
+STRATEGY_CHOICES = ("ddp", "zero1", "zero2", "zero3", "fsdp")
+ZERO_STRATEGIES = ("zero1", "zero2", "zero3")
+FSDP_SHARDINGS = ("full", "grad-op", "no-shard")
 
 
 class ConfigError(ValueError):
@@ -34,23 +38,51 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     allow_remote: bool = False
     checkpoint_dir: str = "checkpoints"
     resume: str | None = None
+    checkpoint_every: int = 0
     telemetry: bool = True
     run_id: str | None = None
     print_every: int = 0
     ddp_bucket_cap_mb: float | None = None
+    fsdp_sharding: str = "full"
+    ds_config: str | None = None
+    dtype: str = "fp32"
+    grad_clip: float = 0.0
     dist_timeout_s: float = 600.0
 
     def strategy_options(self) -> dict[str, Any]:
+        """Options for the strategy's constructor (a DeepSpeed config is loaded here, once)."""
         if self.strategy == "ddp":
             return {} if self.ddp_bucket_cap_mb is None else {"bucket_cap_mb": self.ddp_bucket_cap_mb}
+        if self.strategy == "fsdp":
+            return {"sharding": self.fsdp_sharding}
+        if self.strategy in ZERO_STRATEGIES and self.ds_config:
+            return {"ds_config": load_ds_config(self.ds_config)}
         return {}
+
+    def strategy_facts(self) -> dict[str, Any]:
+        """What the Hello says about the strategy's options (a config's path, not its contents)."""
+        facts = {k: v for k, v in self.strategy_options().items() if k != "ds_config"}
+        if self.strategy in ZERO_STRATEGIES:
+            facts["stage"] = int(self.strategy[-1])
+            if self.ds_config:
+                facts["ds_config"] = self.ds_config
+        return facts
 
 
 def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     d = AgentConfig()
     e = Endpoints()
     g = parser.add_argument_group("training")
-    g.add_argument("--strategy", default=d.strategy, help="parallel strategy (default %(default)s)")
+    g.add_argument("--strategy", default=d.strategy,
+                   help=f"parallel strategy: {', '.join(STRATEGY_CHOICES)} (default %(default)s)")
+    g.add_argument("--fsdp-sharding", default=None, choices=FSDP_SHARDINGS,
+                   help="with --strategy fsdp: full (FULL_SHARD), grad-op (SHARD_GRAD_OP), no-shard (NO_SHARD)")
+    g.add_argument("--ds-config", default=None,
+                   help="with --strategy zero1/2/3: a DeepSpeed JSON config; ringtop fills its \"auto\" values")
+    g.add_argument("--dtype", default=None, choices=("fp32", "bf16"),
+                   help="fp32, or bf16 mixed precision with fp32 master state (default fp32)")
+    g.add_argument("--grad-clip", type=float, default=None,
+                   help="clip gradients to this global norm, the same way in every strategy (default off)")
     g.add_argument("--model", default=d.model,
                    help="'tiny-gpt' (built in) or package.module:function returning an nn.Module "
                         "whose forward returns a loss, or (module, loss_fn)")
@@ -82,6 +114,7 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     c = parser.add_argument_group("checkpoints")
     c.add_argument("--checkpoint-dir", default=d.checkpoint_dir)
     c.add_argument("--resume", default=None, help="a checkpoint file, a checkpoint dir, or 'latest'")
+    c.add_argument("--checkpoint-every", type=int, default=0, help="a full checkpoint every K steps (0 = never)")
 
 
 def config_from_args(ns: argparse.Namespace, explicitly_set: set[str]) -> AgentConfig:
@@ -94,6 +127,8 @@ def config_from_args(ns: argparse.Namespace, explicitly_set: set[str]) -> AgentC
         raise ConfigError("--seq-len must be >= 1")
     if not ns.lr > 0:
         raise ConfigError("--lr must be > 0")
+    if ns.checkpoint_every < 0:
+        raise ConfigError("--checkpoint-every must be >= 0 (0 = never)")
     if ns.dist_timeout_s <= 0:
         raise ConfigError("--dist-timeout-s must be > 0")
     if ns.print_every < 0:
@@ -111,6 +146,25 @@ def config_from_args(ns: argparse.Namespace, explicitly_set: set[str]) -> AgentC
         if clashing:
             names = ", ".join("--" + n.replace("_", "-") for n in clashing)
             raise ConfigError(f"--no-telemetry turns off all telemetry and control; drop {names} or drop --no-telemetry")
+    if ns.strategy not in STRATEGY_CHOICES:
+        raise ConfigError(f"unknown strategy {ns.strategy!r}; choose from {', '.join(STRATEGY_CHOICES)}")
+    if ns.fsdp_sharding is not None and ns.strategy != "fsdp":
+        raise ConfigError("--fsdp-sharding applies to --strategy fsdp only")
+    if ns.ds_config is not None and ns.strategy not in ZERO_STRATEGIES:
+        raise ConfigError("--ds-config applies to --strategy zero1, zero2 or zero3 only")
+    if ns.grad_clip is not None and ns.grad_clip < 0:
+        raise ConfigError("--grad-clip must be >= 0 (0 = off)")
+    batch_size, grad_clip, dtype = ns.batch_size, ns.grad_clip or 0.0, ns.dtype or "fp32"
+    if ns.ds_config is not None:
+        explicit = frozenset(n for n in ("batch_size", "grad_clip", "dtype") if n in explicitly_set)
+        try:
+            _, adopted = merge_ds_config(load_ds_config(ns.ds_config), int(ns.strategy[-1]), None,
+                                         Owned(batch_size, grad_clip, dtype, explicit))
+        except DSConfigError as exc:
+            raise ConfigError(str(exc)) from None
+        batch_size, grad_clip, dtype = adopted.batch_size, adopted.grad_clip, adopted.dtype
+        if batch_size < 1:
+            raise ConfigError("--ds-config train_micro_batch_size_per_gpu must be >= 1")
     if ns.ddp_bucket_cap_mb is not None and ns.strategy != "ddp":
         raise ConfigError("--ddp-bucket-cap-mb applies to --strategy ddp only")
     if ns.ddp_bucket_cap_mb is not None and ns.ddp_bucket_cap_mb <= 0:
@@ -133,7 +187,7 @@ def config_from_args(ns: argparse.Namespace, explicitly_set: set[str]) -> AgentC
         model_size=ns.model_size or "1m",
         data=ns.data,
         steps=ns.steps,
-        batch_size=ns.batch_size,
+        batch_size=batch_size,
         seq_len=ns.seq_len,
         lr=ns.lr,
         seed=ns.seed,
@@ -143,10 +197,15 @@ def config_from_args(ns: argparse.Namespace, explicitly_set: set[str]) -> AgentC
         allow_remote=ns.allow_remote,
         checkpoint_dir=ns.checkpoint_dir,
         resume=ns.resume,
+        checkpoint_every=ns.checkpoint_every,
         telemetry=not ns.no_telemetry,
         run_id=ns.run_id,
         print_every=ns.print_every,
         ddp_bucket_cap_mb=ns.ddp_bucket_cap_mb,
+        fsdp_sharding=ns.fsdp_sharding or "full",
+        ds_config=ns.ds_config,
+        dtype=dtype,
+        grad_clip=grad_clip,
         dist_timeout_s=ns.dist_timeout_s,
     )
 

@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 
 from ringtop.protocol import Bye, CommStat, Event, Hello, MemorySample, Sharding, Step
-from ringtop.strategies.base import DistContext, Strategy
+from ringtop.strategies import comm_tracing
+from ringtop.strategies.base import DistContext, Strategy, TrainSettings, unique_parameters
 from ringtop.strategies.registry import build_strategy
 
 from . import checkpoint as ckpt
@@ -28,6 +29,7 @@ from .instruments.comm_tracer import CommSummary, CommTracer
 from .instruments.sampler import SystemSampler
 from .instruments.step_clock import StepClock, StepTiming, apply_device_phases, device_phases_ready
 from .model import MODEL_SIZES, build_tiny_gpt, count_params
+from .prediction import predict
 from .relay import Relay
 from .telemetry import Telemetry
 
@@ -74,7 +76,6 @@ class Runner:
         self.control_group = dist.new_group(backend="gloo") if ctx.world_size > 1 else None
         self.run_id = self._agree_on_run_id()
         self.strategy: Strategy = build_strategy(cfg.strategy, cfg.strategy_options(), ctx.device)
-        self._held = None
         self._pending: list[_PendingStep] = []
 
     # ------------------------------------------------------------------ set-up
@@ -124,21 +125,25 @@ class Runner:
     def snapshot(self) -> dict[str, Any]:
         """Read by the control thread for `status`; plain values only."""
         return {
-            "run_id": self.run_id, "step": self.step, "steps": self.cfg.steps, "strategy": self.strategy.name,
+            "run_id": self.run_id, "step": self.step, "steps": self.cfg.steps, "strategy": self.strategy.describe(),
             "world_size": self.ctx.world_size, "loss": self.last_loss, "step_ms": self.last_step_ms,
             "last_checkpoint": self.last_checkpoint or "",
         }
 
-    def _hello(self, model: torch.nn.Module) -> Hello:
+    def _hello(self) -> Hello:
         mem_total = torch.cuda.get_device_properties(self.ctx.device).total_memory if self.ctx.device.type == "cuda" else 0
         name = self.cfg.model if self.cfg.model != BUILTIN_MODEL else f"{BUILTIN_MODEL}-{self.cfg.model_size}"
         sharding = self.strategy.sharding
+        prediction, optimizer_bytes_per_param = predict(
+            self.cfg.strategy, self.cfg.fsdp_sharding, self.ctx.world_size, self.param_count, self.param_tensors,
+            self.cfg.dtype, self.ctx.backend)
         return Hello(
             run_id=self.run_id, world_size=self.ctx.world_size, local_rank=self.ctx.local_rank,
             host=socket.gethostname(), pid=os.getpid(), backend=self.ctx.backend, device=str(self.ctx.device),
-            strategy=self.strategy.name, strategy_options=dict(self.strategy.options),
+            strategy=self.strategy.name, strategy_options=self.cfg.strategy_facts(),
             sharding=Sharding(params=sharding.params, grads=sharding.grads, optimizer=sharding.optimizer),
-            model=name, param_count=count_params(model), torch_version=str(torch.__version__),
+            dtype=self.cfg.dtype, optimizer_bytes_per_param=optimizer_bytes_per_param, grad_clip=self.cfg.grad_clip,
+            prediction=prediction, model=name, param_count=self.param_count, torch_version=str(torch.__version__),
             ringtop_version=RINGTOP_VERSION, batch_size=self.cfg.batch_size, seq_len=self.cfg.seq_len,
             steps=self.cfg.steps, start_step=self.start_step, lr=self.cfg.lr, seed=self.cfg.seed,
             device_mem_total_bytes=mem_total, publish=self.cfg.endpoints.publish, control=self.cfg.endpoints.control,
@@ -151,12 +156,16 @@ class Runner:
         bye = Bye(reason="", ok=True)
         try:
             model = self._build_model().to(self.ctx.device)
-            self.strategy.setup(model, lambda params: torch.optim.AdamW(params, lr=self.cfg.lr), self.ctx)
+            self.param_count, self.param_tensors = count_params(model), len(unique_parameters(model))
+            settings = TrainSettings(batch_size=self.cfg.batch_size, grad_clip=self.cfg.grad_clip, dtype=self.cfg.dtype)
+            if self.cfg.telemetry:
+                comm_tracing.install()  # before the strategy's libraries look up (and keep) the functions
+            self.strategy.setup(model, lambda params: torch.optim.AdamW(params, lr=self.cfg.lr), self.ctx, settings)
             resumed_from = self._resume() if self.cfg.resume else None
             if self.cfg.telemetry:
                 self._start_telemetry()
                 self.strategy.attach_comm_recorder(self.tracer)
-                self.telemetry.emit(self._hello(model))
+                self.telemetry.emit(self._hello())
                 self.telemetry.step = self.step
                 self.sampler.start()
             if resumed_from is not None:
@@ -203,6 +212,8 @@ class Runner:
             phases.mark("data")
             loss = self.strategy.run_step(batch, call_model, phases)
             self.step += 1
+            if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                self._periodic_checkpoint()
             if clock is not None:
                 timing, marks = clock.finish()
                 self._pending.append(_PendingStep(self.step, loss.detach(), timing, marks, self.tracer.drain(),
@@ -225,10 +236,11 @@ class Runner:
         self._loss_was_finite = math.isfinite(loss)
         self.last_loss, self.last_step_ms = loss, timing.step_ms
         self.telemetry.step = p.step
-        if self._held is None or p.step <= self.start_step + 2 or p.step % HELD_BYTES_EVERY == 0:
-            self._held = self.strategy.held_bytes()
-        mem = MemorySample(params_bytes=self._held.params, grads_bytes=self._held.grads,
-                           optimizer_bytes=self._held.optimizer, rss_bytes=self.sampler.latest.rss_bytes)
+        if p.step <= self.start_step + 2 or p.step % HELD_BYTES_EVERY == 0:
+            self.strategy.measure_next_step()
+        held = self.strategy.held_bytes()
+        mem = MemorySample(params_bytes=held.params, grads_bytes=held.grads,
+                           optimizer_bytes=held.optimizer, rss_bytes=self.sampler.latest.rss_bytes)
         if self.ctx.device.type == "cuda":
             mem.cuda_allocated_bytes = torch.cuda.memory_allocated(self.ctx.device)
             mem.cuda_reserved_bytes = torch.cuda.memory_reserved(self.ctx.device)
@@ -268,12 +280,19 @@ class Runner:
         if self.control is not None:
             self.control.reply(command, "done", result=result)
 
+    def _periodic_checkpoint(self) -> None:
+        try:
+            self._checkpoint()
+        except Exception as exc:  # a failed save is reported; the run goes on
+            self._event("error", "checkpoint", f"checkpoint at step {self.step} failed: {exc}")
+
     def _checkpoint(self) -> dict[str, Any]:
         model_state, optim_state = self.strategy.full_state_dict()
         if self.ctx.rank != 0:
             return {}
         meta = {
-            "run_id": self.run_id, "strategy": self.strategy.name, "world_size": self.ctx.world_size,
+            "run_id": self.run_id, "strategy": self.strategy.name, "strategy_options": self.cfg.strategy_facts(),
+            "world_size": self.ctx.world_size, "dtype": self.cfg.dtype,
             "model": self.cfg.model, "model_size": self.cfg.model_size, "batch_size": self.cfg.batch_size,
             "seq_len": self.cfg.seq_len, "seed": self.cfg.seed, "lr": self.cfg.lr, "data": self.cfg.data,
             "data_position": self.step, "torch_version": str(torch.__version__), "saved_at": time.time(),

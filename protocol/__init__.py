@@ -33,6 +33,7 @@ from .messages import (
     Heartbeat,
     Hello,
     MemorySample,
+    Prediction,
     Message,
     Reply,
     Sample,

@@ -35,6 +35,21 @@ class Sharding(msgspec.Struct, kw_only=True):
     optimizer: bool = False
 
 
+class Prediction(msgspec.Struct, kw_only=True):
+    """The cost model's figures for this rank of this run (ringtop.strategies.cost_model), sent
+    beside the measurements so the UI can show measured against predicted."""
+
+    params_bytes: int = 0
+    grads_bytes: int = 0
+    optimizer_bytes: int = 0
+    comm_payload_bytes: dict[str, int] = {}
+    """Per collective kind, bytes handed to collectives per step (what the tracer counts)."""
+    comm_sent_bytes: int = 0
+    """Bytes this rank puts on the wire per step (ring algorithms)."""
+    note: str = ""
+    """What the prediction assumes that a reader should know (padding, backend quirks)."""
+
+
 class Hello(Envelope, tag="hello", kw_only=True):
     run_id: str
     world_size: int
@@ -46,6 +61,12 @@ class Hello(Envelope, tag="hello", kw_only=True):
     strategy: str = ""
     strategy_options: dict[str, Any] = {}
     sharding: Sharding = msgspec.field(default_factory=Sharding)
+    dtype: str = "fp32"
+    """Compute dtype of parameters and gradients (fp32, or bf16 mixed precision)."""
+    optimizer_bytes_per_param: int = 8
+    grad_clip: float = 0.0
+    """Max gradient norm ringtop clips to, the same way in every strategy; 0 = off."""
+    prediction: Prediction | None = None
     model: str = ""
     param_count: int = 0
     torch_version: str = ""

@@ -60,59 +60,136 @@ class PhaseMarker(Protocol):
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 ModelCall = Callable[[nn.Module, Any], torch.Tensor]
 
+DTYPES = ("fp32", "bf16")
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """What every strategy must apply the same way, so strategies stay comparable."""
+
+    batch_size: int
+    """Per rank, per step."""
+    grad_clip: float = 0.0
+    """Max global gradient norm; 0 = no clipping."""
+    dtype: str = "fp32"
+    """Compute dtype: fp32, or bf16 mixed precision (fp32 master state)."""
+
 
 @dataclass
 class Strategy(ABC):
-    """Subclasses set `name` and `sharding` and implement the abstract methods."""
+    """Subclasses set `name` and `sharding`, build their wrapping in `setup`, and implement the
+    step's parts and the byte counts; `run_step` strings the parts together the same way for all."""
 
     name: ClassVar[str]
     sharding: ClassVar[ShardingSpec]
     options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.settings = TrainSettings(batch_size=1)
+        self._recorder: CommRecorder | None = None
+        self._measure_next = True
+        self._held = HeldBytes()
+        self._grads_bytes = 0
 
     @classmethod
     def unavailable_reason(cls, device: torch.device) -> str | None:
         """Why this strategy cannot run on `device` in this environment, or None if it can."""
         return None
 
+    def describe(self) -> str:
+        """Name with the options that change behaviour, e.g. `fsdp(full)`."""
+        return self.name
+
     @abstractmethod
-    def setup(self, model: nn.Module, make_optimizer: OptimizerFactory, ctx: DistContext) -> None:
+    def setup(self, model: nn.Module, make_optimizer: OptimizerFactory, ctx: DistContext,
+              settings: TrainSettings) -> None:
         """Wrap `model` (already on the right device, same weights on every rank) and build the optimizer."""
 
-    @abstractmethod
-    def attach_comm_recorder(self, recorder: CommRecorder) -> None: ...
+    def attach_comm_recorder(self, recorder: CommRecorder) -> None:
+        """Default: record the collectives issued through torch.distributed's functions."""
+        self._recorder = recorder
+
+    def run_step(self, batch: Any, call_model: ModelCall, phases: PhaseMarker) -> torch.Tensor:
+        """One optimizer step; marks 'forward', 'backward', 'optimizer' as each phase ends."""
+        from . import comm_tracing
+
+        measure, self._measure_next = self._measure_next, False
+        with comm_tracing.active(self._recorder if self.traces_torch_collectives else None):
+            self._zero_grad()
+            loss = self._forward(batch, call_model)
+            phases.mark("forward")
+            self._backward(loss)
+            if measure:
+                self._grads_bytes = self._count_grads()
+            phases.mark("backward")
+            self._optimizer_step()
+            if measure:
+                self._held = HeldBytes(self._count_params(), self._grads_bytes, self._count_optimizer())
+            phases.mark("optimizer")
+        return loss
+
+    traces_torch_collectives: ClassVar[bool] = True
+
+    def held_bytes(self) -> HeldBytes:
+        """Bytes measured on the last step that was asked to measure (`measure_next_step`):
+        gradients right after backward, parameters and optimizer state right after the step."""
+        return self._held
+
+    def measure_next_step(self) -> None:
+        self._measure_next = True
 
     @abstractmethod
-    def run_step(self, batch: Any, call_model: ModelCall, phases: PhaseMarker) -> torch.Tensor:
-        """One optimizer step; marks 'forward', 'backward', 'optimizer' as each phase ends; returns the loss."""
+    def _zero_grad(self) -> None: ...
+
+    @abstractmethod
+    def _forward(self, batch: Any, call_model: ModelCall) -> torch.Tensor: ...
+
+    @abstractmethod
+    def _backward(self, loss: torch.Tensor) -> None: ...
+
+    @abstractmethod
+    def _optimizer_step(self) -> None:
+        """Clip to `settings.grad_clip` (if set) by the global norm, then step."""
+
+    @abstractmethod
+    def _count_params(self) -> int: ...
+
+    @abstractmethod
+    def _count_grads(self) -> int: ...
+
+    @abstractmethod
+    def _count_optimizer(self) -> int: ...
 
     @abstractmethod
     def full_state_dict(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(model, optimizer) state with fully qualified names, unsharded, on CPU. Collective: every
-        rank calls it; rank 0's result is complete."""
+        """(model, optimizer) state with fully qualified names, unsharded, on CPU, in the layout of
+        `torch.distributed.checkpoint.state_dict`'s full state dicts. Collective: every rank calls
+        it; rank 0's result is complete."""
 
     @abstractmethod
     def load_full_state_dict(self, model_state: dict[str, Any], optim_state: dict[str, Any]) -> None:
         """Inverse of `full_state_dict`; every rank passes the same full state."""
 
     @abstractmethod
-    def held_bytes(self) -> HeldBytes: ...
-
-    @abstractmethod
     def teardown(self) -> None: ...
 
 
 def tensor_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
-    """Bytes of distinct tensor storages (tied weights and views count once)."""
-    seen: set[tuple[int, int]] = set()
+    """Bytes of distinct tensors (tied weights and repeated views count once). DTensors count
+    their local shard."""
+    seen: set[tuple[int, int, int]] = set()
     total = 0
     for t in tensors:
         if t is None:
             continue
-        key = (t.untyped_storage().data_ptr(), t.storage_offset())
+        local = t.to_local() if hasattr(t, "to_local") else t
+        if local.numel() == 0:
+            continue
+        key = (local.untyped_storage().data_ptr(), local.storage_offset(), local.numel())
         if key in seen:
             continue
         seen.add(key)
-        total += t.numel() * t.element_size()
+        total += local.numel() * local.element_size()
     return total
 
 
@@ -121,3 +198,7 @@ def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> Iterable[torch.
         for value in state.values():
             if isinstance(value, torch.Tensor):
                 yield value
+
+
+def unique_parameters(module: nn.Module) -> list[nn.Parameter]:
+    return list({id(p): p for p in module.parameters()}.values())

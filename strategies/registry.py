@@ -11,6 +11,10 @@ from .base import Strategy, StrategyError
 
 _STRATEGIES: dict[str, str] = {
     "ddp": "ringtop.strategies.ddp:DDPStrategy",
+    "zero1": "ringtop.strategies.zero:Zero1Strategy",
+    "zero2": "ringtop.strategies.zero:Zero2Strategy",
+    "zero3": "ringtop.strategies.zero:Zero3Strategy",
+    "fsdp": "ringtop.strategies.fsdp:FSDPStrategy",
 }
 
 

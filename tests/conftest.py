@@ -83,31 +83,32 @@ def stop_process_group(proc: subprocess.Popen) -> None:
         proc.wait(10)
 
 
+def start_agents(workdir: Path, nproc: int, *agent_args: str) -> AgentRun:
+    """`nproc` ranks through torch's elastic launcher (nproc=0: one process without the launcher),
+    with free loopback ports and a private log dir under `workdir`."""
+    ports = [free_tcp_port() for _ in range(3)]
+    publish, relay, control = (f"tcp://127.0.0.1:{p}" for p in ports)
+    log_dir, ckpt_dir, output_path = workdir / "logs", workdir / "checkpoints", workdir / "output.txt"
+    workdir.mkdir(parents=True, exist_ok=True)
+    argv = ["--publish", publish, "--relay", relay, "--control", control, "--log-dir", str(log_dir),
+            "--checkpoint-dir", str(ckpt_dir), "--dist-timeout-s", "60", *agent_args]
+    if nproc == 0:
+        cmd = [sys.executable, "-m", "ringtop.agent", *argv]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               "-m", "ringtop.agent", *argv]
+    with open(output_path, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=agent_env(), start_new_session=True)
+    return AgentRun(proc, publish, relay, control, log_dir, ckpt_dir, output_path, max(nproc, 1), argv)
+
+
 @pytest.fixture
 def launch_agents(tmp_path):
-    """launch(nproc, *agent_args) -> AgentRun: `nproc` ranks through torch's elastic launcher
-    (nproc=0: one process without the launcher), with free loopback ports and a private log dir."""
+    """launch(nproc, *agent_args, name=...) -> AgentRun; every run is stopped at teardown."""
     runs: list[AgentRun] = []
 
     def launch(nproc: int, *agent_args: str, name: str | None = None) -> AgentRun:
-        name = name or f"run{len(runs)}"
-        ports = [free_tcp_port() for _ in range(3)]
-        publish, relay, control = (f"tcp://127.0.0.1:{p}" for p in ports)
-        log_dir = tmp_path / name / "logs"
-        ckpt_dir = tmp_path / name / "checkpoints"
-        output_path = tmp_path / name / "output.txt"
-        output_path.parent.mkdir(parents=True, exist_ok=True)
-        argv = ["--publish", publish, "--relay", relay, "--control", control, "--log-dir", str(log_dir),
-                "--checkpoint-dir", str(ckpt_dir), "--dist-timeout-s", "60", *agent_args]
-        if nproc == 0:
-            cmd = [sys.executable, "-m", "ringtop.agent", *argv]
-        else:
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                   "-m", "ringtop.agent", *argv]
-        with open(output_path, "wb") as out:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=agent_env(),
-                                    start_new_session=True)
-        run = AgentRun(proc, publish, relay, control, log_dir, ckpt_dir, output_path, max(nproc, 1), argv)
+        run = start_agents(tmp_path / (name or f"run{len(runs)}"), nproc, *agent_args)
         runs.append(run)
         return run
 

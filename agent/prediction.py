@@ -1,0 +1,51 @@
+"""The cost model's figures for this rank of this run, to publish beside the measurements.
+
+The prediction counts what a rank holds between steps, as the agent measures it: parameters and
+optimizer state after the optimizer step, gradients right after backward.
+"""
+
+from __future__ import annotations
+
+from ringtop.protocol import Prediction
+from ringtop.strategies.cost_model import ModelSpec, comm_per_step, memory_per_rank
+
+ADAM_STEP_BYTES = 4
+"""torch's AdamW keeps `step` as a float32 scalar tensor per parameter tensor it updates."""
+
+
+def predict(strategy: str, fsdp_sharding: str, world_size: int, param_count: int, param_tensors: int,
+            dtype: str, backend: str) -> tuple[Prediction, int]:
+    """(prediction, optimizer bytes per parameter the model assumed)."""
+    deepspeed = strategy.startswith("zero")
+    compute_bytes = 2 if dtype == "bf16" else 4
+    # DeepSpeed keeps its params and grads in the compute dtype plus an fp32 master partition
+    # (K = 12); torch strategies keep fp32 params and grads (mixed precision casts on the fly).
+    param_bytes = grad_bytes = compute_bytes if deepspeed else 4
+    optimizer_bytes_per_param = 12 if deepspeed else 8
+    spec = ModelSpec(param_count, param_bytes, grad_bytes, optimizer_bytes_per_param)
+    canonical = f"fsdp-{fsdp_sharding}" if strategy == "fsdp" else strategy
+    memory = memory_per_rank(canonical, world_size, spec)
+    notes = []
+    params_bytes, grads_bytes = memory.params_bytes, memory.grads_bytes
+    if canonical == "zero1":
+        grads_bytes = memory_per_rank("zero2", world_size, spec).grads_bytes
+        notes.append("DeepSpeed's stage 1 keeps only this rank's partition of the reduced gradients after "
+                     "backward; full gradients live only in its reduce buckets during backward")
+    if canonical == "fsdp-grad-op":
+        params_bytes = memory_per_rank("fsdp-full", world_size, spec).params_bytes
+        notes.append("SHARD_GRAD_OP holds whole parameters only from forward to backward; between steps "
+                     "they are sharded")
+    step_counters = (1 if deepspeed else param_tensors) * ADAM_STEP_BYTES
+    notes.append(f"optimizer includes {step_counters} bytes of AdamW step counters")
+    if deepspeed:
+        notes.append("DeepSpeed: optimizer = fp32 master partition + two moments (12 bytes/param / N)")
+    comm = comm_per_step(canonical, world_size, spec, gloo_reduce_scatter_as_all_reduce=backend == "gloo")
+    prediction = Prediction(
+        params_bytes=params_bytes,
+        grads_bytes=grads_bytes,
+        optimizer_bytes=memory.optimizer_bytes + step_counters,
+        comm_payload_bytes={kind: c.payload_bytes for kind, c in comm.by_kind().items()},
+        comm_sent_bytes=comm.sent_bytes,
+        note="; ".join(notes),
+    )
+    return prediction, optimizer_bytes_per_param

@@ -1,0 +1,121 @@
+"""Records the collectives a strategy issues through `torch.distributed`'s functions.
+
+FSDP2 and DeepSpeed call `torch.distributed.<op>` by attribute at call time, so wrapping those
+attributes sees every collective they issue: kind, payload bytes (the full logical tensor, as
+nccl-tests counts it), group size, issue time and completion time. Completion of an async op is
+taken from its work's future (no device synchronisation); a blocking op completes on return.
+Recording happens only while a recorder is active (`active(recorder)`), so ringtop's own control
+broadcasts and checkpoint gathers are not counted as training traffic.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .base import CommRecorder
+
+
+def _nbytes(t: Any) -> int:
+    if isinstance(t, torch.Tensor):
+        return t.numel() * t.element_size()
+    if isinstance(t, (list, tuple)):
+        return sum(_nbytes(x) for x in t)
+    return 0
+
+
+def _arg(args: tuple, kwargs: dict, index: int, *names: str) -> Any:
+    for name in names:
+        if name in kwargs:
+            return kwargs[name]
+    return args[index] if len(args) > index else None
+
+
+# op name -> (kind, payload tensor getter)
+_OPS: dict[str, tuple[str, Callable[[tuple, dict], Any]]] = {
+    "all_reduce": ("all_reduce", lambda a, k: _arg(a, k, 0, "tensor")),
+    "all_reduce_coalesced": ("all_reduce", lambda a, k: _arg(a, k, 0, "tensors")),
+    "reduce_scatter_tensor": ("reduce_scatter", lambda a, k: _arg(a, k, 1, "input")),
+    "reduce_scatter_single": ("reduce_scatter", lambda a, k: _arg(a, k, 1, "input")),
+    "_reduce_scatter_base": ("reduce_scatter", lambda a, k: _arg(a, k, 1, "input")),
+    "reduce_scatter": ("reduce_scatter", lambda a, k: _arg(a, k, 1, "input_list")),
+    "all_gather_into_tensor": ("all_gather", lambda a, k: _arg(a, k, 0, "output_tensor")),
+    "all_gather_single": ("all_gather", lambda a, k: _arg(a, k, 0, "output_tensor")),
+    "_all_gather_base": ("all_gather", lambda a, k: _arg(a, k, 0, "output_tensor")),
+    "all_gather": ("all_gather", lambda a, k: _arg(a, k, 0, "tensor_list")),
+    "broadcast": ("broadcast", lambda a, k: _arg(a, k, 0, "tensor")),
+    "reduce": ("reduce", lambda a, k: _arg(a, k, 0, "tensor")),
+    "all_to_all_single": ("all_to_all", lambda a, k: _arg(a, k, 1, "input")),
+}
+
+_state = threading.local()
+_recorder: CommRecorder | None = None
+_installed = False
+_install_lock = threading.Lock()
+
+
+def _wrap(name: str, fn: Callable[..., Any], kind: str, payload: Callable[[tuple, dict], Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        recorder = _recorder
+        if recorder is None or getattr(_state, "inside", False):
+            return fn(*args, **kwargs)
+        group = kwargs.get("group")
+        try:
+            group_size = dist.get_world_size(group)
+        except Exception:
+            group_size = 0
+        handle = recorder.begin(kind, _nbytes(payload(args, kwargs)), group_size)
+        _state.inside = True
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException:
+            recorder.end(handle)
+            raise
+        finally:
+            _state.inside = False
+        if isinstance(result, dist.Work):
+            try:
+                result.get_future().then(lambda _f: recorder.end(handle))
+            except Exception:  # a backend without futures: count it as done when issued
+                recorder.end(handle)
+        else:
+            recorder.end(handle)
+        return result
+
+    traced.__ringtop_traced__ = True
+    return traced
+
+
+def install() -> None:
+    """Wrap the functions once per process; idempotent."""
+    global _installed
+    with _install_lock:
+        if _installed:
+            return
+        for name, (kind, payload) in _OPS.items():
+            fn = getattr(dist, name, None)
+            if fn is not None and not getattr(fn, "__ringtop_traced__", False):
+                setattr(dist, name, _wrap(name, fn, kind, payload))
+        _installed = True
+
+
+@contextlib.contextmanager
+def active(recorder: CommRecorder | None) -> Iterator[None]:
+    """Record into `recorder` for the duration (typically one training step)."""
+    global _recorder
+    if recorder is None:
+        yield
+        return
+    install()
+    previous, _recorder = _recorder, recorder
+    try:
+        yield
+    finally:
+        _recorder = previous

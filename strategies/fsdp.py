@@ -1,0 +1,68 @@
+"""FSDP2 (`fully_shard`), per transformer block, with the chapter's three sharding strategies:
+full (FULL_SHARD ~ ZeRO-3), grad-op (SHARD_GRAD_OP ~ ZeRO-2: parameters stay gathered from
+forward to backward) and no-shard (NO_SHARD ~ DDP: a replicate-only mesh)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .base import DistContext, OptimizerFactory, ShardingSpec, StrategyError, TrainSettings
+from .torch_native import TorchNativeStrategy
+
+SHARDINGS = {
+    "full": ShardingSpec(params=True, grads=True, optimizer=True),
+    "grad-op": ShardingSpec(params=True, grads=True, optimizer=True),
+    "no-shard": ShardingSpec(),
+}
+
+
+def transformer_blocks(model: nn.Module) -> list[nn.Module]:
+    """The repeated layers to wrap one by one: the first ModuleList found (blocks, layers, h...)."""
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and len(module) > 0:
+            return list(module)
+    return []
+
+
+@dataclass
+class FSDPStrategy(TorchNativeStrategy):
+    name = "fsdp"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        unknown = set(self.options) - {"sharding"}
+        if unknown:
+            raise StrategyError(f"fsdp does not take option(s) {sorted(unknown)}; it takes sharding")
+        self.options.setdefault("sharding", "full")
+        if self.options["sharding"] not in SHARDINGS:
+            raise StrategyError(f"fsdp sharding {self.options['sharding']!r} is not one of {', '.join(SHARDINGS)}")
+
+    @property
+    def sharding(self) -> ShardingSpec:  # type: ignore[override]
+        return SHARDINGS[self.options["sharding"]]
+
+    def describe(self) -> str:
+        return f"fsdp({self.options['sharding']})"
+
+    def setup(self, model: nn.Module, make_optimizer: OptimizerFactory, ctx: DistContext,
+              settings: TrainSettings) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        self.settings = settings
+        sharding = self.options["sharding"]
+        if sharding == "no-shard":
+            mesh = init_device_mesh(ctx.device.type, (ctx.world_size, 1), mesh_dim_names=("replicate", "shard"))
+        else:
+            mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+            if settings.dtype == "bf16" else MixedPrecisionPolicy()
+        reshard = sharding != "grad-op"
+        for block in transformer_blocks(model):
+            fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+        fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+        self.model = model
+        self.optimizer = make_optimizer(model.parameters())

@@ -1,0 +1,187 @@
+"""DeepSpeed ZeRO stages 1, 2 and 3 through `deepspeed.initialize`, with a torch AdamW.
+
+Stage 1 partitions the optimizer state, stage 2 also the gradients, stage 3 also the parameters.
+DeepSpeed keeps an fp32 master copy of this rank's partition beside the torch optimizer's two
+moments, so its optimizer state is 12 bytes per parameter / N (the ZeRO paper's K = 12), not 8.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from .base import (
+    DistContext,
+    ModelCall,
+    OptimizerFactory,
+    ShardingSpec,
+    Strategy,
+    StrategyError,
+    TrainSettings,
+    optimizer_state_tensors,
+    tensor_bytes,
+)
+from .ds_config import DSConfigError, Owned, merge_ds_config
+
+
+@dataclass
+class ZeroStrategy(Strategy):
+    stage: ClassVar[int]
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        unknown = set(self.options) - {"ds_config"}
+        if unknown:
+            raise StrategyError(f"{self.name} does not take option(s) {sorted(unknown)}; it takes ds_config")
+        self.engine = None
+        self.ds_config: dict[str, Any] = {}
+
+    @classmethod
+    def unavailable_reason(cls, device: torch.device) -> str | None:
+        if importlib.util.find_spec("deepspeed") is None:
+            return "DeepSpeed is not installed (pip install 'ringtop[deepspeed]')"
+        return None
+
+    def setup(self, model: nn.Module, make_optimizer: OptimizerFactory, ctx: DistContext,
+              settings: TrainSettings) -> None:
+        import deepspeed
+
+        logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+        try:
+            self.ds_config, _ = merge_ds_config(
+                self.options.get("ds_config"), self.stage, ctx.world_size,
+                Owned(settings.batch_size, settings.grad_clip, settings.dtype, frozenset(("batch_size", "grad_clip", "dtype"))),
+            )
+        except DSConfigError as exc:
+            raise StrategyError(str(exc)) from None
+        self.settings = settings
+        optimizer = make_optimizer(model.parameters())
+        self.engine, self.ds_optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer, config=self.ds_config, dist_init_required=False)
+
+    def _zero_grad(self) -> None:
+        pass  # the engine clears gradients at the end of its step
+
+    def _forward(self, batch: Any, call_model: ModelCall) -> torch.Tensor:
+        return call_model(self.engine, batch)
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss)
+
+    def _optimizer_step(self) -> None:
+        self.engine.step()  # clips to gradient_clipping (= --grad-clip) by the global norm first
+
+    def _count_grads(self) -> int:
+        grads = self.ds_optimizer.averaged_gradients
+        groups = grads.values() if isinstance(grads, dict) else grads
+        return tensor_bytes(t for group in groups for t in (group or []))
+
+    def _inner_state_bytes(self) -> int:
+        return tensor_bytes(optimizer_state_tensors(self.ds_optimizer.optimizer))
+
+    def full_state_dict(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Gathered with DeepSpeed's safe_get_full_* API, in torch's full state-dict layout."""
+        from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+        module = self.engine.module
+        names = _names_by_param(module)
+        model_state: dict[str, Any] = {}
+        optim_state: dict[str, Any] = {}
+        step = self._optimizer_step_count()
+        for param, fqns in names:
+            full = safe_get_full_fp32_param(param).detach().cpu().clone()
+            for fqn in fqns:
+                model_state[fqn] = full
+            moments = {key: safe_get_full_optimizer_state(param, key) for key in ("exp_avg", "exp_avg_sq")}
+            if all(v is not None for v in moments.values()):
+                optim_state[fqns[0]] = {"step": torch.tensor(float(step)),
+                                        **{k: v.detach().cpu().clone() for k, v in moments.items()}}
+        for name, buffer in module.named_buffers():
+            model_state[name] = buffer.detach().cpu().clone()
+        group = {k: v for k, v in self.ds_optimizer.optimizer.param_groups[0].items() if k != "params"}
+        group["params"] = [fqns[0] for _, fqns in names]
+        return model_state, {"state": optim_state, "param_groups": [group]}
+
+    def load_full_state_dict(self, model_state: dict[str, Any], optim_state: dict[str, Any]) -> None:
+        from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
+
+        names = _names_by_param(self.engine.module)
+        missing = [fqns[0] for _, fqns in names if fqns[0] not in model_state]
+        if missing:
+            raise StrategyError(f"the checkpoint lacks parameters {missing[:5]}")
+        state = optim_state.get("state", {})
+        step = max((float(s["step"]) for s in state.values() if "step" in s), default=0.0)
+        self._create_optimizer_state(step)
+        for param, fqns in names:
+            safe_set_full_fp32_param(param, model_state[fqns[0]].to(torch.float32))
+            for key in ("exp_avg", "exp_avg_sq"):
+                if fqns[0] in state and key in state[fqns[0]]:
+                    safe_set_full_optimizer_state(param, state[fqns[0]][key].to(torch.float32), key)
+
+    def _create_optimizer_state(self, step: float) -> None:
+        """The torch optimizer creates its state on its first step; a resumed run needs it now."""
+        inner = self.ds_optimizer.optimizer
+        for group in inner.param_groups:
+            for p in group["params"]:
+                if p not in inner.state or not inner.state[p]:
+                    inner.state[p] = {"step": torch.tensor(step), "exp_avg": torch.zeros_like(p),
+                                      "exp_avg_sq": torch.zeros_like(p)}
+                else:
+                    inner.state[p]["step"] = torch.tensor(step)
+
+    def _optimizer_step_count(self) -> int:
+        steps = [s["step"] for s in self.ds_optimizer.optimizer.state.values() if "step" in s]
+        return int(float(steps[0])) if steps else 0
+
+    def teardown(self) -> None:
+        if self.engine is not None:
+            self.engine.destroy()
+        self.engine = None
+        self.ds_optimizer = None
+
+
+def _names_by_param(module: nn.Module) -> list[tuple[nn.Parameter, list[str]]]:
+    """Each distinct parameter with all its names (a tied weight has several)."""
+    by_id: dict[int, tuple[nn.Parameter, list[str]]] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        by_id.setdefault(id(param), (param, []))[1].append(name)
+    return list(by_id.values())
+
+
+@dataclass
+class Zero1Strategy(ZeroStrategy):
+    name = "zero1"
+    stage = 1
+    sharding = ShardingSpec(optimizer=True)
+
+    def _count_params(self) -> int:
+        return tensor_bytes(self.ds_optimizer.bit16_groups_flat)
+
+    def _count_optimizer(self) -> int:
+        return self._inner_state_bytes() + tensor_bytes(self.ds_optimizer.single_partition_of_fp32_groups)
+
+
+@dataclass
+class Zero2Strategy(Zero1Strategy):
+    name = "zero2"
+    stage = 2
+    sharding = ShardingSpec(grads=True, optimizer=True)
+
+
+@dataclass
+class Zero3Strategy(ZeroStrategy):
+    name = "zero3"
+    stage = 3
+    sharding = ShardingSpec(params=True, grads=True, optimizer=True)
+
+    def _count_params(self) -> int:
+        params = list(self.engine.module.parameters())
+        return tensor_bytes(p.ds_tensor for p in params) + tensor_bytes(p.data for p in params)
+
+    def _count_optimizer(self) -> int:
+        return self._inner_state_bytes() + tensor_bytes(self.ds_optimizer.fp32_partitioned_groups_flat)

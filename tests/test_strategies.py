@@ -1,0 +1,74 @@
+"""Every strategy on 2 gloo ranks trains like DDP, and DDP like one process with the whole batch;
+what each rank holds matches the cost model's prediction to the byte."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from ringtop.protocol import Hello, Step
+
+from conftest import start_agents, stop_process_group
+from reference import reference_run
+
+STEPS, BATCH, SEQ, LR = 20, 4, 32, 1e-3
+COMMON = ("--steps", str(STEPS), "--batch-size", str(BATCH), "--seq-len", str(SEQ), "--lr", str(LR),
+          "--checkpoint-every", str(STEPS))
+needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
+                                     reason="DeepSpeed is not installed (pip install 'ringtop[deepspeed]')")
+
+STRATEGIES = [
+    pytest.param(("--strategy", "ddp"), id="ddp"),
+    pytest.param(("--strategy", "fsdp", "--fsdp-sharding", "full"), id="fsdp-full"),
+    pytest.param(("--strategy", "fsdp", "--fsdp-sharding", "grad-op"), id="fsdp-grad-op"),
+    pytest.param(("--strategy", "fsdp", "--fsdp-sharding", "no-shard"), id="fsdp-no-shard"),
+    pytest.param(("--strategy", "zero1"), id="zero1", marks=needs_deepspeed),
+    pytest.param(("--strategy", "zero2"), id="zero2", marks=needs_deepspeed),
+    pytest.param(("--strategy", "zero3"), id="zero3", marks=needs_deepspeed),
+]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return reference_run(STEPS, 2 * BATCH, SEQ, LR)
+
+
+@pytest.fixture(scope="module")
+def ddp_losses(tmp_path_factory):
+    run = start_agents(tmp_path_factory.mktemp("ddp-baseline"), 2, "--strategy", "ddp", *COMMON)
+    try:
+        assert run.wait(150) == 0, run.output()[-3000:]
+        return [(a.loss + b.loss) / 2 for a, b in zip(run.steps(0), run.steps(1))]
+    finally:
+        stop_process_group(run.proc)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("strategy_args", STRATEGIES)
+def test_strategy_trains_like_ddp_and_holds_what_the_model_predicts(tmp_path, strategy_args, reference, ddp_losses):
+    run = start_agents(tmp_path, 2, *strategy_args, *COMMON)
+    try:
+        assert run.wait(200) == 0, run.output()[-4000:]
+    finally:
+        stop_process_group(run.proc)
+    expected_losses, expected_state = reference
+
+    losses = [(a.loss + b.loss) / 2 for a, b in zip(run.steps(0), run.steps(1))]
+    assert len(losses) == STEPS
+    assert losses == pytest.approx(ddp_losses, rel=1e-5, abs=1e-6)
+    assert losses == pytest.approx(expected_losses, rel=1e-5, abs=1e-6)
+
+    final = torch.load(run.checkpoint_dir / f"step-{STEPS:08d}.pt")
+    assert final["step"] == STEPS
+    for name, tensor in expected_state.items():
+        torch.testing.assert_close(final["model"][name], tensor, rtol=1e-4, atol=2e-5, msg=name)
+
+    for rank in (0, 1):
+        hello = next(m for m in run.messages(rank) if isinstance(m, Hello))
+        predicted = hello.prediction
+        measured = [s.mem for s in run.steps(rank)][-1]
+        assert (measured.params_bytes, measured.grads_bytes, measured.optimizer_bytes) == (
+            predicted.params_bytes, predicted.grads_bytes, predicted.optimizer_bytes), predicted.note
+        assert predicted.params_bytes > 0 and predicted.optimizer_bytes > 0
