@@ -11,7 +11,7 @@ from ringtop.strategies.base import StrategyError
 
 from .checkpoint import CheckpointError
 from .config import ConfigError, parse_agent_args
-from .distributed import init_distributed
+from .distributed import DeviceError, init_distributed
 from .factories import FactoryError
 from .runner import Interrupted, Runner
 
@@ -24,7 +24,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"ringtop agent: error: {exc}", file=sys.stderr)
         return 2
-    ctx = init_distributed(cfg.device, cfg.dist_timeout_s)
+    try:
+        ctx = init_distributed(cfg.device, cfg.dist_timeout_s)
+    except DeviceError as exc:
+        print(f"ringtop agent [rank {rank}]: error: {exc}", file=sys.stderr)
+        return 2
     try:
         return Runner(cfg, ctx).run()
     except (StrategyError, FactoryError, CheckpointError, OSError) as exc:

@@ -14,9 +14,13 @@ from ringtop.strategies.base import DistContext
 DEFAULT_TIMEOUT_S = 600
 
 
+class DeviceError(RuntimeError):
+    """The device asked for is not here."""
+
+
 def pick_device(choice: str, local_rank: int) -> torch.device:
     if choice == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda was asked for, but torch sees no CUDA device")
+        raise DeviceError("--device cuda was asked for, but torch sees no CUDA device")
     if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)

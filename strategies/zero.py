@@ -7,7 +7,6 @@ moments, so its optimizer state is 12 bytes per parameter / N (the ZeRO paper's 
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -43,8 +42,10 @@ class ZeroStrategy(Strategy):
 
     @classmethod
     def unavailable_reason(cls, device: torch.device) -> str | None:
-        if importlib.util.find_spec("deepspeed") is None:
-            return "DeepSpeed is not installed (pip install 'ringtop[deepspeed]')"
+        try:
+            import deepspeed  # noqa: F401
+        except ImportError as exc:
+            return f"DeepSpeed is not installed or does not import ({exc}); pip install 'ringtop[deepspeed]'"
         return None
 
     def setup(self, model: nn.Module, make_optimizer: OptimizerFactory, ctx: DistContext,

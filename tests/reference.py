@@ -9,7 +9,8 @@ from ringtop.agent.data import synthetic_sample
 from ringtop.agent.model import MODEL_SIZES, build_tiny_gpt
 
 
-def reference_run(steps: int, global_batch: int, seq_len: int, lr: float, seed: int = 0, size: str = "1m"):
+def reference_run(steps: int, global_batch: int, seq_len: int, lr: float, seed: int = 0, size: str = "1m",
+                  grad_clip: float = 0.0):
     """Losses per step and the final parameters of one process training on every sample."""
     torch.manual_seed(1234)
     model = build_tiny_gpt(size, seed)
@@ -21,6 +22,8 @@ def reference_run(steps: int, global_batch: int, seq_len: int, lr: float, seed: 
         optimizer.zero_grad()
         loss = model(rows[:, :-1], rows[:, 1:])
         loss.backward()
+        if grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
         optimizer.step()
         losses.append(loss.item())
     return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}

@@ -29,6 +29,12 @@ from conftest import agent_env
         (["--publish", "udp://x"], "tcp://HOST:PORT"),
         (["--seq-len", "4096"], "--seq-len <= 1024"),
         (["--model-size", "7b"], "invalid choice"),
+        (["--strategy", "zero9"], "unknown strategy 'zero9'; choose from ddp, zero1, zero2, zero3, fsdp"),
+        (["--fsdp-sharding", "full"], "--fsdp-sharding applies to --strategy fsdp only"),
+        (["--strategy", "fsdp", "--fsdp-sharding", "half"], "invalid choice: 'half'"),
+        (["--grad-clip", "-1"], "--grad-clip must be >= 0"),
+        (["--dtype", "fp8"], "invalid choice"),
+        (["--checkpoint-every", "-2"], "--checkpoint-every must be >= 0"),
     ],
 )
 def test_bad_options_fail_fast_with_advice(argv, says):
@@ -58,7 +64,19 @@ def test_the_agent_exits_2_and_explains_an_unknown_option():
 def test_an_unknown_strategy_is_refused_with_the_choices():
     result = run_agent("--no-telemetry", "--strategy", "zero9", "--steps", "1")
     assert result.returncode == 2
-    assert "unknown strategy 'zero9'; available: ddp" in result.stderr
+    assert "unknown strategy 'zero9'; choose from ddp, zero1, zero2, zero3, fsdp" in result.stderr
+
+
+@pytest.mark.timeout(60)
+def test_a_strategy_that_cannot_run_here_is_refused_with_the_reason():
+    blocked = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.modules['deepspeed'] = None; from ringtop.agent.__main__ import main; "
+                               "sys.exit(main(['--no-telemetry', '--strategy', 'zero2', '--steps', '1']))"],
+        capture_output=True, text=True, env=agent_env(), timeout=60)
+    assert blocked.returncode == 2
+    assert "strategy 'zero2' cannot run here: DeepSpeed is not installed" in blocked.stderr
+    no_gpu = run_agent("--no-telemetry", "--device", "cuda", "--steps", "1")
+    assert no_gpu.returncode == 2 and "torch sees no CUDA device" in no_gpu.stderr
 
 
 @pytest.mark.timeout(90)

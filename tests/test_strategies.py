@@ -72,3 +72,32 @@ def test_strategy_trains_like_ddp_and_holds_what_the_model_predicts(tmp_path, st
         assert (measured.params_bytes, measured.grads_bytes, measured.optimizer_bytes) == (
             predicted.params_bytes, predicted.grads_bytes, predicted.optimizer_bytes), predicted.note
         assert predicted.params_bytes > 0 and predicted.optimizer_bytes > 0
+
+
+CLIP = 0.05  # small enough that every step of this run is clipped
+
+
+@pytest.fixture(scope="module")
+def clipped_reference():
+    return reference_run(8, 2 * BATCH, SEQ, LR, grad_clip=CLIP)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("strategy_args", [
+    pytest.param(("--strategy", "ddp"), id="ddp"),
+    pytest.param(("--strategy", "fsdp"), id="fsdp-full"),
+    pytest.param(("--strategy", "zero2"), id="zero2", marks=needs_deepspeed),
+])
+def test_gradient_clipping_is_applied_the_same_way_in_every_strategy(tmp_path, strategy_args, clipped_reference):
+    run = start_agents(tmp_path, 2, *strategy_args, "--steps", "8", "--batch-size", str(BATCH), "--seq-len",
+                       str(SEQ), "--lr", str(LR), "--grad-clip", str(CLIP))
+    try:
+        assert run.wait(180) == 0, run.output()[-4000:]
+    finally:
+        stop_process_group(run.proc)
+    expected, _ = clipped_reference
+    unclipped, _ = reference_run(8, 2 * BATCH, SEQ, LR)
+    assert expected[-1] != pytest.approx(unclipped[-1], rel=1e-4), "the clip must bite in this test"
+    losses = [(a.loss + b.loss) / 2 for a, b in zip(run.steps(0), run.steps(1))]
+    assert losses == pytest.approx(expected, rel=1e-5, abs=1e-6)
+    assert next(m for m in run.messages(0) if isinstance(m, Hello)).grad_clip == CLIP
