@@ -39,7 +39,10 @@ def predict(strategy: str, fsdp_sharding: str, world_size: int, param_count: int
     notes.append(f"optimizer includes {step_counters} bytes of AdamW step counters")
     if deepspeed:
         notes.append("DeepSpeed: optimizer = fp32 master partition + two moments (12 bytes/param / N)")
-    comm = comm_per_step(canonical, world_size, spec, gloo_reduce_scatter_as_all_reduce=backend == "gloo")
+    # On the wire: parameters travel in the compute dtype; torch strategies reduce gradients in fp32
+    # (FSDP's reduce_dtype), DeepSpeed in its compute dtype.
+    wire = ModelSpec(param_count, compute_bytes, compute_bytes if deepspeed else 4, optimizer_bytes_per_param)
+    comm = comm_per_step(canonical, world_size, wire, gloo_reduce_scatter_as_all_reduce=backend == "gloo")
     prediction = Prediction(
         params_bytes=params_bytes,
         grads_bytes=grads_bytes,

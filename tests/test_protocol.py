@@ -37,6 +37,7 @@ from ringtop.protocol import (
     MalformedError,
     MemorySample,
     OversizeError,
+    Prediction,
     ProtocolError,
     Reply,
     Sample,
@@ -69,8 +70,13 @@ HELLO = Hello(
     rank=3, seq=41, ts=1767225600.125,
     run_id="7f3a", world_size=8, local_rank=3, host="node-a", pid=4242, backend="nccl",
     device="cuda:3", strategy="zero2", strategy_options={"overlap": True, "bucket_mb": 25},
-    sharding=Sharding(params=False, grads=True, optimizer=True), model="tiny-gpt",
-    param_count=25_000_000, torch_version="2.13.0", ringtop_version="0.1.0", batch_size=16,
+    sharding=Sharding(params=False, grads=True, optimizer=True), dtype="bf16",
+    optimizer_bytes_per_param=12, grad_clip=1.0,
+    prediction=Prediction(
+        params_bytes=50_000_000, grads_bytes=6_250_000, optimizer_bytes=37_500_000,
+        comm_payload_bytes={"reduce_scatter": 50_000_000, "all_gather": 50_000_000},
+        comm_sent_bytes=87_500_000, note="ceil(P/N) shards"),
+    model="tiny-gpt", param_count=25_000_000, torch_version="2.13.0", ringtop_version="0.1.0", batch_size=16,
     seq_len=512, steps=1000, start_step=200, lr=3e-4, seed=17, device_mem_total_bytes=80 << 30,
     publish="tcp://127.0.0.1:5555", control="tcp://127.0.0.1:5557",
 )
@@ -79,7 +85,14 @@ HELLO_WIRE = {
     "run_id": "7f3a", "world_size": 8, "local_rank": 3, "host": "node-a", "pid": 4242,
     "backend": "nccl", "device": "cuda:3", "strategy": "zero2",
     "strategy_options": {"overlap": True, "bucket_mb": 25},
-    "sharding": {"params": False, "grads": True, "optimizer": True}, "model": "tiny-gpt",
+    "sharding": {"params": False, "grads": True, "optimizer": True},
+    "dtype": "bf16", "optimizer_bytes_per_param": 12, "grad_clip": 1.0,
+    # zero2, 25M params on 8 ranks, bf16 params/grads, 12 optimizer bytes per param:
+    # params 25e6 x 2; grads 25e6/8 x 2; optimizer 25e6/8 x 12; sent 2 x 7/8 x 50e6
+    "prediction": {"params_bytes": 50000000, "grads_bytes": 6250000, "optimizer_bytes": 37500000,
+                   "comm_payload_bytes": {"reduce_scatter": 50000000, "all_gather": 50000000},
+                   "comm_sent_bytes": 87500000, "note": "ceil(P/N) shards"},
+    "model": "tiny-gpt",
     "param_count": 25000000, "torch_version": "2.13.0", "ringtop_version": "0.1.0",
     "batch_size": 16, "seq_len": 512, "steps": 1000, "start_step": 200, "lr": 0.0003, "seed": 17,
     "device_mem_total_bytes": 85899345920,
@@ -250,6 +263,19 @@ def test_defaults_fill_omitted_fields():
     hello = decode(mp(base("hello", run_id="r", world_size=2)))
     assert hello.sharding == Sharding(params=False, grads=False, optimizer=False)
     assert hello.strategy_options == {}
+    assert (hello.dtype, hello.optimizer_bytes_per_param, hello.grad_clip) == ("fp32", 8, 0.0)
+    assert hello.prediction is None
+    pred = decode(mp(base("hello", run_id="r", world_size=2, prediction={}))).prediction
+    assert pred == Prediction(params_bytes=0, grads_bytes=0, optimizer_bytes=0, comm_payload_bytes={},
+                              comm_sent_bytes=0, note="")
+
+
+def test_hello_without_prediction_round_trips_as_nil():
+    msg = Hello(run_id="r", world_size=2, prediction=None)
+    assert msgspec.msgpack.decode(encode(msg))["prediction"] is None
+    assert json.loads(to_json_line(msg))["prediction"] is None
+    assert decode(encode(msg)) == msg
+    assert from_json_line(to_json_line(msg)) == msg
 
 
 def test_sample_without_gpu_round_trips_as_nil():
@@ -294,6 +320,7 @@ def test_unknown_fields_are_ignored_at_every_level():
 
     hello = json.loads(json.dumps(HELLO_WIRE))
     hello["sharding"]["future_sharding"] = True
+    hello["prediction"]["future_prediction"] = [1]
     hello["new_field"] = 1.5
     assert decode(mp(hello)) == HELLO
 
@@ -428,6 +455,11 @@ def test_missing_required_field(type_, wire, field):
     ("command", {"id": "1", "cmd": "status", "args": "now"}, r"\$\.args"),
     ("sample", {"gpu": 3}, r"\$\.gpu"),
     ("hello", {"run_id": "r", "world_size": 2, "sharding": {"params": "yes"}}, r"\$\.sharding\.params"),
+    ("hello", {"run_id": "r", "world_size": 2, "dtype": 16}, r"\$\.dtype"),
+    ("hello", {"run_id": "r", "world_size": 2, "optimizer_bytes_per_param": 8.5}, r"\$\.optimizer_bytes_per_param"),
+    ("hello", {"run_id": "r", "world_size": 2, "prediction": 5}, r"\$\.prediction"),
+    ("hello", {"run_id": "r", "world_size": 2, "prediction": {"comm_payload_bytes": {"all_gather": 1.5}}},
+     r"\$\.prediction\.comm_payload_bytes"),
 ])
 def test_wrong_field_type(type_, fields, path):
     err = raises(InvalidMessageError, mp(base(type_, **fields)), match=path)
@@ -692,7 +724,7 @@ def test_readme_documents_every_type_field_and_code():
         assert f"`{name}`" in text, name
         for f in msg.__struct_fields__:
             assert f"`{f}`" in text, f"{name}.{f} missing from protocol/README.md"
-    for nested in (MemorySample, CommStat, GpuSample, Sharding):
+    for nested in (MemorySample, CommStat, GpuSample, Sharding, Prediction):
         for f in nested.__struct_fields__:
             assert f"`{f}`" in text, f"{nested.__name__}.{f} missing from protocol/README.md"
     for code in ("oversize", "malformed", "bad_version", "unknown_type", "invalid",

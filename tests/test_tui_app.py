@@ -21,7 +21,9 @@ from ringtop.protocol import (
     CommStat,
     Hello,
     MemorySample,
+    Prediction,
     Reply,
+    Sharding,
     Step,
     decode,
     encode,
@@ -113,7 +115,7 @@ async def test_replay_app_shows_rows_and_problems(tmp_path):
         assert "step 4" in head
         # c in replay: not connected
         await pilot.press("c")
-        await pilot.press("2")
+        await pilot.press("3")
         await pilot.pause(0.3)
         assert app.query_one("TabbedContent").active == "events"
         text = event_log_text(app)
@@ -224,7 +226,7 @@ async def test_live_app_rows_header_and_checkpoint_command():
                              what="checkpoint done reply")
             assert run.commands and run.commands[0].cmd == "checkpoint"
             assert run.commands[0].args == {"kind": "full"} and run.commands[0].rank == -1
-            await pilot.press("2")
+            await pilot.press("3")
             await pilot.pause(0.4)
             text = event_log_text(app)
             assert "checkpoint" in text and "pending → ack → done" in text and "/ckpt/step-9" in text
@@ -254,7 +256,7 @@ async def test_live_app_stays_responsive_under_5000_msgs_per_s():
             start_msgs, t0 = app.view.messages_total, time.monotonic()
             first_repaint = len(app.repaints)
             await pilot.pause(2.0)
-            await pilot.press("2")  # keys are still handled promptly
+            await pilot.press("3")  # keys are still handled promptly
             assert app.query_one("TabbedContent").active == "events"
             elapsed = time.monotonic() - t0
             rate = (app.view.messages_total - start_msgs) / elapsed
@@ -272,7 +274,7 @@ async def test_live_app_with_nothing_listening_waits():
         await pilot.pause(0.3)
         assert "○ waiting" in header_text(app)
         await pilot.press("s")
-        await pilot.press("2")
+        await pilot.press("3")
         await pilot.pause(0.3)
         assert "status: not connected (no control address)" in event_log_text(app)
 
@@ -312,6 +314,12 @@ def test_ui_runs_in_a_process_where_torch_cannot_be_imported(tmp_path):
                 await pilot.pause(0.3)
                 table = app.query_one("#ranks")
                 print("ROWS", table.row_count, str(table.get_cell("r0", "step")), str(table.get_cell("r1", "loss")))
+                await pilot.press("2")  # the Memory tab asks the torch-free cost model
+                for _ in range(100):
+                    await pilot.pause(0.02)
+                    if app.query_one("#fit").row_count:
+                        break
+                print("FIT", app.query_one("#fit").row_count, app.query_one("#mem-ranks").row_count)
 
         asyncio.run(main())
         assert sys.modules["torch"] is None
@@ -321,12 +329,14 @@ def test_ui_runs_in_a_process_where_torch_cannot_be_imported(tmp_path):
     proc = _run_python(code, str(logdir))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ROWS 2 4 2.959" in proc.stdout and "OK" in proc.stdout
+    assert "FIT 7 4" in proc.stdout  # 7 strategies; per rank a measured and a predicted row
 
 
 def test_tui_modules_do_not_import_torch():
     code = textwrap.dedent("""
         import sys
         import ringtop.tui, ringtop.tui.app, ringtop.tui.connection, ringtop.tui.replay, ringtop.tui.view_model
+        import ringtop.tui.memory, ringtop.tui.memory_tab, ringtop.tui.tables
         assert "torch" not in sys.modules, "ringtop.tui imported torch"
         print("OK")
     """)
@@ -345,7 +355,168 @@ async def test_events_tab_shows_bounded_backlog():
         await wait_until(pilot, lambda: app.replay_loaded, what="replay to load")
         await pilot.pause(0.3)
         assert app.query_one("#event-log").lines == []  # nothing written while the tab is hidden
-        await pilot.press("2")
+        await pilot.press("3")
         await wait_until(pilot, lambda: "event 699" in event_log_text(app), what="latest event")
         text = event_log_text(app)
         assert "older events not kept" in text and "event 0\n" not in text
+
+
+# ---------------------------------------------------------------------- strategies: header, memory, comm kinds
+
+GiB = 2**30
+MiB = 2**20
+
+
+def zero3_gpu_run(steps: int = 3) -> list:
+    """Two ZeRO-3 ranks on 40 GiB GPUs, 2**30 fp32 parameters, Adam (8 B/param). Every number below
+    is chosen so the expected screen can be worked out by hand in the test."""
+    msgs: list = []
+    for r in (0, 1):
+        # per rank: params 2**30 / 2 x 4 B = 2 GiB, grads 2 GiB, optimizer 2**29 x 8 B = 4 GiB
+        pred = Prediction(params_bytes=2 * GiB, grads_bytes=2 * GiB, optimizer_bytes=4 * GiB,
+                          comm_payload_bytes={"all_gather": 8 * GiB, "reduce_scatter": 4 * GiB},
+                          comm_sent_bytes=6 * GiB, note="flat shards, ceil(P/N)")
+        msgs.append(Hello(rank=r, seq=0, ts=1000.0 + r * 0.01, run_id="z3", world_size=2, host="gpu-a", pid=10 + r,
+                          backend="nccl", device=f"cuda:{r}", strategy="zero3",
+                          sharding=Sharding(params=True, grads=True, optimizer=True), dtype="fp32",
+                          optimizer_bytes_per_param=8, prediction=pred, model="tiny-gpt", param_count=GiB,
+                          device_mem_total_bytes=40 * GiB, steps=10))
+    for n in range(1, steps + 1):
+        for r in (0, 1):
+            optimizer = 4 * GiB + (4 * MiB if r == 1 else 0)  # rank 1 holds 4 MiB more than predicted
+            msgs.append(Step(
+                rank=r, seq=n, ts=1000.0 + n + r * 0.01, step=n, loss=2.0, step_ms=200.0, comm_blocked_ms=20.0,
+                mem=MemorySample(params_bytes=2 * GiB, grads_bytes=2 * GiB, optimizer_bytes=optimizer,
+                                 cuda_allocated_bytes=32 * GiB, cuda_reserved_bytes=38 * GiB,
+                                 cuda_peak_bytes=36 * GiB),
+                comm=[CommStat(kind="all_gather", count=4, bytes=5_000_000, busy_ms=10.0, group_size=2),
+                      CommStat(kind="reduce_scatter", count=2, bytes=2_500_000, busy_ms=5.0, group_size=2)]))
+    return msgs
+
+
+def table_cell(app: RingtopApp, table: str, row: str, column: str) -> str:
+    from textual.widgets import DataTable
+
+    return " ".join(str(app.query_one(table, DataTable).get_cell(row, column)).split())
+
+
+def static_text(app: RingtopApp, selector: str) -> str:
+    from textual.widgets import Static
+
+    return str(app.query_one(selector, Static).content)
+
+
+def column_labels(app: RingtopApp, table: str) -> dict[str, str]:
+    from textual.widgets import DataTable
+
+    return {str(k.value): str(c.label) for k, c in app.query_one(table, DataTable).columns.items()}
+
+
+async def test_zero3_header_per_kind_comm_and_memory_tab():
+    app = RingtopApp(messages=zero3_gpu_run(), source="zero3")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_until(pilot, lambda: app.replay_loaded, what="replay to load")
+        await wait_until(pilot, lambda: app.query_one("#ranks").row_count == 2, what="two rows")
+        await pilot.pause(0.3)
+
+        # header: the strategy and what it shards; fp32 is not worth a word
+        head = header_text(app)
+        assert "zero3 ×2 (params+grads+optim sharded)" in head and "fp32" not in head
+
+        # rank table: per-kind MB/s, reduce-scatter before all-gather, beside the total
+        # all_gather 5e6 B / 0.2 s = 25 MB/s, reduce_scatter 2.5e6 / 0.2 = 12.5 MB/s, total 37.5
+        labels = column_labels(app, "#ranks")
+        assert labels["comm_kinds"] == "RS/AG MB/s"
+        order = list(labels)
+        assert order.index("comm_mb_s") + 1 == order.index("comm_kinds") < order.index("comm_pct")
+        for r in (0, 1):
+            assert cell(app, r, "comm_kinds") == "12.5/25.0"
+            assert cell(app, r, "comm_mb_s") == "37.5" and cell(app, r, "comm_pct") == "10.0"
+
+        # the Memory tab
+        await pilot.press("2")
+        await wait_until(pilot, lambda: app.query_one("#fit").row_count == 7, what="the fit table")
+        await pilot.pause(0.3)
+        assert app.query_one("TabbedContent").active == "memory"
+        assert app.query_one("#mem-ranks").row_count == 4  # measured and predicted, for 2 ranks
+        labels = column_labels(app, "#mem-ranks")
+        assert [labels[k] for k in ("total", "reserved", "peak")] == ["alloc", "reserved", "peak"]
+        m = lambda row, col: table_cell(app, "#mem-ranks", row, col)  # noqa: E731
+        # rank 0 holds exactly the prediction
+        assert (m("r0", "params"), m("r0", "grads"), m("r0", "optim"), m("r0", "state")) == \
+            ("2.0G =", "2.0G =", "4.0G =", "8.0G =")
+        # rank 1: 4 MiB more optimizer state: 4 MiB / 4 GiB = +0.098 %, of the 8 GiB state +0.049 %
+        assert (m("r1", "optim"), m("r1", "state")) == ("4.0G +0.10%", "8.0G +0.05%")
+        for r in ("r0p", "r1p"):
+            assert (m(r, "params"), m(r, "grads"), m(r, "optim"), m(r, "state")) == ("2.0G", "2.0G", "4.0G", "8.0G")
+            assert m(r, "rank").endswith("pred")
+        # other = allocated 32 GiB − state 8 GiB = 24 GiB; reserved and peak as sent
+        assert (m("r0", "other"), m("r0", "total"), m("r0", "reserved"), m("r0", "peak")) == \
+            ("24.0G", "32.0G", "38.0G", "36.0G")
+        # the bar: 12 cells for 40 GiB; rank 0's 32 GiB take round(32/40 x 12) = 10, the predicted 8 GiB ~3
+        assert m("r0", "bar") == "█" * 10 + "··"
+        assert "note: flat shards, ceil(P/N)" in static_text(app, "#mem-caption")
+
+        # which strategy fits 40 GiB, with the 36 − 8 = 28 GiB of non-state memory measured now:
+        # ddp 4+4+8 = 16 GiB state, need 44 = 110 % ✗; zero1 4+4+4 = 12, need 40 = 100 % ✓;
+        # zero2 4+2+4 = 10, need 38 = 95 %; zero3 2+2+4 = 8, need 36 = 90 %
+        f = lambda row, col: table_cell(app, "#fit", row, col)  # noqa: E731
+        assert f("zero3", "strategy") == "▶ zero3"
+        assert [f(s, "strategy") for s in ("ddp", "zero1", "zero2", "fsdp-full")] == \
+            ["ddp", "zero1", "zero2", "fsdp-full"]  # only this run's strategy is marked
+        assert (f("ddp", "state"), f("ddp", "need"), f("ddp", "fits")) == ("16.0G", "44.0G", "✗ 110%")
+        assert (f("zero1", "state"), f("zero1", "need"), f("zero1", "fits")) == ("12.0G", "40.0G", "✓ 100%")
+        assert (f("zero2", "need"), f("zero2", "fits")) == ("38.0G", "✓ 95%")
+        assert (f("zero3", "params"), f("zero3", "grads"), f("zero3", "optim")) == ("2.0G", "2.0G", "4.0G")
+        assert (f("zero3", "state"), f("zero3", "need"), f("zero3", "fits")) == ("8.0G", "36.0G", "✓ 90%")
+        assert f("zero3", "sharded") == "params+grads+optim" and f("ddp", "sharded") == "-"
+        # bytes on the wire per rank, N = 2, 4 GiB of params and of grads: ddp 2 x 1/2 x 4 = 4 GiB,
+        # zero3 two all-gathers and a reduce-scatter, 3 x 1/2 x 4 = 6 GiB
+        assert (f("ddp", "wire"), f("zero3", "wire")) == ("4.0G", "6.0G")
+        caption = static_text(app, "#fit-caption")
+        assert "(28.0G)" in caption and "40.0G per rank" in caption
+
+        await pilot.press("3")
+        assert app.query_one("TabbedContent").active == "events"
+
+
+async def test_header_shows_fsdp_sharding_and_dtype():
+    hello = Hello(rank=0, run_id="f1", world_size=4, backend="nccl", device="cuda:0", strategy="fsdp",
+                  strategy_options={"sharding": "grad-op"}, sharding=Sharding(grads=True, optimizer=True),
+                  dtype="bf16", param_count=1000)
+    app = RingtopApp(messages=[hello])
+    async with app.run_test(size=(140, 30)) as pilot:
+        await wait_until(pilot, lambda: app.replay_loaded, what="replay to load")
+        await pilot.pause(0.3)
+        assert "fsdp(grad-op) ×4 (grads+optim sharded) bf16" in header_text(app)
+
+
+async def test_memory_tab_on_cpu_without_a_prediction(tmp_path):
+    """The DDP replay of the first tests: no Hello.prediction and no state bytes sent, ranks on
+    hosts that are not this one: predictions come from the UI's own cost model, capacity unknown."""
+    log = load_replay(write_logdir(tmp_path / "log", torn=False))
+    app = RingtopApp(messages=log.messages, source="ddp")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_until(pilot, lambda: app.replay_loaded, what="replay to load")
+        await pilot.press("2")
+        await wait_until(pilot, lambda: app.query_one("#fit").row_count == 7, what="the fit table")
+        await pilot.pause(0.3)
+        assert "ddp ×2 (replicated)" in header_text(app)
+        assert column_labels(app, "#ranks")["comm_kinds"] == "AR MB/s"
+        assert cell(app, 0, "comm_kinds") == "20.0"  # 2e6 B / 0.1 s
+        m = lambda row, col: table_cell(app, "#mem-ranks", row, col)  # noqa: E731
+        # 1,234,567 fp32 params, DDP replicates: 4,938,268 B = 4.7 MiB each of params and grads,
+        # 9,876,536 B = 9.4 MiB of optimizer, 19,753,072 B = 18.8 MiB state
+        assert (m("r0p", "params"), m("r0p", "grads"), m("r0p", "optim"), m("r0p", "state")) == \
+            ("4.7M", "4.7M", "9.4M", "18.8M")
+        assert m("r0p", "rank").endswith("pred*")
+        assert "pred*: computed here" in static_text(app, "#mem-caption")
+        # this agent counted no state bytes (all 0): shown as not measured; other = all of RSS, 300 MiB
+        assert (m("r0", "params"), m("r0", "state")) == ("-", "-")
+        assert m("r0", "other") == "300M" and m("r0", "total") == "300M"
+        assert "the agent counted no parameter/gradient/optimizer bytes" in static_text(app, "#mem-caption")
+        assert "RSS" in column_labels(app, "#mem-ranks").values()
+        f = lambda row, col: table_cell(app, "#fit", row, col)  # noqa: E731
+        assert f("ddp", "strategy") == "▶ ddp" and f("zero1", "strategy") == "zero1"
+        assert f("ddp", "fits") == "?"
+        assert "capacity unknown" in static_text(app, "#fit-caption")

@@ -316,3 +316,159 @@ def test_view_model_has_no_ui_imports():
 
     src = open(vm.__file__).read()
     assert "textual" not in src and "import torch" not in src and "zmq" not in src
+
+
+# ---------------------------------------------------------------------- strategies: sharding, comm kinds, memory
+
+
+def test_strategy_name_and_sharding_text_from_hello():
+    from ringtop.protocol import Sharding
+
+    cases = [
+        ("ddp", {}, Sharding(), "ddp", "replicated"),
+        ("zero1", {}, Sharding(optimizer=True), "zero1", "optim sharded"),
+        ("zero2", {}, Sharding(grads=True, optimizer=True), "zero2", "grads+optim sharded"),
+        ("zero3", {}, Sharding(params=True, grads=True, optimizer=True), "zero3", "params+grads+optim sharded"),
+        ("fsdp", {"sharding": "full"}, Sharding(params=True, grads=True, optimizer=True), "fsdp(full)",
+         "params+grads+optim sharded"),
+        ("fsdp", {"sharding": "no-shard"}, Sharding(), "fsdp(no-shard)", "replicated"),
+    ]
+    for strategy, options, sharding, name, text in cases:
+        v = RunView()
+        v.apply(Hello(rank=0, run_id="r", world_size=2, strategy=strategy, strategy_options=options,
+                      sharding=sharding), now=1.0)
+        assert (v.facts.strategy_name, v.facts.sharding_text) == (name, text)
+    v = RunView()
+    v.apply(hello(0, dtype="bf16", optimizer_bytes_per_param=12, grad_clip=1.0), now=1.0)
+    assert (v.facts.dtype, v.facts.optimizer_bytes_per_param, v.facts.grad_clip) == ("bf16", 12, 1.0)
+
+
+def test_comm_per_kind_in_the_rank_rows():
+    v = RunView()
+    v.apply(hello(0), now=1.0)
+    comm = [CommStat(kind="all_gather", count=2, bytes=3_000_000, busy_ms=5.0),
+            CommStat(kind="reduce_scatter", count=1, bytes=1_000_000, busy_ms=2.0),
+            CommStat(kind="all_gather", count=1, bytes=1_000_000, busy_ms=1.0),  # same kind twice: summed
+            CommStat(kind="barrier", count=1, bytes=0, busy_ms=0.1)]
+    v.apply(step(0, 1, seq=1, step_ms=250.0, comm=comm), now=1.0)
+    r = v.ranks[0]
+    # per kind over 0.25 s: all_gather 4e6 B -> 16 MB/s, reduce_scatter 1e6 B -> 4 MB/s
+    assert r.comm_kind_bytes == {"all_gather": 4_000_000, "reduce_scatter": 1_000_000, "barrier": 0}
+    assert r.comm_kind_mb_s["all_gather"] == pytest.approx(16.0)
+    assert r.comm_kind_mb_s["reduce_scatter"] == pytest.approx(4.0)
+    assert r.comm_mb_s == pytest.approx(20.0) == pytest.approx(sum(r.comm_kind_mb_s.values()))
+    # the usual order first (all_reduce, reduce_scatter, all_gather, broadcast), others after
+    assert v.comm_kinds == ["reduce_scatter", "all_gather", "barrier"]
+    v.apply(step(0, 2, seq=2, comm=[CommStat(kind="broadcast", bytes=8)]), now=1.0)
+    assert v.comm_kinds == ["reduce_scatter", "all_gather", "broadcast", "barrier"]  # kinds seen stay
+    assert v.ranks[0].comm_kind_bytes == {"broadcast": 8}
+    # rank 0 announcing another strategy starts the kinds afresh
+    v.apply(hello(0, seq=3, strategy_options={"bucket_mb": 1}), now=1.0)
+    assert v.comm_kinds == []
+    v.apply(step(0, 3, seq=4, comm=[CommStat(kind="all_reduce", bytes=8)]), now=1.0)
+    assert v.comm_kinds == ["all_reduce"]
+
+
+def test_memory_parts_and_prediction_per_rank():
+    from ringtop.protocol import Prediction
+
+    v = RunView()
+    v.apply(hello(0, prediction=Prediction(params_bytes=100, grads_bytes=200, optimizer_bytes=400)), now=1.0)
+    v.apply(hello(1), now=1.0)
+    assert v.ranks[0].prediction.optimizer_bytes == 400 and v.ranks[1].prediction is None
+    mem = MemorySample(params_bytes=100, grads_bytes=200, optimizer_bytes=400, rss_bytes=1000)
+    v.apply(step(0, 1, seq=1, mem=mem), now=1.0)
+    r0 = v.ranks[0]
+    assert (r0.mem_state_bytes, r0.mem_other_bytes, r0.mem_peak_other_bytes) == (700, 300, 300)
+    # on a GPU: CUDA allocated − state, and the peak for the high-water mark; never negative
+    gpu = MemorySample(params_bytes=100, grads_bytes=200, optimizer_bytes=400, rss_bytes=5000,
+                       cuda_allocated_bytes=600, cuda_peak_bytes=1500)
+    v.apply(step(1, 1, seq=1, mem=gpu), now=1.0)
+    r1 = v.ranks[1]
+    assert (r1.mem_state_bytes, r1.mem_other_bytes, r1.mem_peak_other_bytes) == (700, 0, 800)
+
+
+def _seed_run(strategy="zero2", options=None, world_size=8, device="cuda:0", cap=80 * 10**9, host="node-a"):
+    """The chapter's model: 7.6e9 params, bf16 params and grads, optimizer 4x the param bytes (8 B)."""
+    from ringtop.protocol import Sharding
+
+    v = RunView()
+    for r in range(world_size):
+        v.apply(Hello(rank=r, run_id="seed", world_size=world_size, host=host, backend="nccl", device=device,
+                      strategy=strategy, strategy_options=options or {}, sharding=Sharding(optimizer=True),
+                      dtype="bf16", optimizer_bytes_per_param=8, param_count=7_600_000_000,
+                      device_mem_total_bytes=cap), now=1.0)
+    return v
+
+
+def test_fit_table_reproduces_the_chapter_and_marks_the_run():
+    from ringtop.tui.memory import fit_table
+
+    ft = fit_table(_seed_run())
+    rows = {r.strategy: r for r in ft.rows}
+    assert list(rows) == ["ddp", "zero1", "zero2", "zero3", "fsdp-full", "fsdp-grad-op", "fsdp-no-shard"]
+    # 7.6e9 x 2 B = 15.2 GB; /8 = 1.9 GB; optimizer 7.6e9 x 8 = 60.8 GB, /8 = 7.6 GB
+    assert rows["ddp"].state_bytes == 15_200_000_000 + 15_200_000_000 + 60_800_000_000  # 91.2 GB
+    assert rows["zero1"].state_bytes == 15_200_000_000 + 15_200_000_000 + 7_600_000_000  # 38.0 GB
+    assert rows["zero2"].state_bytes == 15_200_000_000 + 1_900_000_000 + 7_600_000_000  # 24.7 GB
+    assert rows["zero3"].state_bytes == 1_900_000_000 + 1_900_000_000 + 7_600_000_000  # 11.4 GB
+    assert rows["fsdp-full"].state_bytes == rows["zero3"].state_bytes
+    assert rows["fsdp-no-shard"].state_bytes == rows["ddp"].state_bytes
+    # on 80 GB devices with nothing else measured yet: only plain DDP / NO_SHARD does not fit
+    assert ft.capacity_bytes == 80 * 10**9 and ft.allowance_bytes == 0
+    assert [s for s, r in rows.items() if not r.fits] == ["ddp", "fsdp-no-shard"]
+    assert rows["zero1"].capacity_pct == pytest.approx(38.0 / 80 * 100)
+    assert [s for s, r in rows.items() if r.current] == ["zero2"]
+    # ring all-reduce of 15.2 GB of grads over 8: 2 x 7/8 x 15.2 = 26.6 GB sent per rank
+    assert rows["ddp"].wire_bytes_per_step == 26_600_000_000
+    # fsdp with its sharding option is marked as the matching row
+    marked = fit_table(_seed_run("fsdp", {"sharding": "grad-op"}))
+    assert [r.strategy for r in marked.rows if r.current] == ["fsdp-grad-op"]
+
+
+def test_fit_capacity_on_cpu_is_this_hosts_memory_shared_by_its_ranks():
+    from ringtop.tui.memory import capacity_per_rank, fit_table
+
+    v = _seed_run(world_size=2, device="cpu", cap=0, host="box")
+    cap, text = capacity_per_rank(v, ui_host="box", ui_host_mem_bytes=64 * 2**30)
+    assert cap == 32 * 2**30 and "2 ranks" in text
+    cap, text = capacity_per_rank(v, ui_host="laptop", ui_host_mem_bytes=64 * 2**30)
+    assert cap == 0 and "capacity unknown" in text and "box" in text
+    ft = fit_table(v, ui_host="laptop", ui_host_mem_bytes=64 * 2**30)
+    assert all(r.fits is None and math.isnan(r.capacity_pct) for r in ft.rows)
+    assert fit_table(RunView()) is None  # no parameter count, no table
+
+
+def test_predicted_state_prefers_the_agents_and_falls_back_to_the_cost_model():
+    from ringtop.protocol import Prediction
+    from ringtop.tui.memory import pct_diff, predicted_state
+
+    v = _seed_run(world_size=8)
+    ui = predicted_state(v, v.ranks[3])
+    # zero2 on 8 ranks: params 15.2 GB whole, grads and optimizer /8
+    assert (ui.params_bytes, ui.grads_bytes, ui.optimizer_bytes, ui.source) == \
+        (15_200_000_000, 1_900_000_000, 7_600_000_000, "ui")
+    v.apply(Hello(rank=3, run_id="seed", world_size=8, strategy="zero2", param_count=7_600_000_000,
+                  prediction=Prediction(params_bytes=1, grads_bytes=2, optimizer_bytes=3, note="n")), now=2.0)
+    agent = predicted_state(v, v.ranks[3])
+    assert (agent.total_bytes, agent.source, agent.note) == (6, "agent", "n")
+    assert pct_diff(110, 100) == pytest.approx(10.0) and pct_diff(0, 0) == 0.0 and math.isnan(pct_diff(1, 0))
+
+
+def test_stacked_bar_and_difference_text():
+    from ringtop.tui.memory_tab import delta_text, stacked_bar
+
+    # 10 cells for 100 bytes: 50 / 30 / 20 -> 5 / 3 / 2 cells
+    bar = stacked_bar([(50, "a"), (30, "b"), (20, "c")], 100, width=10)
+    assert bar.plain == "█" * 10
+    assert [(s.end - s.start, str(s.style)) for s in bar.spans] == [(5, "a"), (3, "b"), (2, "c")]
+    # a tiny non-zero part still gets a cell, taken from the widest; empty room is dotted
+    bar = stacked_bar([(1, "a"), (60, "b")], 100, width=10)
+    assert [(s.end - s.start, str(s.style)) for s in bar.spans][:2] == [(1, "a"), (5, "b")]
+    assert bar.plain.endswith("····")
+    assert stacked_bar([(1, "a")], 0).plain == ""
+    assert delta_text(5, 5).plain == "="
+    assert delta_text(101, 100).plain == "+1.0%"
+    assert delta_text(1001, 1000).plain == "+0.10%"
+    assert delta_text(300, 100).plain == "+200%"
+    assert delta_text(1, 0).plain == "new"

@@ -20,14 +20,17 @@ from typing import Any, Iterable
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal
+from textual.containers import Horizontal, VerticalScroll
 from textual.message import Message
 from textual.widgets import DataTable, Footer, RichLog, Sparkline, Static, TabbedContent, TabPane
 
 from . import fmt
 from .connection import TelemetryClient
+from .memory import fit_table
+from .memory_tab import fit_caption, fit_columns, fit_rows, memory_caption, memory_columns, memory_rows, on_gpu
 from .replay import ReplayError, load_replay
-from .view_model import RankRow, RunView
+from .tables import Column, SyncedTable
+from .view_model import COMM_KIND_ABBR, RankRow, RunView
 
 REFRESH_S = 0.25
 SLOWEST_MARK_PCT = 3.0
@@ -43,22 +46,71 @@ STATE_STYLE = {
 }
 LEVEL_STYLE = {"info": "cyan", "warn": "bold yellow", "error": "bold red"}
 
-# (key, label, width); widths fixed so in-place updates never reflow the table
+# (key, label, width); widths fixed so in-place updates never reflow the table. The per-kind
+# communication column ("comm_kinds") goes after "comm_mb_s" once the run's collectives are known.
 COLUMNS: list[tuple[str, str, int]] = [
     ("rank", "rank", 4),
-    ("host", "host", 10),
-    ("step", "step", 7),
+    ("host", "host", 8),
+    ("step", "step", 6),
     ("step_ms", "step ms", 8),
-    ("loss", "loss", 7),
+    ("loss", "loss", 6),
     ("tok_s", "tok/s", 6),
     ("mem", "mem", 9),
     ("comm_mb_s", "comm MB/s", 9),
     ("comm_pct", "comm%", 5),
-    ("cpu", "cpu%", 5),
+    ("cpu", "cpu%", 4),
     ("drops", "drops", 5),
     ("note", "note", 22),
 ]
-NUMERIC = {"rank", "step", "step_ms", "loss", "tok_s", "mem", "comm_mb_s", "comm_pct", "cpu", "drops"}
+NUMERIC = {"rank", "step", "step_ms", "loss", "tok_s", "mem", "comm_mb_s", "comm_kinds", "comm_pct", "cpu", "drops"}
+TABLE_WIDTH = 118
+"""The Overview table's width budget (cells plus one padding cell each side): a 120-column terminal.
+The note column shrinks (to NOTE_MIN_WIDTH) to make room for the per-kind column, whose label drops
+its unit when even that is not enough (3-4 kinds)."""
+NOTE_MIN_WIDTH = 10
+
+
+def kind_abbr(kind: str) -> str:
+    """AR, RS, AG, BC for the common collectives; initials of the words otherwise."""
+    return COMM_KIND_ABBR.get(kind) or "".join(w[:1] for w in kind.split("_")).upper() or "?"
+
+
+def mb_compact(x: float) -> str:
+    """MB/s in at most 4 characters: 0 (under 0.005), 0.05, 12.5, 1234, 12k."""
+    if not math.isfinite(x):
+        return "-"
+    if x < 0.005:
+        return "0"
+    if x < 10:
+        return f"{x:.2f}" if x < 1 else f"{x:.1f}"
+    if x < 100:
+        return f"{x:.1f}"
+    if x < 10_000:
+        return f"{x:.0f}"
+    return f"{x / 1000:.0f}k"
+
+
+def overview_columns(kinds: list[str], kinds_cell_width: int = 0) -> list[Column]:
+    """The rank table's columns; with collective kinds, one more after "comm MB/s": per kind MB/s,
+    e.g. "RS/AG MB/s" holding "12.5/25.0", as wide as its widest cell so far."""
+    base = [Column(key, label, width, key in NUMERIC) for key, label, width in COLUMNS]
+    if not kinds:
+        return base
+    abbrs = "/".join(kind_abbr(k) for k in kinds)
+    fixed = sum(c.width + 2 for c in base if c.key != "note") + NOTE_MIN_WIDTH + 2 + 2
+    label = abbrs + " MB/s"
+    if fixed + max(len(label), kinds_cell_width) > TABLE_WIDTH:
+        label = abbrs  # the unit is in the neighbouring "comm MB/s"
+    cols: list[Column] = []
+    for c in base:
+        cols.append(c)
+        if c.key == "comm_mb_s":
+            cols.append(Column("comm_kinds", label, max(len(label), kinds_cell_width), True))
+    used = sum(c.width + 2 for c in cols)
+    if used > TABLE_WIDTH:
+        note = cols[-1]
+        cols[-1] = note._replace(width=max(NOTE_MIN_WIDTH, note.width - (used - TABLE_WIDTH)))
+    return cols
 
 
 class TelemetryBatch(Message):
@@ -88,13 +140,19 @@ class RingtopApp(App):
     .chart Sparkline { width: 1fr; }
     #alert { height: auto; max-height: 3; margin: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
     #event-log { height: 1fr; }
+    #memory-body { height: 1fr; }
+    .caption { height: auto; margin: 0 1; }
+    #fit-caption { margin: 1 1 0 1; }
+    #mem-ranks { height: auto; max-height: 60%; }
+    #fit { height: auto; }
     """
 
     BINDINGS = [
         Binding("c", "checkpoint", "checkpoint"),
         Binding("s", "status", "status"),
         Binding("1", "show_tab('overview')", "overview"),
-        Binding("2", "show_tab('events')", "events"),
+        Binding("2", "show_tab('memory')", "memory"),
+        Binding("3", "show_tab('events')", "events"),
         Binding("q", "quit", "quit"),
     ]
 
@@ -122,9 +180,11 @@ class RingtopApp(App):
         self.view = RunView(stale_after_s=stale_after_s)
         self.client: TelemetryClient | None = None
         self._events_shown = 0
-        self._cells: dict[tuple[str, str], tuple[str, str]] = {}
-        self._row_order: list[int] = []
         self._shown: dict[str, Any] = {}
+        self._tables: dict[str, SyncedTable] = {}
+        self._fit_key: tuple | None = None
+        self._kinds: list[str] = []
+        self._kinds_width = 0
 
     # ------------------------------------------------------------------ layout
 
@@ -143,14 +203,26 @@ class RingtopApp(App):
                     yield Static(id="loss-label", classes="chart-label")
                     yield Sparkline([], id="loss-spark")
                 yield Static(id="alert")
+            with TabPane("Memory", id="memory"):
+                with VerticalScroll(id="memory-body"):
+                    yield Static(id="mem-caption", classes="caption")
+                    yield DataTable(id="mem-ranks", cursor_type="none", zebra_stripes=True)
+                    yield Static(id="fit-caption", classes="caption")
+                    yield DataTable(id="fit", cursor_type="none")
             with TabPane("Events", id="events"):
                 yield RichLog(id="event-log", max_lines=2000, wrap=True, markup=False, auto_scroll=True)
         yield Footer()
 
+    def _table(self, selector: str) -> SyncedTable:
+        synced = self._tables.get(selector)
+        if synced is None:
+            synced = self._tables[selector] = SyncedTable(self.query_one(selector, DataTable))
+        return synced
+
     def on_mount(self) -> None:
-        table = self.query_one("#ranks", DataTable)
-        for key, label, width in COLUMNS:
-            table.add_column(Text(label, justify="right" if key in NUMERIC else "left"), width=width, key=key)
+        self._table("#ranks").set_columns(overview_columns([]))
+        self._table("#mem-ranks").set_columns(memory_columns(False))
+        self._table("#fit").set_columns(fit_columns())
         if self.replay:
             self.sub_title = f"replay {self.source}"
             for p in self._replay_problems:
@@ -253,6 +325,7 @@ class RingtopApp(App):
         self._render_table()
         self._render_charts()
         self._render_alert()
+        self._render_memory()
         self._render_events()
 
     def header_text(self) -> Text:
@@ -273,15 +346,14 @@ class RingtopApp(App):
             if f.param_count:
                 t.append(f" {fmt.count(f.param_count)}")
         if f.strategy:
-            t.append(f"  {f.strategy}", style="bold magenta")
+            t.append(f"  {f.strategy_name}", style="bold magenta")
             if f.world_size:
                 t.append(f" ×{f.world_size}")
+            t.append(f" ({f.sharding_text})", style="magenta")
+            if f.dtype and f.dtype.lower() not in ("fp32", "float32"):
+                t.append(f" {f.dtype}", style="bold")
         elif f.world_size:
             t.append(f"  ×{f.world_size}")
-        if f.backend:
-            t.append(f"  {f.backend}")
-        if f.device and f.device != f.backend:
-            t.append(f"/{f.device}", style="dim")
         step = v.latest_step
         t.append("  step ")
         t.append(f"{step:,}" if step >= 0 else "-", style="bold")
@@ -293,6 +365,11 @@ class RingtopApp(App):
             t.append(f"  drops {v.total_drops:,}", style="yellow")
         if v.rejected_total:
             t.append(f"  rejected {v.rejected_total:,}", style="yellow")
+        # last: what is cut off first on a narrow terminal
+        if f.backend:
+            t.append(f"  {f.backend}")
+        if f.device and f.device != f.backend:
+            t.append(f"/{f.device.split(':')[0]}", style="dim")  # the type: rank 0's index says little
         return t
 
     def connection_text(self) -> Text:
@@ -354,50 +431,46 @@ class RingtopApp(App):
             "tok_s": (fmt.count(row.tokens_per_s) if row.tokens_per_s else "-", ""),
             "mem": (mem, ""),
             "comm_mb_s": (fmt.num(row.comm_mb_s, 1) if math.isfinite(row.comm_mb_s) else "-", ""),
+            "comm_kinds": ("/".join(mb_compact(row.comm_kind_mb_s[k]) if k in row.comm_kind_mb_s else "-"
+                                    for k in v.comm_kinds) if row.step >= 0 else "-", ""),
             "comm_pct": (fmt.num(row.comm_share_pct, 1), ""),
             "cpu": (fmt.num(row.cpu_percent, 0), ""),
             "drops": (f"{row.drops:,}", "yellow" if row.drops else ""),
             "note": (note, note_style),
         }
-        out = {}
-        for key, (text, style) in cells.items():
-            out[key] = Text(text, style=" ".join(s for s in (style, dim) if s),
-                            justify="right" if key in NUMERIC else "left", no_wrap=True, overflow="ellipsis")
-        return out
+        return {key: Text(text, style=" ".join(s for s in (style, dim) if s)) for key, (text, style) in cells.items()}
 
     def _render_table(self) -> None:
-        table = self.query_one("#ranks", DataTable)
-        rows = self.view.rows()
-        ranks = [r.rank for r in rows]
-        if ranks != self._row_order:
-            added = [r for r in rows if r.rank not in self._row_order]
-            for row in added:
-                cells = self._row_cells(row)
-                table.add_row(*(cells[k] for k, _, _ in COLUMNS), key=f"r{row.rank}")
-                for k, _, _ in COLUMNS:
-                    self._cells[(f"r{row.rank}", k)] = (cells[k].plain, str(cells[k].style))
-            if added and sorted(self._row_order + [r.rank for r in added]) != self._row_order + [r.rank for r in added]:
-                self._sort_rows(table)
-            self._row_order = ranks
-        for row in rows:
-            rk = f"r{row.rank}"
-            for key, cell in self._row_cells(row).items():
-                sig = (cell.plain, str(cell.style))
-                if self._cells.get((rk, key)) != sig:
-                    self._cells[(rk, key)] = sig
-                    table.update_cell(rk, key, cell)
+        synced = self._table("#ranks")
+        rows = [(f"r{row.rank}", self._row_cells(row)) for row in self.view.rows()]
+        kinds = self.view.comm_kinds
+        if kinds != self._kinds:
+            self._kinds, self._kinds_width = kinds, 0
+        # the per-kind column only widens (a rebuild), so it does not flicker between widths
+        widest = max((len(cells["comm_kinds"].plain) for _, cells in rows), default=0)
+        self._kinds_width = max(self._kinds_width, widest)
+        synced.set_columns(overview_columns(kinds, self._kinds_width))
+        synced.set_rows(rows)
 
-    @staticmethod
-    def _sort_rows(table: DataTable) -> None:
-        keep = None
-        if table.row_count and table.cursor_row >= 0:
-            try:
-                keep = table.coordinate_to_cell_key(table.cursor_coordinate).row_key
-            except Exception:
-                keep = None
-        table.sort("rank", key=lambda cell: int(str(cell)))
-        if keep is not None:
-            table.move_cursor(row=table.get_row_index(keep), animate=False)
+    def _render_memory(self) -> None:
+        # Only while the tab is shown: the fit table asks the cost model, and nobody sees it otherwise.
+        if self.query_one(TabbedContent).active != "memory":
+            return
+        v = self.view
+        self._set_static("#mem-caption", memory_caption(v))
+        mem = self._table("#mem-ranks")
+        mem.set_columns(memory_columns(on_gpu(v)))
+        mem.set_rows(memory_rows(v))
+        f = v.facts
+        key = (f.param_count, f.world_size, len(v.ranks), f.dtype, f.optimizer_bytes_per_param, f.strategy,
+               tuple(sorted(f.strategy_options.items(), key=str)), f.backend, f.device, f.device_mem_total_bytes,
+               max((r.mem_peak_other_bytes for r in v.ranks.values()), default=0) >> 20,
+               tuple(sorted({(r.host, r.device_mem_total_bytes) for r in v.ranks.values()})))
+        if key != self._fit_key:  # the cost model only reruns when its inputs change
+            self._fit_key = key
+            ft = fit_table(v)
+            self._set_static("#fit-caption", fit_caption(ft, v))
+            self._table("#fit").set_rows(fit_rows(ft))
 
     def _render_charts(self) -> None:
         v = self.view

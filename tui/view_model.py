@@ -24,8 +24,10 @@ from ringtop.protocol import (
     Event,
     Heartbeat,
     Hello,
+    Prediction,
     Reply,
     Sample,
+    Sharding,
     Step,
 )
 
@@ -38,6 +40,10 @@ STEP_LAG = 8
 """A step is closed for the cross-rank chart once every live rank reported it, or once some rank
 is this many steps ahead (a silent rank must not stall the chart)."""
 MAX_PENDING_STEPS = 64
+COMM_KIND_ORDER = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
+"""Collective kinds in the order the screens list them; other kinds follow alphabetically."""
+COMM_KIND_ABBR = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG", "broadcast": "BC",
+                  "reduce": "RD", "all_to_all": "A2A", "send": "P2P", "recv": "P2P", "barrier": "BAR"}
 REJECT_EVENT_EVERY_S = 1.0
 """At most one event line per this many seconds for rejected frames; all are counted."""
 
@@ -103,6 +109,11 @@ class RunFacts:
     world_size: int = 0
     strategy: str = ""
     strategy_options: dict[str, Any] = field(default_factory=dict)
+    sharding: Sharding = field(default_factory=Sharding)
+    """What the strategy splits across ranks, as the agent says (Hello.sharding)."""
+    dtype: str = "fp32"
+    optimizer_bytes_per_param: int = 8
+    grad_clip: float = 0.0
     model: str = ""
     param_count: int = 0
     backend: str = ""
@@ -114,6 +125,22 @@ class RunFacts:
     steps: int = 0
     start_step: int = 0
     device_mem_total_bytes: int = 0
+
+    @property
+    def strategy_name(self) -> str:
+        """The strategy as the header shows it: `fsdp(full)` for FSDP with its sharding option."""
+        s = self.strategy
+        if s == "fsdp":
+            mode = self.strategy_options.get("sharding")
+            return f"fsdp({mode})" if mode else "fsdp"
+        return s
+
+    @property
+    def sharding_text(self) -> str:
+        """What is sharded, from Hello.sharding: `params+grads+optim sharded`, or `replicated`."""
+        sh = self.sharding
+        parts = [name for name, on in (("params", sh.params), ("grads", sh.grads), ("optim", sh.optimizer)) if on]
+        return "+".join(parts) + " sharded" if parts else "replicated"
 
 
 @dataclass
@@ -149,6 +176,12 @@ class RankRow:
     comm_share_pct: float = math.nan
     """comm_blocked_ms / step_ms, in percent."""
     comm: list = field(default_factory=list)
+    comm_kind_bytes: dict[str, int] = field(default_factory=dict)
+    """Per collective kind, payload bytes in the latest step."""
+    comm_kind_mb_s: dict[str, float] = field(default_factory=dict)
+    """Per collective kind, bytes in the latest step / step time, in MB/s (sums to comm_mb_s)."""
+    prediction: Prediction | None = None
+    """The cost model's figures for this rank, from its Hello (None when the agent sent none)."""
     # host / device samples
     cpu_percent: float = math.nan
     gpu_util_percent: float = math.nan
@@ -197,6 +230,24 @@ class RankRow:
     @property
     def mem_is_cuda(self) -> bool:
         return self.mem_cuda_bytes > 0
+
+    @property
+    def mem_state_bytes(self) -> int:
+        """Parameters + gradients + optimizer state this rank holds (counted by the agent)."""
+        return self.mem_params_bytes + self.mem_grads_bytes + self.mem_optimizer_bytes
+
+    @property
+    def mem_other_bytes(self) -> int:
+        """Everything else: CUDA allocated − state on a GPU, process RSS − state on CPU; never < 0."""
+        return max(0, self.mem_bytes - self.mem_state_bytes) if self.mem_bytes else 0
+
+    @property
+    def mem_peak_other_bytes(self) -> int:
+        """Like mem_other_bytes, from the CUDA peak when there is one (the high-water mark a
+        strategy must leave room for)."""
+        if self.mem_is_cuda:
+            return max(0, max(self.mem_cuda_peak_bytes, self.mem_cuda_bytes) - self.mem_state_bytes)
+        return self.mem_other_bytes
 
     def recent_step_ms(self, window: int = SLOWEST_WINDOW) -> float:
         if not self.step_ms_history:
@@ -280,6 +331,7 @@ class RunView:
         self._slowest_excess_pct = math.nan
         self._slowest_dirty = False
         self.last_warning: EventLine | None = None
+        self._comm_kinds: set[str] = set()
 
     # ------------------------------------------------------------------ input
 
@@ -444,6 +496,13 @@ class RunView:
         return [e for e in self.events if e.seq >= seq]
 
     @property
+    def comm_kinds(self) -> list[str]:
+        """Collective kinds seen in this run's steps (since the strategy last changed), in
+        COMM_KIND_ORDER, others after it alphabetically."""
+        known = [k for k in COMM_KIND_ORDER if k in self._comm_kinds]
+        return known + sorted(self._comm_kinds.difference(COMM_KIND_ORDER))
+
+    @property
     def total_drops(self) -> int:
         return sum(r.drops for r in self.ranks.values())
 
@@ -477,8 +536,14 @@ class RunView:
         if authoritative:
             f.run_id = msg.run_id or f.run_id
             f.world_size = msg.world_size or f.world_size
-            f.strategy = msg.strategy or f.strategy
-            f.strategy_options = dict(msg.strategy_options) or f.strategy_options
+            if msg.strategy and (msg.strategy, dict(msg.strategy_options)) != (f.strategy, f.strategy_options):
+                self._comm_kinds.clear()  # a new strategy talks in other collectives
+                f.strategy = msg.strategy
+                f.strategy_options = dict(msg.strategy_options)
+            f.sharding = msg.sharding
+            f.dtype = msg.dtype or f.dtype
+            f.optimizer_bytes_per_param = msg.optimizer_bytes_per_param
+            f.grad_clip = msg.grad_clip
             f.model = msg.model or f.model
             f.param_count = msg.param_count or f.param_count
             f.backend = msg.backend or f.backend
@@ -518,6 +583,7 @@ class RunView:
         row.pid = msg.pid or row.pid
         row.local_rank = msg.local_rank
         row.device = msg.device or row.device
+        row.prediction = msg.prediction
         if msg.device_mem_total_bytes:
             row.device_mem_total_bytes = msg.device_mem_total_bytes
         if msg.start_step and row.step < 0:
@@ -553,11 +619,19 @@ class RunView:
         row.mem_cuda_peak_bytes = m.cuda_peak_bytes
         row.comm = list(msg.comm)
         row.comm_bytes = sum(c.bytes for c in msg.comm)
+        kinds: dict[str, int] = {}
+        for c in msg.comm:
+            kinds[c.kind] = kinds.get(c.kind, 0) + c.bytes
+        row.comm_kind_bytes = kinds
+        self._comm_kinds.update(kinds)
         if msg.step_ms > 0:
-            row.comm_mb_s = row.comm_bytes / (msg.step_ms / 1000.0) / 1e6
+            step_s = msg.step_ms / 1000.0
+            row.comm_mb_s = row.comm_bytes / step_s / 1e6
+            row.comm_kind_mb_s = {k: b / step_s / 1e6 for k, b in kinds.items()}
             row.comm_share_pct = 100.0 * msg.comm_blocked_ms / msg.step_ms
         else:
             row.comm_mb_s = math.nan
+            row.comm_kind_mb_s = {k: math.nan for k in kinds}
             row.comm_share_pct = math.nan
         if msg.cpu_percent:
             row.cpu_percent = msg.cpu_percent
