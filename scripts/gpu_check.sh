@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Exercises ringtop's GPU-only paths on one GPU in under 5 minutes and writes the findings to
 # ${OUT:-.}/gpu_check.txt: NCCL process group, CUDA events for phase timing (no added sync),
-# CUDA memory stats in the step records, NVML samples, a full checkpoint from GPU.
+# CUDA memory stats in the step records beside the cost model's prediction for DDP, FSDP2
+# (full, grad-op, bf16) and DeepSpeed ZeRO-1/2/3 (when DeepSpeed imports), NVML samples.
 # On a machine without a GPU it says so and exits 0.
 set -u
 cd "$(dirname "$0")/.."
@@ -49,6 +50,9 @@ steps = [m for m in msgs if isinstance(m, Step)]
 samples = [m for m in msgs if isinstance(m, Sample) and m.gpu]
 print(f"backend={hello.backend} device={hello.device} params={hello.param_count} mem_total={hello.device_mem_total_bytes}")
 s = steps[-1]
+p = hello.prediction
+print(f"strategy={hello.strategy} {hello.strategy_options} dtype={hello.dtype}")
+print(f"predicted params={p.params_bytes} grads={p.grads_bytes} optim={p.optimizer_bytes} comm={p.comm_payload_bytes}")
 print(f"steps={len(steps)} last: step_ms={s.step_ms:.2f} fwd={s.forward_ms:.2f} bwd={s.backward_ms:.2f} "
       f"opt={s.optimizer_ms:.2f} loss={s.loss}")
 print(f"cuda allocated={s.mem.cuda_allocated_bytes} reserved={s.mem.cuda_reserved_bytes} peak={s.mem.cuda_peak_bytes} "
@@ -62,6 +66,15 @@ PY
 
 run_agent ddp-10m --steps 40 --model-size 10m --batch-size 16 --seq-len 256
 run_agent ddp-125m --steps 20 --model-size 125m --batch-size 8 --seq-len 512
+run_agent fsdp-full --strategy fsdp --fsdp-sharding full --steps 20 --model-size 125m --batch-size 8 --seq-len 512
+run_agent fsdp-grad-op-bf16 --strategy fsdp --fsdp-sharding grad-op --dtype bf16 --steps 20 --model-size 125m --batch-size 8 --seq-len 512
+if $py -c "import deepspeed" >/dev/null 2>&1; then
+  for stage in 1 2 3; do
+    run_agent zero$stage --strategy zero$stage --steps 20 --model-size 125m --batch-size 8 --seq-len 512
+  done
+else
+  echo; echo "## zero1/2/3: SKIP (DeepSpeed does not import here)"
+fi
 echo; echo "result: $([ $status -eq 0 ] && echo PASS || echo FAIL)"
 rm -rf "$work"
 exit $status
