@@ -520,3 +520,25 @@ async def test_memory_tab_on_cpu_without_a_prediction(tmp_path):
         assert f("ddp", "strategy") == "▶ ddp" and f("zero1", "strategy") == "zero1"
         assert f("ddp", "fits") == "?"
         assert "capacity unknown" in static_text(app, "#fit-caption")
+
+
+def test_rank_table_fits_120_columns_with_every_collective_kind():
+    from ringtop.tui.app import TABLE_WIDTH, mb_compact, overview_columns
+
+    assert TABLE_WIDTH <= 120
+    width = lambda cols: sum(c.width + 2 for c in cols)  # noqa: E731  (one padding cell each side)
+    assert width(overview_columns([])) <= TABLE_WIDTH
+    two = overview_columns(["reduce_scatter", "all_gather"], len("12.5/25.0"))
+    assert [c.label for c in two if c.key == "comm_kinds"] == ["RS/AG MB/s"] and width(two) <= TABLE_WIDTH
+    # all four kinds (a real DeepSpeed ZeRO-3 step on gloo): the unit moves out of the label
+    four = overview_columns(["all_reduce", "reduce_scatter", "all_gather", "broadcast"], len("0/7.3/7.3/-"))
+    assert [c.label for c in four if c.key == "comm_kinds"] == ["AR/RS/AG/BC"] and width(four) <= TABLE_WIDTH
+    assert [mb_compact(x) for x in (0.001, 0.05, 7.25, 12.5, 1234.4, 12_345.0)] == \
+        ["0", "0.05", "7.2", "12.5", "1234", "12k"]
+
+
+def test_memory_model_has_no_ui_imports():
+    import ringtop.tui.memory as m
+
+    src = open(m.__file__).read()
+    assert "textual" not in src and "import torch" not in src and "rich" not in src

@@ -1,0 +1,187 @@
+"""The Memory tab's figures: measured state per rank beside the cost model, and which strategy
+would fit the device. Pure Python over a `RunView` (no Textual); the torch-free cost model
+(`ringtop.strategies.cost_model`) supplies the predictions.
+
+Predicted state per rank comes from the rank's Hello (`Hello.prediction`, the agent's own call to
+the cost model). When a rank sent none, the UI asks the cost model itself with the run's facts
+(strategy, world size, parameter count, dtype, optimizer bytes per parameter) and says so.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from dataclasses import dataclass
+
+from ringtop.strategies.cost_model import (
+    DTYPE_BYTES,
+    ModelSpec,
+    canonical_strategy,
+    memory_per_rank,
+    sharding_of,
+    which_fit,
+)
+
+from . import fmt
+from .view_model import RankRow, RunFacts, RunView
+
+FIT_STRATEGIES: tuple[str, ...] = ("ddp", "zero1", "zero2", "zero3", "fsdp-full", "fsdp-grad-op", "fsdp-no-shard")
+
+
+@dataclass(frozen=True, slots=True)
+class StatePrediction:
+    """Predicted state bytes of one rank, and where the figures came from."""
+
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    source: str
+    """`agent` (Hello.prediction) or `ui` (computed here from the run's facts)."""
+    note: str = ""
+
+    @property
+    def total_bytes(self) -> int:
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class FitRow:
+    strategy: str
+    sharded: str
+    """What the strategy shards, e.g. `grads+optim`, or `-` (replicated)."""
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    state_bytes: int
+    need_bytes: int
+    """State plus the allowance for everything else (activations, buffers) measured in this run."""
+    fits: bool | None
+    """None when the capacity is unknown."""
+    capacity_pct: float
+    wire_bytes_per_step: int
+    """Bytes each rank sends per step (ring algorithms)."""
+    current: bool
+
+
+@dataclass(frozen=True, slots=True)
+class FitTable:
+    rows: list[FitRow]
+    capacity_bytes: int
+    """Per rank; 0 = unknown."""
+    capacity_text: str
+    """Where the capacity comes from, or why it is unknown."""
+    allowance_bytes: int
+    model: ModelSpec
+    ranks: int
+    gloo: bool
+    current: str | None
+
+
+def pct_diff(measured: float, predicted: float) -> float:
+    """(measured - predicted) / predicted in percent; 0 when both are 0, nan when only predicted is 0."""
+    if predicted == 0:
+        return 0.0 if measured == 0 else math.nan
+    return 100.0 * (measured - predicted) / predicted
+
+
+def model_spec(facts: RunFacts) -> ModelSpec | None:
+    """The cost model's input for this run, or None when the parameter count is unknown."""
+    if facts.param_count <= 0:
+        return None
+    dtype_bytes = DTYPE_BYTES.get(facts.dtype.lower(), 4)
+    return ModelSpec(facts.param_count, dtype_bytes, dtype_bytes, max(0, facts.optimizer_bytes_per_param))
+
+
+def current_strategy(facts: RunFacts) -> str | None:
+    """This run's strategy as a cost-model name (`fsdp` + sharding -> `fsdp-full`), None if unknown."""
+    if not facts.strategy:
+        return None
+    try:
+        return canonical_strategy(facts.strategy, facts.strategy_options.get("sharding"))
+    except (ValueError, AttributeError):
+        return None
+
+
+def world_size(view: RunView) -> int:
+    return view.facts.world_size or len(view.ranks)
+
+
+def predicted_state(view: RunView, row: RankRow) -> StatePrediction | None:
+    """The rank's predicted state bytes: its Hello's prediction, else the cost model's for this run."""
+    p = row.prediction
+    if p is not None:
+        return StatePrediction(p.params_bytes, p.grads_bytes, p.optimizer_bytes, "agent", p.note)
+    spec, strategy, n = model_spec(view.facts), current_strategy(view.facts), world_size(view)
+    if spec is None or strategy is None or n < 1:
+        return None
+    try:
+        m = memory_per_rank(strategy, n, spec)
+    except ValueError:
+        return None
+    return StatePrediction(m.params_bytes, m.grads_bytes, m.optimizer_bytes, "ui")
+
+
+def host_memory_bytes() -> int:
+    """Physical memory of the machine the UI runs on (os.sysconf; 0 when unavailable)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return 0
+
+
+def capacity_per_rank(view: RunView, ui_host: str | None = None,
+                      ui_host_mem_bytes: int | None = None) -> tuple[int, str]:
+    """(bytes per rank, how it was found). GPU: the device's capacity from the Hello. CPU: this
+    machine's memory shared by the ranks on it, when the ranks run here; else 0 (unknown)."""
+    rows = view.rows()
+    gpu_caps = [r.device_mem_total_bytes for r in rows if r.device_mem_total_bytes > 0]
+    if view.facts.device_mem_total_bytes > 0:
+        gpu_caps.append(view.facts.device_mem_total_bytes)
+    if gpu_caps:
+        cap = min(gpu_caps)
+        return cap, f"the device's {fmt.nbytes(cap)} per rank"
+    device = view.facts.device or ""
+    if device.startswith("cuda"):
+        return 0, "capacity unknown (the agent sent no device_mem_total_bytes)"
+    ui_host = socket.gethostname() if ui_host is None else ui_host
+    hosts = {r.host for r in rows if r.host}
+    if not hosts or hosts != {ui_host}:
+        where = ", ".join(sorted(hosts)) or "an unknown host"
+        return 0, f"capacity unknown (CPU ranks on {where}; this UI runs on {ui_host})"
+    total = host_memory_bytes() if ui_host_mem_bytes is None else ui_host_mem_bytes
+    if total <= 0:
+        return 0, "capacity unknown (cannot read this host's memory)"
+    sharing = max(1, len(rows))
+    per = total // sharing
+    ranks = f"{sharing} rank{'s' if sharing > 1 else ''}"
+    return per, f"host RAM {fmt.nbytes(total)} / {ranks} = {fmt.nbytes(per)} per rank"
+
+
+def fit_table(view: RunView, ui_host: str | None = None, ui_host_mem_bytes: int | None = None) -> FitTable | None:
+    """Every data-parallel strategy's state per rank for this run's model and world size, and whether
+    it plus the non-state memory measured now fits the capacity. None without a parameter count."""
+    spec = model_spec(view.facts)
+    n = world_size(view)
+    if spec is None or n < 1:
+        return None
+    capacity, capacity_text = capacity_per_rank(view, ui_host, ui_host_mem_bytes)
+    allowance = max((r.mem_peak_other_bytes for r in view.rows()), default=0)
+    gloo = view.facts.backend == "gloo"
+    current = current_strategy(view.facts)
+    results = which_fit(spec, n, capacity, allowance, strategies=FIT_STRATEGIES,
+                        gloo_reduce_scatter_as_all_reduce=gloo)
+    rows = []
+    for res in results:
+        mem = res.cost.memory
+        sh = sharding_of(res.strategy)
+        sharded = "+".join(name for name, on in (("params", sh.params), ("grads", sh.grads), ("optim", sh.optimizer))
+                           if on) or "-"
+        rows.append(FitRow(
+            strategy=res.strategy, sharded=sharded, params_bytes=mem.params_bytes, grads_bytes=mem.grads_bytes,
+            optimizer_bytes=mem.optimizer_bytes, state_bytes=mem.total_bytes, need_bytes=res.need_bytes,
+            fits=res.fits if capacity > 0 else None,
+            capacity_pct=100.0 * res.need_bytes / capacity if capacity > 0 else math.nan,
+            wire_bytes_per_step=res.cost.comm.sent_bytes, current=res.strategy == current,
+        ))
+    return FitTable(rows, capacity, capacity_text, allowance, spec, n, gloo, current)
