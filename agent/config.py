@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 
 from ringtop.protocol import EndpointError, Endpoints, check_bind_safe, parse_tcp
+from ringtop.strategies.links import parse_link
 from ringtop.strategies.ds_config import DSConfigError, Owned, load_ds_config, merge_ds_config
 
 BUILTIN_MODEL = "tiny-gpt"
@@ -48,6 +49,9 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     dtype: str = "fp32"
     grad_clip: float = 0.0
     dist_timeout_s: float = 600.0
+    inject_slow_rank: tuple[int, float] | None = None
+    inject_comm_delay_ms: float = 0.0
+    link_gbps: float = 0.0
 
     def strategy_options(self) -> dict[str, Any]:
         """Options for the strategy's constructor (a DeepSpeed config is loaded here, once)."""
@@ -111,6 +115,12 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
                    help="no sockets, files, tracing or sampling: a bare training loop (a baseline)")
     t.add_argument("--run-id", default=None)
     t.add_argument("--print-every", type=int, default=d.print_every, help="rank 0 prints a line every N steps")
+    t.add_argument("--link", default=None,
+                   help="the link's peak for the diagnosis: nvlink3|nvlink4|pcie4|pcie5|ib-hdr|ib-ndr or GB/s per direction")
+    f = parser.add_argument_group("fault injection (tests and demos)")
+    f.add_argument("--inject-slow-rank", default=None, metavar="R:MS", help="rank R computes MS longer every step")
+    f.add_argument("--inject-comm-delay", type=float, default=0.0, metavar="MS",
+                   help="every collective completes MS later (a slow link)")
     c = parser.add_argument_group("checkpoints")
     c.add_argument("--checkpoint-dir", default=d.checkpoint_dir)
     c.add_argument("--resume", default=None, help="a checkpoint file, a checkpoint dir, or 'latest'")
@@ -127,6 +137,23 @@ def config_from_args(ns: argparse.Namespace, explicitly_set: set[str]) -> AgentC
         raise ConfigError("--seq-len must be >= 1")
     if not ns.lr > 0:
         raise ConfigError("--lr must be > 0")
+    slow = None
+    if ns.inject_slow_rank is not None:
+        rank_text, sep, ms_text = ns.inject_slow_rank.partition(":")
+        try:
+            slow = (int(rank_text), float(ms_text))
+        except ValueError:
+            slow = None
+        if not sep or slow is None or slow[0] < 0 or slow[1] < 0:
+            raise ConfigError(f"--inject-slow-rank {ns.inject_slow_rank!r}: expected R:MS, e.g. 1:200")
+    if ns.inject_comm_delay < 0:
+        raise ConfigError("--inject-comm-delay must be >= 0")
+    link_gbps = 0.0
+    if ns.link is not None:
+        try:
+            link_gbps = parse_link(ns.link).per_direction_gbps
+        except ValueError as exc:
+            raise ConfigError(f"--link: {exc}") from None
     if ns.checkpoint_every < 0:
         raise ConfigError("--checkpoint-every must be >= 0 (0 = never)")
     if ns.dist_timeout_s <= 0:
@@ -207,6 +234,9 @@ def config_from_args(ns: argparse.Namespace, explicitly_set: set[str]) -> AgentC
         dtype=dtype,
         grad_clip=grad_clip,
         dist_timeout_s=ns.dist_timeout_s,
+        inject_slow_rank=slow,
+        inject_comm_delay_ms=ns.inject_comm_delay,
+        link_gbps=link_gbps,
     )
 
 

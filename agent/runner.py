@@ -17,11 +17,13 @@ import torch.distributed as dist
 
 from ringtop.protocol import Bye, CommStat, Event, Hello, MemorySample, Sharding, Step
 from ringtop.strategies import comm_tracing
+from ringtop.strategies.diagnosis import RunContext
 from ringtop.strategies.base import DistContext, Strategy, TrainSettings, unique_parameters
 from ringtop.strategies.registry import build_strategy
 
 from . import checkpoint as ckpt
 from .config import BUILTIN_DATA, BUILTIN_MODEL, AgentConfig
+from .diagnostician import Diagnostician
 from .control import ControlServer, PendingCommand, StepSync, broadcast_bytes
 from .data import synthetic_batches
 from .factories import BuildContext, batch_to, batch_tokens, call_model, user_data, user_model
@@ -72,6 +74,7 @@ class Runner:
         self.control: ControlServer | None = None
         self.sampler: SystemSampler | None = None
         self.tracer: CommTracer | None = None
+        self.diagnostician: Diagnostician | None = None
         self.sync: StepSync | None = None
         self.control_group = dist.new_group(backend="gloo") if ctx.world_size > 1 else None
         self.run_id = self._agree_on_run_id()
@@ -121,6 +124,11 @@ class Runner:
         gpu_index = self.ctx.device.index if self.ctx.device.type == "cuda" else None
         self.sampler = SystemSampler(self.telemetry.emit, gpu_index=gpu_index)
         self.tracer = CommTracer()
+        capacity = torch.cuda.get_device_properties(self.ctx.device).total_memory if self.ctx.device.type == "cuda" else 0
+        canonical = f"fsdp-{self.cfg.fsdp_sharding}" if self.cfg.strategy == "fsdp" else self.cfg.strategy
+        run = RunContext(strategy=canonical, world_size=self.ctx.world_size, param_count=self.param_count,
+                         device_capacity_bytes=capacity, link_peak_gbps=self.cfg.link_gbps)
+        self.diagnostician = Diagnostician(self.ctx.rank, self.ctx.world_size, self.control_group, run, self._event)
 
     def snapshot(self) -> dict[str, Any]:
         """Read by the control thread for `status`; plain values only."""
@@ -200,6 +208,14 @@ class Runner:
         cfg = self.cfg
         clock = StepClock(self.ctx.device) if self.telemetry is not None else None
         phases = clock or _NoPhases()
+        model_call = call_model
+        if cfg.inject_slow_rank is not None and cfg.inject_slow_rank[0] == self.ctx.rank:
+            extra_s = cfg.inject_slow_rank[1] / 1e3
+
+            def model_call(model, batch):
+                time.sleep(extra_s)  # injected: this rank computes longer
+                return call_model(model, batch)
+        comm_tracing.comm_delay_s = cfg.inject_comm_delay_ms / 1e3
         while cfg.steps == 0 or self.step < cfg.steps:
             if self.sync is not None:
                 for pending in self.sync.commands_for_step():
@@ -210,16 +226,26 @@ class Runner:
                 clock.begin()
             batch = batch_to(next(data), self.ctx.device)
             phases.mark("data")
-            loss = self.strategy.run_step(batch, call_model, phases)
+            loss = self.strategy.run_step(batch, model_call, phases)
             self.step += 1
             if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                 self._periodic_checkpoint()
+            if self.diagnostician is not None and self.diagnostician.due(self.step):
+                self.diagnostician.run_rules()
             if clock is not None:
                 timing, marks = clock.finish()
                 self._pending.append(_PendingStep(self.step, loss.detach(), timing, marks, self.tracer.drain(),
                                                   batch_tokens(batch)))
                 self._publish_ready_steps()
         self._publish_ready_steps(wait=True)
+        if self.diagnostician is not None:
+            self.diagnostician.run_rules()
+            if self.ctx.rank == 0:
+                verdicts = self.diagnostician.summary()
+                text = "; ".join(v.text for v in verdicts) or "no problems found"
+                self._event("info" if not verdicts else "warn", "diagnosis", f"diagnosis: {text}",
+                            {"verdicts": [{"rule": v.rule, "rank": v.rank, "text": v.text, "advice": v.advice}
+                                          for v in verdicts]})
 
     def _publish_ready_steps(self, wait: bool = False) -> None:
         while self._pending and (wait or device_phases_ready(self._pending[0].marks)):
@@ -244,12 +270,20 @@ class Runner:
         if self.ctx.device.type == "cuda":
             mem.cuda_allocated_bytes = torch.cuda.memory_allocated(self.ctx.device)
             mem.cuda_reserved_bytes = torch.cuda.memory_reserved(self.ctx.device)
-            mem.cuda_peak_bytes = torch.cuda.max_memory_allocated(self.ctx.device)
+            stats = torch.cuda.memory_stats(self.ctx.device)  # allocator counters: no device sync
+            mem.cuda_peak_bytes = stats.get("active_bytes.all.peak", 0)
+            mem.cuda_peak_reserved_bytes = stats.get("reserved_bytes.all.peak", 0)
+            mem.cuda_alloc_retries = stats.get("num_alloc_retries", 0)
+            mem.cuda_ooms = stats.get("num_ooms", 0)
         ph = timing.phase_ms
+        self.diagnostician.record(timing.step_ms, ph.get("data", 0.0), p.comm.blocked_ms, p.comm.busy_ms,
+                                  sum(k.bytes for k in p.comm.kinds), mem.cuda_reserved_bytes,
+                                  mem.cuda_alloc_retries)
         self.telemetry.emit(Step(
             step=p.step, loss=loss if math.isfinite(loss) else None, step_ms=timing.step_ms, data_ms=ph.get("data", 0.0),
             forward_ms=ph.get("forward", 0.0), backward_ms=ph.get("backward", 0.0),
-            optimizer_ms=ph.get("optimizer", 0.0), comm_blocked_ms=p.comm.blocked_ms, tokens=p.tokens,
+            optimizer_ms=ph.get("optimizer", 0.0), comm_blocked_ms=p.comm.blocked_ms,
+            comm_busy_ms=p.comm.busy_ms, tokens=p.tokens,
             tokens_per_s=p.tokens / (timing.step_ms / 1e3) if timing.step_ms > 0 else 0.0, mem=mem,
             comm=[CommStat(kind=k.kind, count=k.count, bytes=k.bytes, busy_ms=k.busy_ms, group_size=k.group_size)
                   for k in p.comm.kinds],

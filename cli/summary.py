@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from ringtop.protocol import Bye, Hello, ProtocolError, Step, from_json_line
+from ringtop.protocol import Bye, Event, Hello, ProtocolError, Step, from_json_line
 
 
 def summarize(log_dir: Path) -> list[dict]:
@@ -43,6 +43,22 @@ def summarize(log_dir: Path) -> list[dict]:
     return rows
 
 
+def diagnosis(log_dir: Path) -> Event | None:
+    """Rank 0's end-of-run diagnosis event, if the run got that far."""
+    path = log_dir / "rank-0.jsonl"
+    if not path.exists():
+        return None
+    found = None
+    for line in path.read_bytes().splitlines():
+        try:
+            msg = from_json_line(line)
+        except ProtocolError:
+            continue
+        if isinstance(msg, Event) and msg.kind == "diagnosis":
+            found = msg
+    return found
+
+
 def print_summary(log_dir: Path) -> None:
     rows = summarize(log_dir)
     if not rows:
@@ -54,3 +70,9 @@ def print_summary(log_dir: Path) -> None:
         print(f"{r['rank']:>4} {r['steps']:>6} {r['first_loss']:>8.4f} → {r['last_loss']:<7.4f} "
               f"{r['median_step_ms']:>17.1f} {r['comm_mb_per_step']:>13.2f} {r['comm_blocked_pct']:>15.1f} "
               f"{r['drops']:>6}  {r['exit']}")
+    found = diagnosis(log_dir)
+    if found is not None:
+        verdicts = found.data.get("verdicts", [])
+        print("\ndiagnosis: " + ("no problems found" if not verdicts else ""))
+        for v in verdicts:
+            print(f"  ⚠ {v['text']}\n    advice: {v['advice']}")

@@ -92,6 +92,10 @@ class MemorySample(msgspec.Struct, kw_only=True):
     cuda_allocated_bytes: int = 0
     cuda_reserved_bytes: int = 0
     cuda_peak_bytes: int = 0
+    cuda_peak_reserved_bytes: int = 0
+    cuda_alloc_retries: int = 0
+    """cudaMalloc retries after freeing cached blocks: a sign of memory pressure."""
+    cuda_ooms: int = 0
 
 
 class CommStat(msgspec.Struct, kw_only=True, array_like=False):
@@ -114,6 +118,10 @@ class Step(Envelope, tag="step", kw_only=True):
     backward_ms: float = 0.0
     optimizer_ms: float = 0.0
     comm_blocked_ms: float = 0.0
+    """Exposed communication: time the training thread was blocked on it."""
+    comm_busy_ms: float = 0.0
+    """Wall time with at least one collective in flight (union of their intervals); the part of it
+    not blocked was overlapped with compute."""
     tokens: int = 0
     tokens_per_s: float = 0.0
     mem: MemorySample = msgspec.field(default_factory=MemorySample)

@@ -52,6 +52,9 @@ class CommRecorder(Protocol):
 
     def end(self, handle: int) -> None: ...
 
+    def blocked(self, start_ns: int, end_ns: int) -> None:
+        """The training thread waited on communication from `start_ns` to `end_ns` (perf_counter)."""
+
 
 class PhaseMarker(Protocol):
     def mark(self, phase: str) -> None: ...

@@ -6,6 +6,13 @@ nccl-tests counts it), group size, issue time and completion time. Completion of
 taken from its work's future (no device synchronisation); a blocking op completes on return.
 Recording happens only while a recorder is active (`active(recorder)`), so ringtop's own control
 broadcasts and checkpoint gathers are not counted as training traffic.
+
+Exposed communication is the time the training thread itself is blocked: inside a blocking
+collective, or inside `Work.wait()` (wrapped on the class, since FSDP2 and DeepSpeed wait on the
+works they issued asynchronously).
+
+`comm_delay_s` injects a delay into every traced collective's completion (fault injection for tests
+and demos: a slow link).
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -52,12 +60,29 @@ _OPS: dict[str, tuple[str, Callable[[tuple, dict], Any]]] = {
     "broadcast": ("broadcast", lambda a, k: _arg(a, k, 0, "tensor")),
     "reduce": ("reduce", lambda a, k: _arg(a, k, 0, "tensor")),
     "all_to_all_single": ("all_to_all", lambda a, k: _arg(a, k, 1, "input")),
+    "send": ("send", lambda a, k: _arg(a, k, 0, "tensor")),
+    "recv": ("recv", lambda a, k: _arg(a, k, 0, "tensor")),
+    "isend": ("send", lambda a, k: _arg(a, k, 0, "tensor")),
+    "irecv": ("recv", lambda a, k: _arg(a, k, 0, "tensor")),
+    "batch_isend_irecv": ("p2p", lambda a, k: [op.tensor for op in (_arg(a, k, 0, "p2p_op_list") or [])]),
 }
 
 _state = threading.local()
 _recorder: CommRecorder | None = None
+_training_thread: int | None = None
 _installed = False
 _install_lock = threading.Lock()
+comm_delay_s = 0.0
+
+
+def _on_training_thread() -> bool:
+    return threading.get_ident() == _training_thread
+
+
+def _finish(recorder: CommRecorder, handle: int) -> None:
+    if comm_delay_s:
+        time.sleep(comm_delay_s)
+    recorder.end(handle)
 
 
 def _wrap(name: str, fn: Callable[..., Any], kind: str, payload: Callable[[tuple, dict], Any]) -> Callable[..., Any]:
@@ -72,6 +97,7 @@ def _wrap(name: str, fn: Callable[..., Any], kind: str, payload: Callable[[tuple
         except Exception:
             group_size = 0
         handle = recorder.begin(kind, _nbytes(payload(args, kwargs)), group_size)
+        t0 = time.perf_counter_ns()
         _state.inside = True
         try:
             result = fn(*args, **kwargs)
@@ -80,21 +106,40 @@ def _wrap(name: str, fn: Callable[..., Any], kind: str, payload: Callable[[tuple
             raise
         finally:
             _state.inside = False
-        if isinstance(result, dist.Work):
+        works = result if isinstance(result, list) else [result]
+        if works and all(isinstance(w, dist.Work) for w in works):
             try:
-                result.get_future().then(lambda _f: recorder.end(handle))
+                works[-1].get_future().then(lambda _f: _finish(recorder, handle))
             except Exception:  # a backend without futures: count it as done when issued
                 recorder.end(handle)
         else:
-            recorder.end(handle)
+            _finish(recorder, handle)
+            if _on_training_thread():
+                recorder.blocked(t0, time.perf_counter_ns())
         return result
 
     traced.__ringtop_traced__ = True
     return traced
 
 
+def _wrap_wait(wait: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(wait)
+    def traced_wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+        recorder = _recorder
+        if recorder is None or not _on_training_thread():
+            return wait(self, *args, **kwargs)
+        t0 = time.perf_counter_ns()
+        try:
+            return wait(self, *args, **kwargs)
+        finally:
+            recorder.blocked(t0, time.perf_counter_ns())
+
+    traced_wait.__ringtop_traced__ = True
+    return traced_wait
+
+
 def install() -> None:
-    """Wrap the functions once per process; idempotent."""
+    """Wrap the functions (and `Work.wait`) once per process; idempotent."""
     global _installed
     with _install_lock:
         if _installed:
@@ -103,19 +148,22 @@ def install() -> None:
             fn = getattr(dist, name, None)
             if fn is not None and not getattr(fn, "__ringtop_traced__", False):
                 setattr(dist, name, _wrap(name, fn, kind, payload))
+        if not getattr(dist.Work.wait, "__ringtop_traced__", False):
+            dist.Work.wait = _wrap_wait(dist.Work.wait)
         _installed = True
 
 
 @contextlib.contextmanager
 def active(recorder: CommRecorder | None) -> Iterator[None]:
     """Record into `recorder` for the duration (typically one training step)."""
-    global _recorder
+    global _recorder, _training_thread
     if recorder is None:
         yield
         return
     install()
     previous, _recorder = _recorder, recorder
+    previous_thread, _training_thread = _training_thread, threading.get_ident()
     try:
         yield
     finally:
-        _recorder = previous
+        _recorder, _training_thread = previous, previous_thread

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,6 +11,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
+from . import comm_tracing
 from .base import CommRecorder, DistContext, OptimizerFactory, ShardingSpec, StrategyError, TrainSettings
 from .torch_native import TorchNativeStrategy
 
@@ -56,6 +58,8 @@ class DDPStrategy(TorchNativeStrategy):
             fut = default_hooks.allreduce_hook(group, bucket)
 
             def finished(f):
+                if comm_tracing.comm_delay_s:
+                    time.sleep(comm_tracing.comm_delay_s)
                 recorder.end(handle)
                 return f.value()
 

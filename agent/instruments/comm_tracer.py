@@ -25,8 +25,11 @@ class KindTotals:
 class CommSummary:
     kinds: list[KindTotals]
     blocked_ms: float
-    """Time from the last collective's issue to the last completion: after the last bucket is
-    issued the backward pass has no compute left to hide communication behind."""
+    """Exposed communication: the training thread's measured waits when the strategy reports them;
+    for DDP (whose reducer waits in C++) the time from the last bucket's issue to the last
+    completion, since after the last bucket is issued backward has no compute left to hide behind."""
+    busy_ms: float
+    """Union of the collectives' in-flight intervals."""
 
 
 class CommTracer:
@@ -35,6 +38,7 @@ class CommTracer:
         self._lock = threading.Lock()
         self._open: dict[int, tuple[str, int, int, int]] = {}
         self._done: list[tuple[str, int, int, int, int]] = []
+        self._blocked: list[tuple[int, int]] = []
 
     def begin(self, kind: str, nbytes: int, group_size: int) -> int:
         handle = next(self._ids)
@@ -50,17 +54,39 @@ class CommTracer:
                 kind, nbytes, group_size, t0 = opened
                 self._done.append((kind, nbytes, group_size, t0, now))
 
+    def blocked(self, start_ns: int, end_ns: int) -> None:
+        with self._lock:
+            self._blocked.append((start_ns, end_ns))
+
     def drain(self) -> CommSummary:
         with self._lock:
             done, self._done = self._done, []
+            blocked, self._blocked = self._blocked, []
         totals: dict[str, list[float]] = {}
         for kind, nbytes, group_size, t0, t1 in done:
             agg = totals.setdefault(kind, [0, 0, 0.0, group_size])
             agg[0] += 1
             agg[1] += nbytes
             agg[2] += (t1 - t0) / 1e6
-        blocked_ms = 0.0
-        if done:
+        if blocked:
+            blocked_ms = union_ns(blocked) / 1e6
+        elif done:
             blocked_ms = max(0.0, (max(d[4] for d in done) - max(d[3] for d in done)) / 1e6)
+        else:
+            blocked_ms = 0.0
+        busy_ms = union_ns([(d[3], d[4]) for d in done]) / 1e6
         kinds = [KindTotals(k, int(v[0]), int(v[1]), float(v[2]), int(v[3])) for k, v in totals.items()]
-        return CommSummary(kinds=kinds, blocked_ms=blocked_ms)
+        return CommSummary(kinds=kinds, blocked_ms=min(blocked_ms, busy_ms) if done else blocked_ms, busy_ms=busy_ms)
+
+
+def union_ns(intervals: list[tuple[int, int]]) -> int:
+    """Total length covered by possibly overlapping intervals."""
+    total, end = 0, None
+    for start, stop in sorted(intervals):
+        if end is None or start > end:
+            total += stop - start
+            end = stop
+        elif stop > end:
+            total += stop - end
+            end = stop
+    return total

@@ -1,0 +1,161 @@
+"""Turns a window of per-rank step numbers into verdicts a user acts on. Pure and torch-free.
+
+Each verdict names its evidence (the numbers that triggered it) and advice from the chapter, with
+the cost model's estimate of what the advice would change where one applies. The thresholds are
+deliberately loose: a healthy run on a noisy machine must produce no verdict at all.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from .cost_model import ModelSpec, comm_per_step
+
+COMM_BOUND_SHARE = 0.35
+"""Exposed communication above this share of the step (median over ranks) is communication-bound."""
+STRAGGLER_RATIO = 1.3
+STRAGGLER_MIN_MS = 20.0
+INPUT_STALL_SHARE = 0.15
+MEMORY_NEAR_FULL = 0.92
+
+
+@dataclass(frozen=True)
+class RankWindow:
+    """Medians over the last window of steps of one rank."""
+
+    rank: int
+    step_ms: float
+    data_ms: float
+    blocked_ms: float
+    comm_busy_ms: float = 0.0
+    comm_bytes: float = 0.0
+    cuda_reserved_bytes: float = 0.0
+    cuda_alloc_retries: float = 0.0
+
+    @property
+    def compute_ms(self) -> float:
+        return max(0.0, self.step_ms - self.blocked_ms - self.data_ms)
+
+
+@dataclass(frozen=True)
+class RunContext:
+    strategy: str
+    """Canonical cost-model name: ddp, zero1..3, fsdp-full, fsdp-grad-op, fsdp-no-shard."""
+    world_size: int
+    param_count: int
+    param_bytes: int = 4
+    grad_bytes: int = 4
+    device_capacity_bytes: float = 0.0
+    link_peak_gbps: float = 0.0
+    """Measured (ringtop bench comm) or named link peak busbw; 0 = unknown."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    rule: str
+    """comm_bound | straggler | input_stall | memory_pressure"""
+    text: str
+    rank: int | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+    advice: str = ""
+
+
+def diagnose(windows: list[RankWindow], run: RunContext) -> list[Verdict]:
+    if not windows:
+        return []
+    verdicts: list[Verdict] = []
+    stragglers = _stragglers(windows)
+    verdicts += stragglers
+    if not stragglers:
+        verdicts += _comm_bound(windows, run)
+    verdicts += _input_stalls(windows)
+    verdicts += _memory_pressure(windows, run)
+    return verdicts
+
+
+def _stragglers(windows: list[RankWindow]) -> list[Verdict]:
+    if len(windows) < 2:
+        return []
+    out = []
+    for w in windows:
+        others = [o.compute_ms for o in windows if o.rank != w.rank]
+        typical = statistics.median(others)
+        if w.compute_ms >= STRAGGLER_RATIO * typical and w.compute_ms - typical >= STRAGGLER_MIN_MS:
+            waiting = statistics.median(o.blocked_ms for o in windows if o.rank != w.rank)
+            excess = 100 * (w.compute_ms / typical - 1) if typical > 0 else float("inf")
+            out.append(Verdict(
+                rule="straggler", rank=w.rank,
+                text=f"rank {w.rank} is a straggler: compute {w.compute_ms:.0f} ms per step, +{excess:.0f} % over "
+                     f"the others' median {typical:.0f} ms; the others wait {waiting:.0f} ms per step in collectives",
+                evidence={"compute_ms": round(w.compute_ms, 2), "others_compute_ms": round(typical, 2),
+                          "others_blocked_ms": round(waiting, 2)},
+                advice="check that rank's host (CPU contention, thermal throttling, a slower GPU or link); "
+                       "every collective waits for the slowest rank",
+            ))
+    return out
+
+
+def _comm_bound(windows: list[RankWindow], run: RunContext) -> list[Verdict]:
+    shares = [w.blocked_ms / w.step_ms for w in windows if w.step_ms > 0]
+    if not shares:
+        return []
+    share = statistics.median(shares)
+    if share <= COMM_BOUND_SHARE:
+        return []
+    evidence: dict[str, Any] = {"exposed_comm_share": round(share, 3),
+                                "blocked_ms": round(statistics.median(w.blocked_ms for w in windows), 2)}
+    text = f"communication-bound: {100 * share:.0f} % of each step is spent waiting on collectives"
+    busy = statistics.median(w.comm_busy_ms for w in windows)
+    if run.link_peak_gbps > 0 and busy > 0:
+        gbps = statistics.median(w.comm_bytes for w in windows) / (busy / 1e3) / 1e9
+        evidence["achieved_gbps"] = round(gbps, 3)
+        evidence["link_peak_gbps"] = run.link_peak_gbps
+        text += f"; collectives move {gbps:.2f} GB/s, {100 * gbps / run.link_peak_gbps:.0f} % of the link's peak"
+    return [Verdict(rule="comm_bound", text=text, evidence=evidence, advice=_comm_advice(run))]
+
+
+def _comm_advice(run: RunContext) -> str:
+    spec = ModelSpec(run.param_count, run.param_bytes, run.grad_bytes)
+    now = comm_per_step(run.strategy, run.world_size, spec).sent_bytes
+    tips = ["overlap communication with compute (DDP buckets, FSDP prefetch)",
+            "gradient accumulation: one exchange per several micro-batches",
+            "a faster link, and keep tensor parallelism inside the node"]
+    if run.strategy in ("zero3", "fsdp-full"):
+        alt = "zero2" if run.strategy == "zero3" else "fsdp-grad-op"
+        then = comm_per_step(alt, run.world_size, spec).sent_bytes
+        tips.insert(0, f"{alt} instead of {run.strategy} drops the backward all-gather: "
+                       f"{now / 1e6:.1f} -> {then / 1e6:.1f} MB sent per rank per step (cost model)")
+    elif run.strategy == "ddp":
+        tips.insert(0, "larger DDP buckets (--ddp-bucket-cap-mb) mean fewer, more efficient all-reduces")
+    return "; ".join(tips)
+
+
+def _input_stalls(windows: list[RankWindow]) -> list[Verdict]:
+    out = []
+    for w in windows:
+        if w.step_ms > 0 and w.data_ms / w.step_ms > INPUT_STALL_SHARE:
+            out.append(Verdict(
+                rule="input_stall", rank=w.rank,
+                text=f"rank {w.rank} waits on input: {w.data_ms:.0f} ms of {w.step_ms:.0f} ms per step loading data",
+                evidence={"data_ms": round(w.data_ms, 2), "step_ms": round(w.step_ms, 2)},
+                advice="more data-loader workers, pinned memory, prefetching, or pre-tokenised data",
+            ))
+    return out
+
+
+def _memory_pressure(windows: list[RankWindow], run: RunContext) -> list[Verdict]:
+    out = []
+    for w in windows:
+        near_full = run.device_capacity_bytes > 0 and w.cuda_reserved_bytes / run.device_capacity_bytes > MEMORY_NEAR_FULL
+        if w.cuda_alloc_retries > 0 or near_full:
+            used = w.cuda_reserved_bytes / run.device_capacity_bytes if run.device_capacity_bytes else 0.0
+            out.append(Verdict(
+                rule="memory_pressure", rank=w.rank,
+                text=f"rank {w.rank} is short of GPU memory: {100 * used:.0f} % reserved, "
+                     f"{w.cuda_alloc_retries:.0f} allocation retries",
+                evidence={"reserved_share": round(used, 3), "alloc_retries": w.cuda_alloc_retries},
+                advice="shard more state (ZeRO-2/3, FSDP full), activation checkpointing, a smaller micro-batch",
+            ))
+    return out
