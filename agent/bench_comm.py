@@ -157,8 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest size (default: 256 MiB on nccl, 64 MiB on gloo, never below --min-bytes)")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--large-bytes", type=int, default=16 << 20,
-                   help="sizes above this run at most --large-iters timed calls (0: off)")
+    p.add_argument("--large-bytes", type=int, default=None,
+                   help="sizes above this run at most --large-iters timed calls and one warm-up "
+                        "(0: off; default 16 MiB on gloo, off on nccl)")
     p.add_argument("--large-iters", type=int, default=2)
     p.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"))
     p.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S)
@@ -168,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 DEFAULT_MAX_BYTES = {"nccl": 256 << 20, "gloo": 64 << 20}
+DEFAULT_LARGE_BYTES = {"nccl": 0, "gloo": 16 << 20}
 
 
 def doubling_sizes(min_bytes: int, max_bytes: int) -> list[int]:
@@ -194,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         sizes = doubling_sizes(lo, hi)
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout_s))
     try:
-        result = run_sweep(ops, sizes, args.iters, args.warmup, device, args.large_bytes, args.large_iters,
+        large = args.large_bytes if args.large_bytes is not None else DEFAULT_LARGE_BYTES[backend]
+        result = run_sweep(ops, sizes, args.iters, args.warmup, device, large, args.large_iters,
                            progress=args.progress)
         result["iters"], result["warmup"] = args.iters, args.warmup
         if dist.get_rank() == 0:

@@ -138,6 +138,15 @@ class GpuSample(msgspec.Struct, kw_only=True):
     mem_total_bytes: int = 0
     power_w: float = 0.0
     temperature_c: float = 0.0
+    pcie_tx_bytes_per_s: float = 0.0
+    pcie_rx_bytes_per_s: float = 0.0
+    pcie_generation: int = 0
+    pcie_width: int = 0
+    nvlink_tx_bytes_per_s: float = 0.0
+    """Summed over active NVLinks, from NVML's cumulative data counters."""
+    nvlink_rx_bytes_per_s: float = 0.0
+    nvlink_links: int = 0
+    nvlink_version: int = 0
 
 
 class Sample(Envelope, tag="sample", kw_only=True):

@@ -102,9 +102,10 @@ HELLO_WIRE = {
 STEP = Step(
     rank=3, seq=41, ts=1767225600.125,
     step=1204, loss=2.91, step_ms=212.4, data_ms=1.5, forward_ms=60.25, backward_ms=120.5,
-    optimizer_ms=9.75, comm_blocked_ms=18.5, tokens=8192, tokens_per_s=41200.0,
+    optimizer_ms=9.75, comm_blocked_ms=18.5, comm_busy_ms=30.25, tokens=8192, tokens_per_s=41200.0,
     mem=MemorySample(params_bytes=100, grads_bytes=200, optimizer_bytes=400, rss_bytes=5000,
-                     cuda_allocated_bytes=6000, cuda_reserved_bytes=7000, cuda_peak_bytes=6500),
+                     cuda_allocated_bytes=6000, cuda_reserved_bytes=7000, cuda_peak_bytes=6500,
+                     cuda_peak_reserved_bytes=7500, cuda_alloc_retries=3, cuda_ooms=1),
     comm=[CommStat(kind="all_reduce", count=4, bytes=1 << 20, busy_ms=12.5, group_size=8),
           CommStat(kind="broadcast", count=1, bytes=64, busy_ms=0.25, group_size=8)],
     cpu_percent=98.5, drops=2,
@@ -112,10 +113,11 @@ STEP = Step(
 STEP_WIRE = {
     **ENV, "type": "step",
     "step": 1204, "loss": 2.91, "step_ms": 212.4, "data_ms": 1.5, "forward_ms": 60.25,
-    "backward_ms": 120.5, "optimizer_ms": 9.75, "comm_blocked_ms": 18.5, "tokens": 8192,
-    "tokens_per_s": 41200.0,
+    "backward_ms": 120.5, "optimizer_ms": 9.75, "comm_blocked_ms": 18.5, "comm_busy_ms": 30.25,
+    "tokens": 8192, "tokens_per_s": 41200.0,
     "mem": {"params_bytes": 100, "grads_bytes": 200, "optimizer_bytes": 400, "rss_bytes": 5000,
-            "cuda_allocated_bytes": 6000, "cuda_reserved_bytes": 7000, "cuda_peak_bytes": 6500},
+            "cuda_allocated_bytes": 6000, "cuda_reserved_bytes": 7000, "cuda_peak_bytes": 6500,
+            "cuda_peak_reserved_bytes": 7500, "cuda_alloc_retries": 3, "cuda_ooms": 1},
     "comm": [
         {"kind": "all_reduce", "count": 4, "bytes": 1048576, "busy_ms": 12.5, "group_size": 8},
         {"kind": "broadcast", "count": 1, "bytes": 64, "busy_ms": 0.25, "group_size": 8},
@@ -127,12 +129,17 @@ SAMPLE = Sample(
     rank=3, seq=41, ts=1767225600.125,
     cpu_percent=97.0, rss_bytes=123456,
     gpu=GpuSample(index=3, name="NVIDIA H200", util_percent=88.5, mem_used_bytes=31 << 30,
-                  mem_total_bytes=141 << 30, power_w=612.5, temperature_c=61.0),
+                  mem_total_bytes=141 << 30, power_w=612.5, temperature_c=61.0,
+                  pcie_tx_bytes_per_s=1.5e9, pcie_rx_bytes_per_s=0.5e9, pcie_generation=5, pcie_width=16,
+                  nvlink_tx_bytes_per_s=300e9, nvlink_rx_bytes_per_s=290e9, nvlink_links=18, nvlink_version=4),
 )
 SAMPLE_WIRE = {
     **ENV, "type": "sample", "cpu_percent": 97.0, "rss_bytes": 123456,
     "gpu": {"index": 3, "name": "NVIDIA H200", "util_percent": 88.5, "mem_used_bytes": 33285996544,
-            "mem_total_bytes": 151397597184, "power_w": 612.5, "temperature_c": 61.0},
+            "mem_total_bytes": 151397597184, "power_w": 612.5, "temperature_c": 61.0,
+            "pcie_tx_bytes_per_s": 1.5e9, "pcie_rx_bytes_per_s": 0.5e9, "pcie_generation": 5, "pcie_width": 16,
+            "nvlink_tx_bytes_per_s": 300e9, "nvlink_rx_bytes_per_s": 290e9, "nvlink_links": 18,
+            "nvlink_version": 4},
 }
 
 HEARTBEAT = Heartbeat(rank=3, seq=41, ts=1767225600.125, step=1204, drops=7, queued=5)
