@@ -52,6 +52,7 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     inject_slow_rank: tuple[int, float] | None = None
     inject_comm_delay_ms: float = 0.0
     link_gbps: float = 0.0
+    inject_fail_setup: str | None = None
 
     def strategy_options(self) -> dict[str, Any]:
         """Options for the strategy's constructor (a DeepSpeed config is loaded here, once)."""
@@ -121,6 +122,8 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     f.add_argument("--inject-slow-rank", default=None, metavar="R:MS", help="rank R computes MS longer every step")
     f.add_argument("--inject-comm-delay", type=float, default=0.0, metavar="MS",
                    help="every collective completes MS later (a slow link)")
+    f.add_argument("--inject-fail-setup", default=None, metavar="STRATEGY",
+                   help="a switch to STRATEGY fails while wrapping (as if out of memory), to show the rollback")
     c = parser.add_argument_group("checkpoints")
     c.add_argument("--checkpoint-dir", default=d.checkpoint_dir)
     c.add_argument("--resume", default=None, help="a checkpoint file, a checkpoint dir, or 'latest'")
@@ -237,6 +240,7 @@ def config_from_args(ns: argparse.Namespace, explicitly_set: set[str]) -> AgentC
         inject_slow_rank=slow,
         inject_comm_delay_ms=ns.inject_comm_delay,
         link_gbps=link_gbps,
+        inject_fail_setup=ns.inject_fail_setup,
     )
 
 

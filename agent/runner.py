@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import signal
@@ -12,6 +13,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import torch
 import torch.distributed as dist
 
@@ -24,6 +26,7 @@ from ringtop.strategies.registry import build_strategy
 from . import checkpoint as ckpt
 from .config import BUILTIN_DATA, BUILTIN_MODEL, AgentConfig
 from .diagnostician import Diagnostician
+from .switching import SwitchError, switch_strategy
 from .control import ControlServer, PendingCommand, StepSync, broadcast_bytes
 from .data import synthetic_batches
 from .factories import BuildContext, batch_to, batch_tokens, call_model, user_data, user_model
@@ -130,6 +133,12 @@ class Runner:
                          device_capacity_bytes=capacity, link_peak_gbps=self.cfg.link_gbps)
         self.diagnostician = Diagnostician(self.ctx.rank, self.ctx.world_size, self.control_group, run, self._event)
 
+    def _settings(self) -> TrainSettings:
+        return TrainSettings(batch_size=self.cfg.batch_size, grad_clip=self.cfg.grad_clip, dtype=self.cfg.dtype)
+
+    def _make_optimizer(self, params) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(params, lr=self.cfg.lr)
+
     def snapshot(self) -> dict[str, Any]:
         """Read by the control thread for `status`; plain values only."""
         return {
@@ -163,13 +172,17 @@ class Runner:
         previous = signal.signal(signal.SIGTERM, _raise_interrupted) if _is_main_thread() else None
         bye = Bye(reason="", ok=True)
         try:
-            model = self._build_model().to(self.ctx.device)
+            model = self._build_model()
             self.param_count, self.param_tensors = count_params(model), len(unique_parameters(model))
-            settings = TrainSettings(batch_size=self.cfg.batch_size, grad_clip=self.cfg.grad_clip, dtype=self.cfg.dtype)
+            payload, resumed_from = self._read_resume() if self.cfg.resume else (None, None)
+            if payload is not None:
+                model.load_state_dict(payload["model"])  # weights in before wrapping: some wrappers copy them at init
             if self.cfg.telemetry:
                 comm_tracing.install()  # before the strategy's libraries look up (and keep) the functions
-            self.strategy.setup(model, lambda params: torch.optim.AdamW(params, lr=self.cfg.lr), self.ctx, settings)
-            resumed_from = self._resume() if self.cfg.resume else None
+            self.strategy.setup(model.to(self.ctx.device), self._make_optimizer, self.ctx, self._settings())
+            if payload is not None:
+                self.strategy.load_full_state_dict(payload["model"], payload["optimizer"])
+                self.start_step = self.step = int(payload["step"])
             if self.cfg.telemetry:
                 self._start_telemetry()
                 self.strategy.attach_comm_recorder(self.tracer)
@@ -197,12 +210,9 @@ class Runner:
                 signal.signal(signal.SIGTERM, previous)
         return 0
 
-    def _resume(self):
+    def _read_resume(self):
         path = ckpt.resolve(self.cfg.resume, self.cfg.checkpoint_dir)
-        payload = ckpt.load_full(path)
-        self.strategy.load_full_state_dict(payload["model"], payload["optimizer"])
-        self.start_step = self.step = int(payload["step"])
-        return path
+        return ckpt.load_full(path), path
 
     def _loop(self, data) -> None:
         cfg = self.cfg
@@ -304,6 +314,8 @@ class Runner:
             elif command.cmd == "stop":
                 self.stop_reason = f"stopped by user: {pending.args.reason}"
                 result = {"step": self.step}
+            elif command.cmd == "switch":
+                result = self._switch(pending.args)
             else:
                 raise ValueError(f"command {command.cmd!r} cannot be applied at a step boundary")
         except Exception as exc:
@@ -313,6 +325,30 @@ class Runner:
             return
         if self.control is not None:
             self.control.reply(command, "done", result=result)
+
+    def _switch(self, args) -> dict[str, Any]:
+        new_cfg = msgspec.structs.replace(
+            self.cfg, strategy=args.strategy, fsdp_sharding=args.fsdp_sharding or "full", ds_config=args.ds_config)
+        old = self.strategy.describe()
+        try:
+            new, seconds = switch_strategy(
+                self.strategy, new_cfg.strategy, new_cfg.strategy_options, self.ctx, self.control_group,
+                self._build_model, self._make_optimizer, self._settings(), self.cfg.inject_fail_setup)
+        except SwitchError as exc:
+            self._event("error", "switch", f"{exc}; still training with {old}", {"from": old, "to": args.strategy})
+            raise
+        self.strategy, self.cfg = new, new_cfg
+        if self.tracer is not None:
+            self.strategy.attach_comm_recorder(self.tracer)
+            self.tracer.drain()
+        if self.diagnostician is not None:
+            canonical = f"fsdp-{new_cfg.fsdp_sharding}" if new_cfg.strategy == "fsdp" else new_cfg.strategy
+            self.diagnostician.run = dataclasses.replace(self.diagnostician.run, strategy=canonical)
+        result = {"from": old, "to": new.describe(), "step": self.step, "seconds": round(seconds, 4)}
+        self._event("info", "switch", f"switched {old} -> {new.describe()} at step {self.step} in {seconds:.2f} s", result)
+        if self.telemetry is not None:
+            self.telemetry.emit(self._hello())
+        return result
 
     def _periodic_checkpoint(self) -> None:
         try:

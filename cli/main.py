@@ -1,4 +1,4 @@
-"""The `ringtop` command: ui, replay, run, demo, ctl, plan.
+"""The `ringtop` command: ui, replay, run, demo, ctl, plan, bench.
 
 Only `run` and `demo` start training, and they do it in child processes; this process never
 imports torch, so the UI starts on a machine without it.
@@ -39,6 +39,12 @@ def _plan(plan_args: list[str]) -> int:
     from .plan import main as plan_main
 
     return plan_main(plan_args)
+
+
+def _bench(bench_args: list[str]) -> int:
+    from .bench import main as bench_main
+
+    return bench_main(bench_args)
 
 
 def _check_agent_args(agent_args: list[str]) -> int | None:
@@ -144,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("plan", add_help=False, help="predict memory and communication of each strategy "
                    "(`ringtop plan --help`)")
+    sub.add_parser("bench", add_help=False, help="measure collectives like nccl-tests: size, time, algbw, busbw "
+                   "(`ringtop bench comm --help`)")
     return parser
 
 
@@ -152,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     if argv and argv[0] == "plan":
         return _plan(argv[1:])
+    if argv and argv[0] == "bench":
+        return _bench(argv[1:])
     if argv and argv[0] == "run":
         known, agent_args = parser.parse_known_args(argv)
         if agent_args[:1] == ["--"]:

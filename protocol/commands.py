@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -15,17 +15,39 @@ class StatusArgs(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class CheckpointArgs(msgspec.Struct, forbid_unknown_fields=True):
-    kind: Literal["full"] = "full"
+    kind: Literal["full", "sharded"] = "full"
+    background: bool = msgspec.field(default=False, name="async")
+    """Save without stalling training beyond staging the state in host memory."""
 
 
 class StopArgs(msgspec.Struct, forbid_unknown_fields=True):
     reason: str = "stopped by user"
 
 
+STRATEGY_NAMES = ("ddp", "zero1", "zero2", "zero3", "fsdp")
+
+
+class SwitchArgs(msgspec.Struct, forbid_unknown_fields=True):
+    strategy: Literal["ddp", "zero1", "zero2", "zero3", "fsdp"]
+    fsdp_sharding: Literal["full", "grad-op", "no-shard"] | None = None
+    ds_config: str | None = None
+
+
+class SetArgs(msgspec.Struct, forbid_unknown_fields=True):
+    micro_batches: Annotated[int, msgspec.Meta(ge=1)]
+
+
+class ProfileArgs(msgspec.Struct, forbid_unknown_fields=True):
+    steps: Annotated[int, msgspec.Meta(ge=1, le=100)] = 3
+
+
 COMMANDS: dict[str, type[msgspec.Struct]] = {
     "status": StatusArgs,
     "checkpoint": CheckpointArgs,
     "stop": StopArgs,
+    "switch": SwitchArgs,
+    "set": SetArgs,
+    "profile": ProfileArgs,
 }
 
 IMMEDIATE_COMMANDS = frozenset({"status"})

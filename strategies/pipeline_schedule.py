@@ -14,8 +14,9 @@ Three views of the same idle time, from the most ideal to the real one:
 3. **Measured** (`measured_bubble`, `stage_times`): 1 - busy / step time per stage from the
    (stage, micro_batch, "F"|"B", start_ms, end_ms) events a real run records.
 
-`explain_bubble` lines the three up: how much idle time the schedule causes, how much stage
-imbalance adds, how much the transfers add, and what is left (Python/launch overhead, noise).
+`explain_bubble` lines them up: how much idle time the schedule causes, how much stage imbalance
+adds, how much the transfers add, how much the per-op overhead (issuing sends and receives, the
+schedule's Python) adds, and what is left unexplained.
 
 Op order per stage follows torch.distributed.pipelining: GPipe runs F0..F(M-1) then B0..B(M-1);
 1F1B runs min(M, N-s) warm-up forwards on stage s, then alternates B, F, then the remaining Bs.
@@ -170,19 +171,22 @@ def _duration(per_stage: list, stage: int, micro_batch: int, name: str) -> float
 
 
 def replay_schedule(schedule: str, stages: int, micro_batches: int, forward_ms: float | Sequence,
-                    backward_ms: float | Sequence, p2p_ms: float = 0.0) -> ScheduleReplay:
+                    backward_ms: float | Sequence, p2p_ms: float = 0.0, overhead_ms: float = 0.0) -> ScheduleReplay:
     """Run the schedule's per-stage order with the given costs, each op as early as its inputs allow.
 
     `forward_ms` / `backward_ms`: one number for every stage, one per stage, or per stage a list of
     one time per micro-batch. `p2p_ms`: the time of one activation or gradient transfer between
-    neighbouring stages. Dependencies: F(m) on stage s starts after F(m) on s-1 ended + p2p; B(m)
-    on s after B(m) on s+1 ended + p2p and after F(m) on s (the last stage's loss is part of its F);
-    a stage runs its ops one at a time in the schedule's order.
+    neighbouring stages. `overhead_ms`: idle time a stage spends before each op even when its input
+    is there (issuing sends and receives, Python); 0 in the theory. Dependencies: F(m) on stage s
+    starts after F(m) on s-1 ended + p2p; B(m) on s after B(m) on s+1 ended + p2p and after F(m) on
+    s (the last stage's loss is part of its F); a stage runs its ops one at a time in the
+    schedule's order.
     """
     key = check_schedule(schedule)
     _check_sizes(stages, micro_batches)
-    if not math.isfinite(p2p_ms) or p2p_ms < 0:
-        raise ValueError(f"p2p_ms must be finite and >= 0, got {p2p_ms}")
+    for name, value in (("p2p_ms", p2p_ms), ("overhead_ms", overhead_ms)):
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"{name} must be finite and >= 0, got {value}")
     fwd = _per_stage(forward_ms, stages, "forward_ms")
     bwd = _per_stage(backward_ms, stages, "backward_ms")
     orders = [stage_order(key, stages, micro_batches, s) for s in range(stages)]
@@ -213,7 +217,7 @@ def replay_schedule(schedule: str, stages: int, micro_batches: int, forward_ms: 
                             break
                         ready = max(ready, ended[(s + 1, mb, BACKWARD)] + p2p_ms)
                     duration = _duration(bwd, s, mb, "backward_ms")
-                start = max(free_ms[s], ready)
+                start = max(free_ms[s] + overhead_ms, ready)
                 end = start + duration
                 ended[(s, mb, kind)] = free_ms[s] = end
                 timeline[s].append(ScheduledOp(mb, kind, start, end))
@@ -364,65 +368,100 @@ def mean_op_ms(events: Iterable, stages: int) -> tuple[list[float], list[float]]
     return fwd, bwd
 
 
+def _handoffs(evs: list[StageEvent]):
+    """For each op that needs a neighbour's output: (op, the neighbour's op, end of the stage's previous op)."""
+    by_key = {(e.stage, e.micro_batch, e.kind): e for e in evs}
+    last = max(e.stage for e in evs)
+    out = []
+    for s in {e.stage for e in evs}:
+        own = sorted((e for e in evs if e.stage == s), key=lambda e: e.start_ms)
+        for i, e in enumerate(own):
+            prev_end = own[i - 1].end_ms if i else None
+            if e.kind == FORWARD and e.stage > 0:
+                src = by_key.get((e.stage - 1, e.micro_batch, FORWARD))
+            elif e.kind == BACKWARD and e.stage < last:
+                src = by_key.get((e.stage + 1, e.micro_batch, BACKWARD))
+            else:
+                src = None
+            out.append((e, src, prev_end))
+    return out
+
+
 def estimate_p2p_ms(events: Iterable) -> float:
     """The typical time from a stage finishing an op to its neighbour starting the dependent one,
     counted only where the neighbour sat idle waiting (so the gap is transfer + hand-off overhead).
-    Median over such hand-offs; 0 when there are none. Needs clocks comparable across stages."""
+    The mean over such hand-offs (the replay should account for all of their time, not the typical
+    one); 0 when there are none. Needs clocks comparable across stages, as on one host."""
     evs = _events(events)
-    by_key = {(e.stage, e.micro_batch, e.kind): e for e in evs}
-    stages = {e.stage for e in evs}
-    if not stages:
+    if not evs:
         return 0.0
-    last = max(stages)
-    prev_end: dict[tuple[int, int, str], float] = {}
-    for s in stages:
-        own = sorted((e for e in evs if e.stage == s), key=lambda e: e.start_ms)
-        for before, after in zip(own, own[1:]):
-            prev_end[(s, after.micro_batch, after.kind)] = before.end_ms
-    gaps = []
+    gaps = [max(e.start_ms - src.end_ms, 0.0) for e, src, prev_end in _handoffs(evs)
+            if src is not None and (prev_end is None or prev_end <= src.end_ms)]
+    return statistics.fmean(gaps) if gaps else 0.0
+
+
+def estimate_overhead_ms(events: Iterable, p2p_ms: float | None = None) -> float:
+    """The typical idle gap between two consecutive ops of a stage when the second one's input was
+    already there (its neighbour's op had ended at least `p2p_ms` before the stage's previous op
+    did; default `estimate_p2p_ms`): the per-op cost of issuing sends/receives and of the
+    schedule's Python (and, for gloo on a busy CPU, transfers that complete late). The mean; 0 when
+    there is no such pair."""
+    evs = _events(events)
+    if not evs:
+        return 0.0
+    p2p = estimate_p2p_ms(evs) if p2p_ms is None else p2p_ms
+    gaps = [max(e.start_ms - prev_end, 0.0) for e, src, prev_end in _handoffs(evs)
+            if prev_end is not None and (src is None or src.end_ms + p2p <= prev_end)]
+    return statistics.fmean(gaps) if gaps else 0.0
+
+
+def op_ms(events: Iterable, stages: int, micro_batches: int) -> tuple[list[list[float]], list[list[float]]]:
+    """Per stage, per micro-batch, the measured forward and backward times (for `replay_schedule`)."""
+    evs = _events(events)
+    fwd = [[math.nan] * micro_batches for _ in range(stages)]
+    bwd = [[math.nan] * micro_batches for _ in range(stages)]
     for e in evs:
-        if e.kind == FORWARD and e.stage > 0:
-            src = by_key.get((e.stage - 1, e.micro_batch, FORWARD))
-        elif e.kind == BACKWARD and e.stage < last:
-            src = by_key.get((e.stage + 1, e.micro_batch, BACKWARD))
-        else:
-            continue
-        if src is None:
-            continue
-        idle_since = prev_end.get((e.stage, e.micro_batch, e.kind), -math.inf)
-        if idle_since <= src.end_ms:  # the stage was free before the data arrived: it waited for it
-            gaps.append(max(e.start_ms - src.end_ms, 0.0))
-    return statistics.median(gaps) if gaps else 0.0
+        if 0 <= e.stage < stages and 0 <= e.micro_batch < micro_batches:
+            (fwd if e.kind == FORWARD else bwd)[e.stage][e.micro_batch] = e.end_ms - e.start_ms
+    for s in range(stages):
+        if any(math.isnan(v) for v in fwd[s] + bwd[s]):
+            raise ValueError(f"stage {s} lacks the forward or backward of some of the {micro_batches} micro-batches")
+    return fwd, bwd
 
 
 def replay_from_events(events: Iterable, schedule: str, stages: int, micro_batches: int,
-                       p2p_ms: float | None = None) -> ScheduleReplay:
-    """The replay with each stage's measured mean forward/backward time and the estimated (or given)
-    transfer time: what the schedule should cost given this run's imbalance and transfers."""
+                       p2p_ms: float | None = None, overhead_ms: float | None = None) -> ScheduleReplay:
+    """The replay with each op's measured time and the estimated (or given) transfer time and per-op
+    overhead: what the schedule should have cost given this step's imbalance, transfers and overhead."""
     evs = _events(events)
-    fwd, bwd = mean_op_ms(evs, stages)
+    fwd, bwd = op_ms(evs, stages, micro_batches)
     p2p = estimate_p2p_ms(evs) if p2p_ms is None else p2p_ms
-    return replay_schedule(schedule, stages, micro_batches, fwd, bwd, p2p)
+    overhead = estimate_overhead_ms(evs, p2p) if overhead_ms is None else overhead_ms
+    return replay_schedule(schedule, stages, micro_batches, fwd, bwd, p2p, overhead)
 
 
 @dataclass(frozen=True)
 class BubbleBreakdown:
-    """Pipeline bubble (1 - sum busy / (N x step)) seen four ways, and what each step adds."""
+    """Pipeline bubble (1 - sum busy / sum step) seen from theory to measurement, each step adding
+    one cause: equal stages -> each op's measured time (imbalance) -> transfers -> per-op overhead."""
 
     theory: float
     """Equal stages, free transfers: (N-1)/(N+M-1)."""
     replay_balanced: float
-    """Replay with the measured mean op times averaged over stages (checks the replay = theory)."""
+    """Replay with every op at the mean measured time (equals the theory: a check)."""
     replay_imbalance: float
-    """Replay with each stage's own measured times, free transfers."""
+    """Replay with each op's measured time, free transfers, no overhead."""
     replay_transfers: float
-    """Replay with each stage's times and the estimated transfer time."""
+    """... plus the estimated transfer time per hand-off."""
+    replay_overhead: float
+    """... plus the estimated per-op overhead: the full prediction."""
     measured: float
     p2p_ms: float
+    overhead_ms: float
 
     @property
     def from_schedule(self) -> float:
-        return self.theory
+        return self.replay_balanced
 
     @property
     def from_imbalance(self) -> float:
@@ -433,24 +472,38 @@ class BubbleBreakdown:
         return self.replay_transfers - self.replay_imbalance
 
     @property
+    def from_overhead(self) -> float:
+        return self.replay_overhead - self.replay_transfers
+
+    @property
     def unexplained(self) -> float:
-        """Measured minus the full replay: overhead between ops, jitter, clock effects."""
-        return self.measured - self.replay_transfers
+        """Measured minus the full replay: time in the step outside the ops' chain (schedule set-up,
+        the closing sync), jitter, clock effects."""
+        return self.measured - self.replay_overhead
 
 
 def explain_bubble(events: Iterable, schedule: str, stages: int, micro_batches: int,
-                   window_ms: float | Mapping | tuple | None = None, p2p_ms: float | None = None) -> BubbleBreakdown:
-    """Theory, replays and measurement of one step's events side by side (see BubbleBreakdown)."""
+                   window_ms: float | Mapping | tuple | None = None, p2p_ms: float | None = None,
+                   overhead_ms: float | None = None) -> BubbleBreakdown:
+    """Theory, the replays and the measurement of one step's events side by side (BubbleBreakdown).
+    `window_ms` as in `stage_times`."""
     evs = _events(events)
-    fwd, bwd = mean_op_ms(evs, stages)
+    fwd, bwd = op_ms(evs, stages, micro_batches)
     p2p = estimate_p2p_ms(evs) if p2p_ms is None else p2p_ms
-    balanced = replay_schedule(schedule, stages, micro_batches, sum(fwd) / stages, sum(bwd) / stages)
-    imbalance = replay_schedule(schedule, stages, micro_batches, fwd, bwd)
-    transfers = replay_schedule(schedule, stages, micro_batches, fwd, bwd, p2p)
+    overhead = estimate_overhead_ms(evs, p2p) if overhead_ms is None else overhead_ms
+    mean_f = sum(map(sum, fwd)) / (stages * micro_batches)
+    mean_b = sum(map(sum, bwd)) / (stages * micro_batches)
     times = stage_times(evs, window_ms, stages)
     measured = 1.0 - sum(t.busy_ms for t in times.values()) / max(sum(t.window_ms for t in times.values()), 1e-12)
+
+    def replay(f, b, p, o):
+        return replay_schedule(schedule, stages, micro_batches, f, b, p, o).pipeline_bubble
+
     return BubbleBreakdown(
         theory=theoretical_bubble(schedule, stages, micro_batches),
-        replay_balanced=balanced.pipeline_bubble, replay_imbalance=imbalance.pipeline_bubble,
-        replay_transfers=transfers.pipeline_bubble, measured=measured, p2p_ms=p2p,
+        replay_balanced=replay(mean_f, mean_b, 0.0, 0.0),
+        replay_imbalance=replay(fwd, bwd, 0.0, 0.0),
+        replay_transfers=replay(fwd, bwd, p2p, 0.0),
+        replay_overhead=replay(fwd, bwd, p2p, overhead),
+        measured=measured, p2p_ms=p2p, overhead_ms=overhead,
     )

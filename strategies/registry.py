@@ -15,6 +15,7 @@ _STRATEGIES: dict[str, str] = {
     "zero2": "ringtop.strategies.zero:Zero2Strategy",
     "zero3": "ringtop.strategies.zero:Zero3Strategy",
     "fsdp": "ringtop.strategies.fsdp:FSDPStrategy",
+    "pp": "ringtop.strategies.pipeline:PipelineStrategy",
 }
 
 

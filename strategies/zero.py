@@ -8,6 +8,7 @@ moments, so its optimizer state is 12 bytes per parameter / N (the ZeRO paper's 
 from __future__ import annotations
 
 import logging
+from abc import abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -124,16 +125,24 @@ class ZeroStrategy(Strategy):
                 if fqns[0] in state and key in state[fqns[0]]:
                     safe_set_full_optimizer_state(param, state[fqns[0]][key].to(torch.float32), key)
 
+    @abstractmethod
+    def _master_partitions(self) -> list[torch.Tensor]:
+        """This rank's fp32 master partitions: the tensors DeepSpeed's inner optimizer steps."""
+
     def _create_optimizer_state(self, step: float) -> None:
-        """The torch optimizer creates its state on its first step; a resumed run needs it now."""
+        """The torch optimizer creates its state on its first step; a resumed or switched-to run
+        needs it before the state can be written into it."""
         inner = self.ds_optimizer.optimizer
-        for group in inner.param_groups:
-            for p in group["params"]:
-                if p not in inner.state or not inner.state[p]:
-                    inner.state[p] = {"step": torch.tensor(step), "exp_avg": torch.zeros_like(p),
-                                      "exp_avg_sq": torch.zeros_like(p)}
-                else:
-                    inner.state[p]["step"] = torch.tensor(step)
+        for p in self._master_partitions():
+            if not inner.state.get(p):
+                inner.state[p] = {"step": torch.tensor(step), "exp_avg": torch.zeros_like(p),
+                                  "exp_avg_sq": torch.zeros_like(p)}
+            else:
+                inner.state[p]["step"] = torch.tensor(step)
+        self._link_optimizer_state()
+
+    def _link_optimizer_state(self) -> None:
+        pass
 
     def _optimizer_step_count(self) -> int:
         steps = [s["step"] for s in self.ds_optimizer.optimizer.state.values() if "step" in s]
@@ -160,11 +169,20 @@ class Zero1Strategy(ZeroStrategy):
     stage = 1
     sharding = ShardingSpec(optimizer=True)
 
+    def _master_partitions(self) -> list[torch.Tensor]:
+        return list(self.ds_optimizer.single_partition_of_fp32_groups)
+
+    def _link_optimizer_state(self) -> None:
+        # Stages 1/2 map each parameter onto slices of the partition's optimizer state lazily, at
+        # the first step; link them now so safe_set_full_optimizer_state can write through.
+        self.ds_optimizer._hp_optimizer_states_linked = False
+        self.ds_optimizer._lazy_init_hp_params_optimizer_state()
+
     def _count_params(self) -> int:
         return tensor_bytes(self.ds_optimizer.bit16_groups_flat)
 
     def _count_optimizer(self) -> int:
-        return self._inner_state_bytes() + tensor_bytes(self.ds_optimizer.single_partition_of_fp32_groups)
+        return self._inner_state_bytes() + tensor_bytes(self._master_partitions())
 
 
 @dataclass
@@ -180,9 +198,12 @@ class Zero3Strategy(ZeroStrategy):
     stage = 3
     sharding = ShardingSpec(params=True, grads=True, optimizer=True)
 
+    def _master_partitions(self) -> list[torch.Tensor]:
+        return list(self.ds_optimizer.fp32_partitioned_groups_flat)
+
     def _count_params(self) -> int:
         params = list(self.engine.module.parameters())
         return tensor_bytes(p.ds_tensor for p in params) + tensor_bytes(p.data for p in params)
 
     def _count_optimizer(self) -> int:
-        return self._inner_state_bytes() + tensor_bytes(self.ds_optimizer.fp32_partitioned_groups_flat)
+        return self._inner_state_bytes() + tensor_bytes(self._master_partitions())

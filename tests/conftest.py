@@ -83,20 +83,22 @@ def stop_process_group(proc: subprocess.Popen) -> None:
         proc.wait(10)
 
 
-def start_agents(workdir: Path, nproc: int, *agent_args: str) -> AgentRun:
+def start_agents(workdir: Path, nproc: int, *agent_args: str, entry: str | None = None) -> AgentRun:
     """`nproc` ranks through torch's elastic launcher (nproc=0: one process without the launcher),
-    with free loopback ports and a private log dir under `workdir`."""
+    with free loopback ports and a private log dir under `workdir`. `entry`: a script to run
+    instead of `-m ringtop.agent`."""
     ports = [free_tcp_port() for _ in range(3)]
     publish, relay, control = (f"tcp://127.0.0.1:{p}" for p in ports)
     log_dir, ckpt_dir, output_path = workdir / "logs", workdir / "checkpoints", workdir / "output.txt"
     workdir.mkdir(parents=True, exist_ok=True)
     argv = ["--publish", publish, "--relay", relay, "--control", control, "--log-dir", str(log_dir),
             "--checkpoint-dir", str(ckpt_dir), "--dist-timeout-s", "60", *agent_args]
+    target = [entry] if entry else ["-m", "ringtop.agent"]
     if nproc == 0:
-        cmd = [sys.executable, "-m", "ringtop.agent", *argv]
+        cmd = [sys.executable, *target, *argv]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "-m", "ringtop.agent", *argv]
+               *target, *argv]
     with open(output_path, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=agent_env(), start_new_session=True)
     return AgentRun(proc, publish, relay, control, log_dir, ckpt_dir, output_path, max(nproc, 1), argv)
@@ -107,8 +109,8 @@ def launch_agents(tmp_path):
     """launch(nproc, *agent_args, name=...) -> AgentRun; every run is stopped at teardown."""
     runs: list[AgentRun] = []
 
-    def launch(nproc: int, *agent_args: str, name: str | None = None) -> AgentRun:
-        run = start_agents(tmp_path / (name or f"run{len(runs)}"), nproc, *agent_args)
+    def launch(nproc: int, *agent_args: str, name: str | None = None, entry: str | None = None) -> AgentRun:
+        run = start_agents(tmp_path / (name or f"run{len(runs)}"), nproc, *agent_args, entry=entry)
         runs.append(run)
         return run
 

@@ -108,14 +108,14 @@ async def test_replay_app_shows_rows_and_problems(tmp_path):
         assert cell(app, 1, "step_ms").startswith("120.0")  # the slower rank...
         assert cell(app, 1, "note").startswith("slowest")  # ...is marked
         assert cell(app, 0, "host") == "node-0"
-        # comm MB/s = 2e6 bytes / 0.1 s = 20 MB/s; comm% = 10/100
-        assert cell(app, 0, "comm_mb_s") == "20.0" and cell(app, 0, "comm_pct") == "10.0"
+        # comm MB/s = 2e6 bytes / 0.1 s = 20 MB/s; idle% = (data 0 + exposed 10) / 100
+        assert cell(app, 0, "comm_mb_s") == "20.0" and cell(app, 0, "idle_pct") == "10.0"
         head = header_text(app)
         assert "run 7f3a9c21" in head and "tiny-gpt 1.2M" in head and "ddp ×2" in head and "replay" in head
         assert "step 4" in head
         # c in replay: not connected
         await pilot.press("c")
-        await pilot.press("3")
+        await pilot.press("4")
         await pilot.pause(0.3)
         assert app.query_one("TabbedContent").active == "events"
         text = event_log_text(app)
@@ -226,7 +226,7 @@ async def test_live_app_rows_header_and_checkpoint_command():
                              what="checkpoint done reply")
             assert run.commands and run.commands[0].cmd == "checkpoint"
             assert run.commands[0].args == {"kind": "full"} and run.commands[0].rank == -1
-            await pilot.press("3")
+            await pilot.press("4")
             await pilot.pause(0.4)
             text = event_log_text(app)
             assert "checkpoint" in text and "pending → ack → done" in text and "/ckpt/step-9" in text
@@ -256,7 +256,7 @@ async def test_live_app_stays_responsive_under_5000_msgs_per_s():
             start_msgs, t0 = app.view.messages_total, time.monotonic()
             first_repaint = len(app.repaints)
             await pilot.pause(2.0)
-            await pilot.press("3")  # keys are still handled promptly
+            await pilot.press("4")  # keys are still handled promptly
             assert app.query_one("TabbedContent").active == "events"
             elapsed = time.monotonic() - t0
             rate = (app.view.messages_total - start_msgs) / elapsed
@@ -274,7 +274,7 @@ async def test_live_app_with_nothing_listening_waits():
         await pilot.pause(0.3)
         assert "○ waiting" in header_text(app)
         await pilot.press("s")
-        await pilot.press("3")
+        await pilot.press("4")
         await pilot.pause(0.3)
         assert "status: not connected (no control address)" in event_log_text(app)
 
@@ -320,6 +320,12 @@ def test_ui_runs_in_a_process_where_torch_cannot_be_imported(tmp_path):
                     if app.query_one("#fit").row_count:
                         break
                 print("FIT", app.query_one("#fit").row_count, app.query_one("#mem-ranks").row_count)
+                await pilot.press("3")  # the Comm tab asks the cost model for busbw factors
+                for _ in range(100):
+                    await pilot.pause(0.02)
+                    if app.query_one("#comm-kinds").row_count:
+                        break
+                print("COMM", app.query_one("#comm-kinds").row_count, str(app.query_one("#comm-kinds").get_cell("all", "busbw")))
 
         asyncio.run(main())
         assert sys.modules["torch"] is None
@@ -330,13 +336,16 @@ def test_ui_runs_in_a_process_where_torch_cannot_be_imported(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ROWS 2 4 2.959" in proc.stdout and "OK" in proc.stdout
     assert "FIT 7 4" in proc.stdout  # 7 strategies; per rank a measured and a predicted row
+    # all_reduce and the all row; this log sends no busy union, so busbw uses the call's own 4 ms:
+    # 2e6 B / 4 ms x factor 1 (n = 2) = 0.5 GB/s
+    assert "COMM 2 0.500" in proc.stdout
 
 
 def test_tui_modules_do_not_import_torch():
     code = textwrap.dedent("""
         import sys
         import ringtop.tui, ringtop.tui.app, ringtop.tui.connection, ringtop.tui.replay, ringtop.tui.view_model
-        import ringtop.tui.memory, ringtop.tui.memory_tab, ringtop.tui.tables
+        import ringtop.tui.memory, ringtop.tui.memory_tab, ringtop.tui.tables, ringtop.tui.comm, ringtop.tui.comm_tab
         assert "torch" not in sys.modules, "ringtop.tui imported torch"
         print("OK")
     """)
@@ -355,7 +364,7 @@ async def test_events_tab_shows_bounded_backlog():
         await wait_until(pilot, lambda: app.replay_loaded, what="replay to load")
         await pilot.pause(0.3)
         assert app.query_one("#event-log").lines == []  # nothing written while the tab is hidden
-        await pilot.press("3")
+        await pilot.press("4")
         await wait_until(pilot, lambda: "event 699" in event_log_text(app), what="latest event")
         text = event_log_text(app)
         assert "older events not kept" in text and "event 0\n" not in text
@@ -428,10 +437,10 @@ async def test_zero3_header_per_kind_comm_and_memory_tab():
         labels = column_labels(app, "#ranks")
         assert labels["comm_kinds"] == "RS/AG MB/s"
         order = list(labels)
-        assert order.index("comm_mb_s") + 1 == order.index("comm_kinds") < order.index("comm_pct")
+        assert order.index("comm_mb_s") + 1 == order.index("comm_kinds") < order.index("idle_pct")
         for r in (0, 1):
             assert cell(app, r, "comm_kinds") == "12.5/25.0"
-            assert cell(app, r, "comm_mb_s") == "37.5" and cell(app, r, "comm_pct") == "10.0"
+            assert cell(app, r, "comm_mb_s") == "37.5" and cell(app, r, "idle_pct") == "10.0"
 
         # the Memory tab
         await pilot.press("2")
@@ -476,7 +485,7 @@ async def test_zero3_header_per_kind_comm_and_memory_tab():
         caption = static_text(app, "#fit-caption")
         assert "(28.0G)" in caption and "40.0G per rank" in caption
 
-        await pilot.press("3")
+        await pilot.press("4")
         assert app.query_one("TabbedContent").active == "events"
 
 

@@ -1,0 +1,600 @@
+"""Pipeline parallelism for the built-in transformer through `torch.distributed.pipelining`.
+
+The model is split by layers into `stages` (balanced by default, or `split` layers per stage):
+stage 0 holds the token and position embeddings and its blocks, the last stage its blocks, the
+final LayerNorm and the output head and computes the loss; each stage module keeps the original
+model's parameter names (blocks sit in a ModuleDict keyed by their original index), so full
+checkpoints use TinyGPT's own names and load into DDP/FSDP and back. Micro-batches run under
+torch's ScheduleGPipe or Schedule1F1B. With more ranks than stages, the ranks form a
+(replicas x stages) device mesh: rank r is stage r % S of replica r // S, and after each schedule
+each stage's gradients are averaged over its replicas (one coalesced all-reduce).
+
+The tied embedding/head weight. TinyGPT uses one tensor as token embedding (stage 0) and output
+projection (last stage). With S > 1 the last stage holds its own copy, initialised from the same
+weight. After the schedule the two stages all-reduce (sum) the tied weight's gradient between
+them, so both hold d(loss)/dW = embedding part + head part - exactly the gradient of the shared
+tensor in the unsplit model. Both copies then take identical AdamW steps from identical state
+and stay equal; the checkpoint takes the value and the optimizer state of `tok_emb.weight` once
+(its `head.weight` entry is the last stage's copy, equal to it) and a load sets both copies.
+Gradient clipping uses the global norm over all stages, counting the tied weight once.
+
+The loss. The last stage computes the mean token loss of each micro-batch; the step's loss is the
+mean over the micro-batches (= the loss of the replica's whole batch, all micro-batches being
+equal in size), sent from the last stage to the other stages of its pipeline by one 4-byte
+all-reduce (the others add zero), so every rank reports its replica's true loss. That all-reduce
+also closes the pipeline's step: it returns only when every stage has left the schedule.
+
+Gradient scale. torch's schedules divide the accumulated gradients by M (`scale_grads=True`),
+matching a per-micro-batch mean loss: the result is the gradient of the whole batch's mean loss.
+
+Bubble. Each stage's forward and backward of each micro-batch is timed (host clock); the last
+stage's loss counts as part of its forward. `last_timeline()` holds the last step's events,
+`last_bubble()` the stage's busy / wait-to-receive / idle time and bubble against the pipeline's
+window on this rank: from entering the schedule to the end of the loss all-reduce, which every stage
+leaves only when the slowest has finished (`pipeline_schedule` holds the theory, the replay and
+the event arithmetic). On CUDA the times are host times of issuing the work, not device times.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, NamedTuple
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from . import pipeline_schedule as ps
+from .base import (
+    DistContext,
+    ModelCall,
+    OptimizerFactory,
+    ShardingSpec,
+    Strategy,
+    StrategyError,
+    TrainSettings,
+    optimizer_state_tensors,
+    tensor_bytes,
+    unique_parameters,
+)
+
+OPTIONS = ("stages", "schedule", "micro_batches", "split")
+TIED, TIED_COPY = "tok_emb.weight", "head.weight"
+
+
+class PipelineEvent(NamedTuple):
+    """One forward ("F") or backward ("B") of one micro-batch on one stage; host clock
+    (`time.perf_counter_ns`, comparable across processes on one Linux host)."""
+
+    stage: int
+    micro_batch: int
+    kind: str
+    start_ns: int
+    end_ns: int
+
+
+@dataclass(frozen=True)
+class StageBubble:
+    """One stage's last step, measured against the schedule's window on this rank."""
+
+    stage: int
+    stages: int
+    replica: int
+    schedule: str
+    micro_batches: int
+    window_ms: float
+    """From entering the schedule to the end of the loss all-reduce that closes the pipeline's step
+    (the pipeline part of the step: excludes gradient sync, optimizer and data)."""
+    busy_ms: float
+    forward_ms: float
+    backward_ms: float
+    wait_recv_ms: float
+    idle_ms: float
+    bubble: float
+    """1 - busy / window."""
+    theory: float
+    """(N-1)/(N+M-1), for equal stages and free transfers, GPipe and 1F1B alike."""
+    warmup: bool
+    """First step after the schedule was (re)built: it includes torch's shape inference and p2p warm-up."""
+
+
+def _is_builtin_transformer(model: nn.Module) -> bool:
+    cls = type(model)
+    return (cls.__module__ == "ringtop.agent.model" and cls.__qualname__ == "TinyGPT"
+            and isinstance(getattr(model, "blocks", None), nn.ModuleList))
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+class _StageModule(nn.Module):
+    """The layers of one stage of TinyGPT, under the original model's parameter names."""
+
+    def __init__(self, model: nn.Module, layers: range, first: bool, last: bool):
+        super().__init__()
+        self.first, self.last = first, last
+        if first:
+            self.tok_emb = model.tok_emb
+            self.pos_emb = model.pos_emb
+        self.blocks = nn.ModuleDict({str(i): model.blocks[i] for i in layers})
+        if last:
+            self.ln_f = model.ln_f
+            self.head = nn.Linear(model.head.in_features, model.head.out_features, bias=False)
+            if first:  # one stage: the real tie
+                self.head.weight = self.tok_emb.weight
+            else:
+                self.head.weight = nn.Parameter(model.tok_emb.weight.detach().clone())
+        self.max_seq_len = model.cfg.max_seq_len
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.first:
+            t = x.shape[1]
+            if t > self.max_seq_len:
+                raise ValueError(f"sequence length {t} exceeds the model's maximum {self.max_seq_len}")
+            x = self.tok_emb(x) + self.pos_emb(torch.arange(t, device=x.device))
+        for block in self.blocks.values():
+            x = block(x)
+        if self.last:
+            x = self.head(self.ln_f(x))
+        return x
+
+
+def _timed_stage_class():
+    from torch.distributed.pipelining import PipelineStage
+
+    class TimedStage(PipelineStage):
+        """A PipelineStage that records each micro-batch's forward and backward."""
+
+        def __init__(self, *args: Any, events: list, **kwargs: Any):
+            super().__init__(*args, **kwargs)
+            self.events = events
+
+        def forward_one_chunk(self, fwd_chunk_id, args, kwargs=None, save_forward_output=True):
+            t0 = time.perf_counter_ns()
+            out = super().forward_one_chunk(fwd_chunk_id, args, kwargs, save_forward_output)
+            self.events.append([self.stage_index, fwd_chunk_id, ps.FORWARD, t0, time.perf_counter_ns()])
+            return out
+
+        def backward_one_chunk(self, bwd_chunk_id, loss=None, full_backward=True, last_backward=False):
+            t0 = time.perf_counter_ns()
+            out = super().backward_one_chunk(bwd_chunk_id, loss=loss, full_backward=full_backward,
+                                             last_backward=last_backward)
+            self.events.append([self.stage_index, bwd_chunk_id, ps.BACKWARD, t0, time.perf_counter_ns()])
+            return out
+
+    return TimedStage
+
+
+def _schedule_class(schedule: str, micro_batches: int, stages: int):
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+
+    if schedule == "gpipe":
+        return ScheduleGPipe
+    if micro_batches >= stages:
+        return Schedule1F1B
+
+    class Schedule1F1BFewMicroBatches(Schedule1F1B):
+        """torch's Schedule1F1B refuses M < N in its constructor, but its step loop handles it
+        (each stage warms up with min(M, N - s) forwards); only the constructor's check and the
+        schedule picture (`pipeline_order`, which assumes M >= N) are skipped here."""
+
+        def __init__(self, stage, n_microbatches, loss_fn=None, scale_grads=True):
+            PipelineScheduleSingle.__init__(self, stage, n_microbatches, loss_fn=loss_fn, scale_grads=scale_grads)
+
+        def _get_pipeline_order(self):
+            return None
+
+    return Schedule1F1BFewMicroBatches
+
+
+@dataclass
+class PipelineStrategy(Strategy):
+    """Options: `stages` (default: world size), `schedule` ("gpipe" | "1f1b", default gpipe),
+    `micro_batches` (default 4; must divide the per-rank batch), `split` (layers per stage,
+    default balanced). The built-in model only. See the module docstring."""
+
+    name: ClassVar[str] = "pp"
+    sharding: ClassVar[ShardingSpec] = ShardingSpec()  # stages split the layers; replicas copy a stage
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        unknown = set(self.options) - set(OPTIONS)
+        if unknown:
+            raise StrategyError(f"pp does not take option(s) {sorted(unknown)}; it takes {', '.join(OPTIONS)}")
+        self.options.setdefault("schedule", "gpipe")
+        self.options.setdefault("micro_batches", 4)
+        try:
+            self.options["schedule"] = ps.check_schedule(self.options["schedule"])
+        except ValueError as exc:
+            raise StrategyError(f"pp: {exc}") from None
+        stages = self.options.get("stages")
+        if stages is not None and not _positive_int(stages):
+            raise StrategyError(f"pp stages must be an integer >= 1, got {stages!r}")
+        if not _positive_int(self.options["micro_batches"]):
+            raise StrategyError(f"pp micro_batches must be an integer >= 1, got {self.options['micro_batches']!r}")
+        split = self.options.get("split")
+        if split is not None and (not isinstance(split, (list, tuple)) or not all(_positive_int(v) for v in split)):
+            raise StrategyError(f"pp split must be a list of layer counts >= 1 per stage, got {split!r}")
+        self.module: nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self._stage = None
+        self._schedule = None
+        self._events: list[list] = []
+        self._last_events: list[PipelineEvent] = []
+        self._window_ns = (0, 0)
+        self._warmup = False
+        self._fresh = True
+        self.stage_index = 0
+        self.num_stages = 1
+        self.replica = 0
+        self.replicas = 1
+        self.split: list[int] = []
+        self._layers: list[range] = []
+
+    # ------------------------------------------------------------------ description
+
+    @property
+    def schedule(self) -> str:
+        return self.options["schedule"]
+
+    @property
+    def micro_batches(self) -> int:
+        return self.options["micro_batches"]
+
+    def describe(self) -> str:
+        stages = self.options.get("stages")
+        s = f"{stages} stages" if stages else "stages=world"
+        replicas = f" x {self.replicas}" if self.replicas > 1 else ""
+        return f"pp({self.schedule}, {s}{replicas}, M={self.micro_batches})"
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """Which replica's share of the global batch this rank must be fed (all stages of a replica
+        get the same batch: stage 0 uses its inputs, the last stage its targets)."""
+        return self.replica
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.replicas
+
+    def stage_layers(self) -> range:
+        """The transformer layers (block indices) this rank's stage holds."""
+        return self._layers[self.stage_index]
+
+    # ------------------------------------------------------------------ set-up
+
+    @staticmethod
+    def _check_micro_batches(micro_batches: Any, batch_size: int) -> int:
+        if not _positive_int(micro_batches):
+            raise StrategyError(f"micro-batches must be an integer >= 1, got {micro_batches!r}")
+        if batch_size % micro_batches:
+            raise StrategyError(f"micro-batches {micro_batches} does not divide the per-rank batch size {batch_size}; "
+                                f"choose one of {[m for m in range(1, batch_size + 1) if batch_size % m == 0]}")
+        return micro_batches
+
+    def setup(self, model: nn.Module, make_optimizer: OptimizerFactory, ctx: DistContext,
+              settings: TrainSettings) -> None:
+        if not _is_builtin_transformer(model):
+            raise StrategyError(
+                f"pp splits only the built-in transformer (--model tiny-gpt) by its layers; got "
+                f"{type(model).__module__}.{type(model).__qualname__}. Use ddp, fsdp or zero1/2/3 for a user model.")
+        if settings.dtype != "fp32":
+            raise StrategyError("pp trains in fp32 here; use --strategy fsdp or zero1/2/3 for --dtype bf16")
+        stages = self.options.get("stages") or ctx.world_size
+        if ctx.world_size % stages:
+            raise StrategyError(f"pp stages ({stages}) must divide the number of ranks ({ctx.world_size})")
+        n_layers = len(model.blocks)
+        try:
+            self.split = (ps.check_split(self.options["split"], n_layers, stages) if self.options.get("split")
+                          else ps.balanced_split(n_layers, stages))
+        except ValueError as exc:
+            raise StrategyError(f"pp: {exc}") from None
+        self._check_micro_batches(self.micro_batches, settings.batch_size)
+        self.settings = settings
+        self.ctx = ctx
+        self.num_stages, self.replicas = stages, ctx.world_size // stages
+        self.stage_index, self.replica = ctx.rank % stages, ctx.rank // stages
+        self._layers = ps.stage_layers(self.split)
+        self._make_groups(ctx)
+
+        self._model_keys = list(model.state_dict().keys())
+        self._param_fqns = list(dict.fromkeys(
+            names[0] for names in _names_by_param(model).values()))  # unique params, original order
+        first, last = self.stage_index == 0, self.stage_index == stages - 1
+        module = _StageModule(model, self._layers[self.stage_index], first, last).to(ctx.device)
+        _release_other_stages(model, module)
+        self.module = module
+        self._fqn_of = {id(p): names[0] for p, names in _names_by_param(module, with_param=True)}
+        self.optimizer = make_optimizer(module.parameters())
+        self._build_schedule(self.micro_batches)
+
+    def _make_groups(self, ctx: DistContext) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        s, r = self.num_stages, self.replicas
+        mesh = init_device_mesh(ctx.device.type, (r, s), mesh_dim_names=("dp", "pp"))
+        self.mesh = mesh
+        self.pp_group = mesh.get_group("pp")
+        self.dp_group = mesh.get_group("dp") if r > 1 else None
+        # The tied weight's two holders: first and last stage of each replica.
+        self.tie_group = None
+        if s == 2:
+            self.tie_group = self.pp_group
+        elif s > 2:
+            for replica in range(r):
+                group = dist.new_group([replica * s, replica * s + s - 1])
+                if replica == self.replica:
+                    self.tie_group = group
+        # A gloo group per pipeline for gathering Python objects (checkpoint, timelines).
+        if ctx.backend == "gloo":
+            self.object_group = self.pp_group
+        else:
+            self.object_group = None
+            for replica in range(r):
+                group = dist.new_group(list(range(replica * s, replica * s + s)), backend="gloo")
+                if replica == self.replica:
+                    self.object_group = group
+
+    def _build_schedule(self, micro_batches: int) -> None:
+        stage_cls = _timed_stage_class()
+        self._stage = stage_cls(self.module, self.stage_index, self.num_stages, self.ctx.device,
+                                group=self.pp_group, events=self._events)
+        cls = _schedule_class(self.schedule, micro_batches, self.num_stages)
+        self._schedule = cls(self._stage, n_microbatches=micro_batches, loss_fn=self._loss, scale_grads=True)
+        self.options["micro_batches"] = micro_batches
+        self._fresh = True
+
+    def set_micro_batches(self, micro_batches: int) -> None:
+        """Use M micro-batches from the next step on (call at a step boundary, on every rank).
+        Raises StrategyError and changes nothing unless M is an integer >= 1 dividing the per-rank batch."""
+        self._check_micro_batches(micro_batches, self.settings.batch_size)
+        if self._schedule is None:
+            self.options["micro_batches"] = micro_batches
+            return
+        self._build_schedule(micro_batches)
+
+    # ------------------------------------------------------------------ the step
+
+    def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+        if self._events and self._events[-1][2] == ps.FORWARD:  # the loss is part of the last stage's F
+            self._events[-1][4] = time.perf_counter_ns()
+        return loss
+
+    def _zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _forward(self, batch: Any, call_model: ModelCall) -> torch.Tensor:
+        """Runs the whole schedule (every micro-batch's forward and backward) and returns the
+        replica's loss on every stage. `call_model` is not used: the stages call their layers."""
+        if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+            raise StrategyError("pp needs (inputs, targets) batches")
+        inputs, targets = batch
+        first, last = self.stage_index == 0, self.stage_index == self.num_stages - 1
+        self._events.clear()
+        losses: list[torch.Tensor] | None = [] if last else None
+        t0 = time.perf_counter_ns()
+        self._schedule.step(*((inputs,) if first else ()), target=targets if last else None, losses=losses,
+                            return_outputs=False)
+        if last:
+            loss = torch.stack([x.detach() for x in losses]).mean()
+        else:
+            loss = torch.zeros((), device=self.ctx.device)
+        if self.num_stages > 1:
+            # The loss to every stage. An all-reduce (the others add 0) rather than a broadcast: it
+            # returns on every stage only once all stages have left the schedule, so the window below
+            # ends where the pipeline's step ends and a stage that finished early counts its wait
+            # for the others as idle, as the theory does.
+            dist.all_reduce(loss, group=self.pp_group)
+        self._window_ns = (t0, time.perf_counter_ns())
+        self._last_events = [PipelineEvent(*e) for e in self._events]
+        self._warmup, self._fresh = self._fresh, False
+        return loss
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        """The backward ran inside the schedule; here the gradients are completed: the tied weight's
+        two parts summed, then each stage's gradients averaged over its replicas."""
+        if self.tie_group is not None:
+            tied = self.module.tok_emb.weight if self.stage_index == 0 else self.module.head.weight
+            if tied.grad is None:
+                tied.grad = torch.zeros_like(tied)
+            dist.all_reduce(tied.grad, group=self.tie_group)
+        if self.dp_group is not None:
+            grads = [p.grad for p in unique_parameters(self.module) if p.grad is not None]
+            if grads:
+                flat = torch.cat([g.reshape(-1) for g in grads])
+                dist.all_reduce(flat, group=self.dp_group)
+                flat.div_(self.replicas)
+                offset = 0
+                for g in grads:
+                    g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                    offset += g.numel()
+
+    def _optimizer_step(self) -> None:
+        if self.settings.grad_clip > 0:
+            self._clip_global_norm(self.settings.grad_clip)
+        self.optimizer.step()
+
+    def _clip_global_norm(self, max_norm: float) -> None:
+        """torch's clip_grad_norm_ over the whole model: the norm over every stage, tied weight once."""
+        params = [p for p in unique_parameters(self.module) if p.grad is not None]
+        counted = [p for p in params if not (self.num_stages > 1 and self.stage_index == self.num_stages - 1
+                                             and p is self.module.head.weight)]
+        sq = torch.zeros((), dtype=torch.float32, device=self.ctx.device)
+        for p in counted:
+            sq += p.grad.detach().float().pow(2).sum()
+        if self.num_stages > 1:
+            dist.all_reduce(sq, group=self.pp_group)
+        coef = torch.clamp(max_norm / (sq.sqrt() + 1e-6), max=1.0)
+        for p in params:
+            p.grad.detach().mul_(coef.to(p.grad.dtype))
+
+    # ------------------------------------------------------------------ bubble
+
+    def last_timeline(self) -> list[PipelineEvent]:
+        """This stage's forward/backward events of the last step, in the order run."""
+        return list(self._last_events)
+
+    def last_window_ns(self) -> tuple[int, int]:
+        """(start_ns, end_ns) of the last step's schedule on this rank."""
+        return self._window_ns
+
+    def last_bubble(self) -> StageBubble | None:
+        """Busy, wait-to-receive and idle time and bubble of this stage's last step; None before one."""
+        if not self._last_events:
+            return None
+        t0, t1 = self._window_ns
+        events = [(e.stage, e.micro_batch, e.kind, e.start_ns / 1e6, e.end_ns / 1e6) for e in self._last_events]
+        times = ps.stage_times(events, {self.stage_index: (t0 / 1e6, t1 / 1e6)}, self.num_stages)[self.stage_index]
+        return StageBubble(
+            stage=self.stage_index, stages=self.num_stages, replica=self.replica, schedule=self.schedule,
+            micro_batches=self.micro_batches, window_ms=times.window_ms, busy_ms=times.busy_ms,
+            forward_ms=times.forward_ms, backward_ms=times.backward_ms, wait_recv_ms=times.wait_recv_ms,
+            idle_ms=times.idle_ms, bubble=times.bubble,
+            theory=ps.theoretical_bubble(self.schedule, self.num_stages, self.micro_batches), warmup=self._warmup,
+        )
+
+    def gather_timeline(self) -> tuple[list[PipelineEvent], list[tuple[int, int]]]:
+        """Collective over this rank's pipeline (every stage must call it): the last step's events
+        of all its stages and each stage's (start_ns, end_ns) window. For benchmarks and tests; the
+        agent publishes each rank's own `last_timeline()` instead."""
+        if self.num_stages == 1:
+            return self.last_timeline(), [self._window_ns]
+        gathered: list[Any] = [None] * self.num_stages
+        dist.all_gather_object(gathered, (self._last_events, self._window_ns), group=self.object_group)
+        events = [PipelineEvent(*e) for evs, _ in gathered for e in evs]
+        return events, [tuple(w) for _, w in gathered]
+
+    # ------------------------------------------------------------------ bytes held
+
+    def _count_params(self) -> int:
+        return tensor_bytes(unique_parameters(self.module))
+
+    def _count_grads(self) -> int:
+        return tensor_bytes(p.grad for p in unique_parameters(self.module))
+
+    def _count_optimizer(self) -> int:
+        return tensor_bytes(optimizer_state_tensors(self.optimizer))
+
+    # ------------------------------------------------------------------ state
+
+    def _local_state(self) -> tuple[dict[str, torch.Tensor], dict[str, dict], list[dict]]:
+        model_state = {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items()}
+        optim_state: dict[str, dict] = {}
+        groups: list[dict] = []
+        for group in self.optimizer.param_groups:
+            fqns = []
+            for p in group["params"]:
+                fqn = self._fqn_of[id(p)]
+                if fqn == TIED_COPY and self.num_stages > 1:
+                    continue  # the copy of tok_emb.weight: stage 0 holds the same state
+                fqns.append(fqn)
+                if self.optimizer.state.get(p):
+                    optim_state[fqn] = {k: (v.detach().cpu().clone() if isinstance(v, torch.Tensor) else v)
+                                        for k, v in self.optimizer.state[p].items()}
+            groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": fqns})
+        return model_state, optim_state, groups
+
+    def full_state_dict(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """TinyGPT's full state under its original names (`head.weight` included, equal to
+        `tok_emb.weight`) and the optimizer state in torch's full layout keyed by those names (the
+        tied weight once, as `tok_emb.weight`). Collective over the ranks of replica 0 (every rank
+        calls it; others return empty dicts); rank 0's result is complete."""
+        local = self._local_state()
+        if self.num_stages == 1:
+            parts = [local]
+        elif self.replica == 0:
+            parts = [None] * self.num_stages if self.ctx.rank == 0 else None
+            dist.gather_object(local, parts, group=self.object_group, group_dst=0)
+        else:
+            parts = None
+        if self.ctx.rank != 0:
+            return {}, {}
+        model_state: dict[str, Any] = {}
+        optim_state: dict[str, Any] = {}
+        groups: list[dict] = []
+        for m, o, g in parts:
+            model_state.update(m)
+            optim_state.update(o)
+            for i, group in enumerate(g):
+                if i == len(groups):
+                    groups.append({**group, "params": []})
+                groups[i]["params"].extend(group["params"])
+        order = {name: i for i, name in enumerate(self._param_fqns)}
+        for group in groups:
+            group["params"].sort(key=lambda n: order.get(n, len(order)))
+        model_state = {k: model_state[k] for k in self._model_keys if k in model_state}
+        optim_state = {k: optim_state[k] for k in self._param_fqns if k in optim_state}
+        return model_state, {"state": optim_state, "param_groups": groups}
+
+    def load_full_state_dict(self, model_state: dict[str, Any], optim_state: dict[str, Any]) -> None:
+        """Inverse of `full_state_dict`; every rank passes the same full state. Each stage takes its
+        own names; the last stage's copy of the tied weight takes `tok_emb.weight`'s value and state."""
+        own = self.module.state_dict()
+
+        def source(name: str, table: dict) -> str | None:
+            if name in table:
+                return name
+            if name == TIED_COPY and TIED in table:
+                return TIED
+            return None
+
+        missing = [k for k in own if source(k, model_state) is None]
+        if missing:
+            raise StrategyError(f"the checkpoint lacks {missing[:5]} (of {len(missing)}) needed by pipeline stage "
+                                f"{self.stage_index}")
+        state = optim_state.get("state", {})
+        full_groups = optim_state.get("param_groups", [])
+        group_of = {n: g for g in full_groups for n in g.get("params", [])}
+        local: dict[str, Any] = {"state": {}, "param_groups": []}
+        index = 0
+        for group in self.optimizer.param_groups:
+            ids = []
+            hyper = {k: v for k, v in group.items() if k != "params"}
+            for p in group["params"]:
+                fqn = self._fqn_of[id(p)]
+                src = source(fqn, state)
+                if src is not None:
+                    local["state"][index] = {k: (v.clone() if isinstance(v, torch.Tensor) else v)
+                                             for k, v in state[src].items()}
+                src_group = group_of.get(fqn) or group_of.get(TIED if fqn == TIED_COPY else fqn)
+                if src_group is not None:
+                    hyper.update({k: v for k, v in src_group.items() if k != "params"})
+                ids.append(index)
+                index += 1
+            local["param_groups"].append({**hyper, "params": ids})
+        with torch.no_grad():
+            for name, tensor in own.items():
+                tensor.copy_(model_state[source(name, model_state)].to(device=tensor.device, dtype=tensor.dtype))
+        self.optimizer.load_state_dict(local)
+
+    def teardown(self) -> None:
+        if self.module is not None:
+            for p in self.module.parameters():
+                p.grad = None
+        self.module = None
+        self.optimizer = None
+        self._stage = None
+        self._schedule = None
+
+
+def _names_by_param(module: nn.Module, with_param: bool = False):
+    """Each distinct parameter with all its names, in registration order."""
+    by_id: dict[int, tuple[nn.Parameter, list[str]]] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        by_id.setdefault(id(param), (param, []))[1].append(name)
+    if with_param:
+        return list(by_id.values())
+    return {k: names for k, (_, names) in by_id.items()}
+
+
+def _release_other_stages(model: nn.Module, stage: nn.Module) -> None:
+    """Free the weights of layers other stages hold: the model handed in is consumed by the split."""
+    kept = {id(p) for p in stage.parameters()}
+    for module in [model.tok_emb, model.pos_emb, model.ln_f, model.head, *model.blocks]:
+        if not any(id(p) in kept for p in module.parameters()):
+            module.to("meta")

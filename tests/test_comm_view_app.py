@@ -1,0 +1,156 @@
+"""The Comm tab, the verdict panel and the Overview's verdict and busbw lines in the real Textual app,
+driven by a Pilot with constructed messages (the numbers are worked out in test_comm_view.py)."""
+
+from __future__ import annotations
+
+from test_comm_view import cleared, hello, step, verdict
+from test_tui_app import cell, column_labels, static_text, table_cell, wait_until
+from textual.widgets import DataTable, TabbedContent
+
+from ringtop.protocol import Event
+from ringtop.tui.app import RingtopApp, TelemetryBatch
+
+SIZE = (120, 50)
+
+
+def hsdp_run(steps: int = 3, slow_rank: int | None = 3) -> list:
+    """4 ranks; each step all-reduce 8e6 B in 4 ms (n = 2) and all-gather 6e6 B in 2 ms (n = 4), 5 ms of
+    union busy time, 3 ms exposed, 5 ms data. Rank 3's steps take 150 ms, the others' 100 ms."""
+    msgs: list = [hello(r) for r in range(4)]
+    for n in range(1, steps + 1):
+        for r in range(4):
+            msgs.append(step(r, n, step_ms=150.0 if r == slow_rank else 100.0))
+    return msgs
+
+
+async def open_comm(app: RingtopApp, pilot) -> None:
+    await wait_until(pilot, lambda: app.replay_loaded, what="replay to load")
+    await pilot.press("3")
+    await wait_until(pilot, lambda: app.query_one("#comm-kinds", DataTable).row_count >= 2, what="the kinds table")
+    await pilot.pause(0.3)
+    assert app.query_one(TabbedContent).active == "comm"
+
+
+async def test_comm_tab_per_kind_rows_bandwidth_overlap_and_prediction():
+    app = RingtopApp(messages=hsdp_run(slow_rank=None), source="hsdp")
+    async with app.run_test(size=SIZE) as pilot:
+        await open_comm(app, pilot)
+        k = lambda row, col: table_cell(app, "#comm-kinds", row, col)  # noqa: E731
+        assert app.query_one("#comm-kinds", DataTable).row_count == 4  # AR, AG, RS (predicted only), all
+        # all_reduce, n = 2: 8e6 B per step = 8.00 MB, as predicted; busbw = algbw = 8e6 B / 4 ms = 2.00 GB/s
+        assert (k("k:all_reduce", "kind"), k("k:all_reduce", "count"), k("k:all_reduce", "mb")) == \
+            ("all_reduce n=2", "2", "8.00")
+        assert (k("k:all_reduce", "pred"), k("k:all_reduce", "delta")) == ("8.00", "=")
+        assert (k("k:all_reduce", "busy"), k("k:all_reduce", "algbw"), k("k:all_reduce", "busbw")) == \
+            ("4.0", "2.00", "2.00")
+        # all_gather, n = 4: algbw 6e6 B / 2 ms = 3.00 GB/s, busbw x 3/4 = 2.25; 6 MB against 5 predicted: +20 %
+        assert (k("k:all_gather", "kind"), k("k:all_gather", "mb"), k("k:all_gather", "pred")) == \
+            ("all_gather n=4", "6.00", "5.00")
+        assert k("k:all_gather", "delta") == "+20.0%"
+        assert (k("k:all_gather", "algbw"), k("k:all_gather", "busbw")) == ("3.00", "2.25")
+        # the prediction names a reduce-scatter nobody counted
+        assert (k("k:reduce_scatter", "mb"), k("k:reduce_scatter", "pred"), k("k:reduce_scatter", "delta")) == \
+            ("0", "2.00", "-100%")
+        # per step: 14 MB of 15 predicted (-6.7 %), union busy 5 ms, exposed 3 ms: overlap 1 - 3/5 = 40 %;
+        # busbw (8e6 x 1 + 6e6 x 0.75) B / 5 ms = 2.50 GB/s
+        assert (k("all", "mb"), k("all", "pred"), k("all", "delta")) == ("14.0", "15.0", "-6.7%")
+        assert (k("all", "busy"), k("all", "busbw"), k("all", "exposed"), k("all", "overlap")) == \
+            ("5.0", "2.50", "3.0", "40")
+        assert k("k:all_reduce", "exposed") == "·"  # measured per step, not per kind
+        # no link peak known: the highest busbw seen is the reference
+        label = static_text(app, "#comm-chart-label")
+        assert label.startswith("busbw 2.50 GB/s") and "peak unknown (max seen 2.50)" in label
+        assert app.query_one("#comm-spark").data == [2.5, 2.5, 2.5]
+        exposed = static_text(app, "#comm-exposed")
+        # exposed 3 of 100 ms = 3.0 %; idle (5 + 3) / 100 = 8.0 %
+        assert "exposed comm 3.0 % of step" in exposed and "overlap 40 %" in exposed and "idle 8.0 %" in exposed
+        caption = static_text(app, "#comm-caption")
+        assert "all 4 ranks (mean per rank), steps 1–3" in caption
+        assert app.query_one("#comm-ranks", DataTable).row_count == 4
+        r = lambda row, col: table_cell(app, "#comm-ranks", row, col)  # noqa: E731
+        assert (r("r0", "mb"), r("r0", "exposed"), r("r0", "overlap"), r("r0", "idle"), r("r0", "busbw")) == \
+            ("14.0", "3.0", "40", "8.0", "2.50")
+
+
+async def test_comm_tab_one_rank_at_a_time_and_the_slowest_rank():
+    app = RingtopApp(messages=hsdp_run(slow_rank=3), source="hsdp")
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: app.replay_loaded, what="replay to load")
+        assert app.check_action("comm_rank", ()) is False  # `r` only on the Comm tab
+        await pilot.press("r")
+        assert app.comm_rank is None
+        await open_comm(app, pilot)
+        assert app.check_action("comm_rank", ()) is True
+        # the slowest rank: 150 ms against a median of 100: +50 %
+        caption = static_text(app, "#comm-caption")
+        assert "slowest: rank 3, step time +50 % over the median rank" in caption
+        assert table_cell(app, "#comm-ranks", "r3", "note") == "slowest +50%"
+        # rank 3: exposed 3 of 150 ms = 2.0 %, idle 8 / 150 = 5.3 %
+        assert (table_cell(app, "#comm-ranks", "r3", "exposed_pct"), table_cell(app, "#comm-ranks", "r3", "idle")) \
+            == ("2.0", "5.3")
+        await pilot.press("r")
+        await pilot.pause(0.3)
+        assert app.comm_rank == 0 and "— rank 0, steps 1–3" in static_text(app, "#comm-caption")
+        assert table_cell(app, "#comm-ranks", "r0", "rank") == "▶ 0"
+        for expected in (1, 2, 3, None):
+            await pilot.press("r")
+            assert app.comm_rank == expected
+        await pilot.pause(0.3)
+        assert "all 4 ranks" in static_text(app, "#comm-caption")
+
+
+async def test_verdict_panel_and_overview_alert_follow_verdicts_until_cleared():
+    app = RingtopApp(messages=hsdp_run(), source="hsdp")
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: app.replay_loaded, what="replay to load")
+        await pilot.pause(0.3)
+        assert "⚠" not in static_text(app, "#alert")
+        # rank 0 publishes a straggler verdict about rank 3, the way the live client delivers it
+        app.post_message(TelemetryBatch([verdict(3, text="rank 3 is a straggler: compute 145 ms per step, "
+                                                         "+52 % over the others' median 95 ms")], []))
+        await wait_until(pilot, lambda: "rank 3 is a straggler" in static_text(app, "#alert"), what="the alert")
+        alert = static_text(app, "#alert")
+        assert alert.startswith("⚠ rank 3 is a straggler: compute 145 ms per step")
+        await open_comm(app, pilot)
+        panel = static_text(app, "#verdicts")
+        assert "1 active" in panel and "⚠ straggler  rank 3  since step 20" in panel
+        assert "evidence compute_ms 210 · others_compute_ms 58" in panel
+        assert "advice   check that rank's host" in panel
+        assert "slowest rank 3: 150.0 ms/step, +50 % over the median rank" in panel
+        assert table_cell(app, "#comm-ranks", "r3", "note") == "⚠ straggler slowest +50%"
+
+        app.post_message(TelemetryBatch([cleared(3)], []))
+        await wait_until(pilot, lambda: "none active" in static_text(app, "#verdicts"), what="the verdict to clear")
+        panel = static_text(app, "#verdicts")
+        assert "rank 3 is a straggler" not in panel and "cleared: straggler (rank 3, step 40)" in panel
+        assert table_cell(app, "#comm-ranks", "r3", "note") == "slowest +50%"
+        await pilot.press("1")
+        await pilot.pause(0.3)
+        assert "straggler" not in static_text(app, "#alert")
+
+        # the end-of-run summary lists what was seen
+        app.post_message(TelemetryBatch([Event(
+            rank=0, seq=80, ts=1080.0, level="warn", kind="diagnosis", step=60,
+            text="diagnosis: rank 3 is a straggler",
+            data={"verdicts": [{"rule": "straggler", "rank": 3, "text": "rank 3 is a straggler", "advice": "a"}]})], []))
+        await wait_until(pilot, lambda: "end-of-run diagnosis" in static_text(app, "#alert"), what="the diagnosis")
+        await pilot.press("3")
+        await pilot.pause(0.3)
+        assert "end of run (step 60): 1 finding during the run" in static_text(app, "#verdicts")
+
+
+async def test_overview_idle_column_and_busbw_line_with_a_configured_peak():
+    app = RingtopApp(messages=hsdp_run(slow_rank=None), source="hsdp", link_peak_gbps=25.0)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_until(pilot, lambda: app.replay_loaded, what="replay to load")
+        await wait_until(pilot, lambda: app.query_one("#ranks").row_count == 4, what="four rows")
+        await pilot.pause(0.3)
+        labels = column_labels(app, "#ranks")
+        assert labels["idle_pct"] == "idle%" and "comm_pct" not in labels
+        assert cell(app, 0, "idle_pct") == "8.0"  # (data 5 + exposed 3) / 100 ms
+        # busbw 2.5 GB/s of the configured 25 GB/s = 10 %; exposed 3 % of the step
+        line = static_text(app, "#busbw-label")
+        assert line.split() == ["busbw", "GB/s", "2.50", "of", "25.0", "(10%)", "exposed", "comm", "3.0%"]
+        await pilot.press("3")
+        await pilot.pause(0.3)
+        assert static_text(app, "#comm-chart-label").startswith("busbw 2.50 GB/s of 25.0 (10 %)")

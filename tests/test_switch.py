@@ -1,0 +1,118 @@
+"""Live strategy switches on a real 2-rank run: every ordered pair of strategies, the training
+continuing exactly like a run that never switched; failures roll back with the state intact."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from ringtop.cli.ctl import send_command
+from ringtop.protocol import Event, Step
+
+from conftest import TESTS_DIR
+from reference import reference_run
+
+BATCH, SEQ, LR = 4, 32, 3e-4
+# One step between switches keeps the whole walk (43 switches) inside ~50 steps: beyond ~70 steps
+# this small-batch run becomes chaotic, and float-rounding differences between strategies (~1e-7)
+# grow past any tolerance even without a switch (seen between DDP and one big-batch process).
+COMMON = ("--steps", "0", "--batch-size", str(BATCH), "--seq-len", str(SEQ), "--lr", str(LR))
+TARGETS = {
+    "ddp": {"strategy": "ddp"},
+    "fsdp-full": {"strategy": "fsdp", "fsdp_sharding": "full"},
+    "fsdp-grad-op": {"strategy": "fsdp", "fsdp_sharding": "grad-op"},
+    "fsdp-no-shard": {"strategy": "fsdp", "fsdp_sharding": "no-shard"},
+    "zero1": {"strategy": "zero1"},
+    "zero2": {"strategy": "zero2"},
+    "zero3": {"strategy": "zero3"},
+}
+HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
+
+
+def every_ordered_pair(nodes: list[str], start: str) -> list[str]:
+    """A walk from `start` that crosses every ordered pair (a, b), a != b, exactly once
+    (an Eulerian circuit of the complete directed graph, by Hierholzer's algorithm)."""
+    unused = {a: [b for b in nodes if b != a] for a in nodes}
+    stack, walk = [start], []
+    while stack:
+        if unused[stack[-1]]:
+            stack.append(unused[stack[-1]].pop())
+        else:
+            walk.append(stack.pop())
+    return walk[::-1]
+
+
+def switch(run, **args):
+    replies = list(send_command(run.control, "switch", args, timeout_s=120))
+    return replies[-1]
+
+
+def mean_losses(run) -> dict[int, float]:
+    a = {s.step: s.loss for s in run.steps(0)}
+    b = {s.step: s.loss for s in run.steps(1)}
+    return {step: (a[step] + b[step]) / 2 for step in sorted(a) if step in b}
+
+
+def test_the_walk_covers_every_ordered_pair_once():
+    walk = every_ordered_pair(list(TARGETS), "ddp")
+    pairs = list(zip(walk, walk[1:]))
+    assert len(pairs) == len(set(pairs)) == 7 * 6 and walk[0] == walk[-1] == "ddp"
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.skipif(not HAS_DEEPSPEED, reason="DeepSpeed is not installed (pip install 'ringtop[deepspeed]')")
+def test_switching_through_every_pair_keeps_training_as_if_it_never_switched(launch_agents):
+    run = launch_agents(2, *COMMON, name="switching")
+    plain = launch_agents(2, *COMMON, name="never-switched")
+    run.wait_for_step(2)
+    walk = every_ordered_pair(list(TARGETS), "ddp")
+    durations = []
+    for target in walk[1:]:
+        done = switch(run, **TARGETS[target])
+        assert done.status == "done", done.error
+        durations.append(done.result["seconds"])
+        run.wait_for_step(done.result["step"] + 1)
+    last = max(s.step for s in run.steps(0))
+    for r in (run, plain):
+        r.wait_for_step(last)
+        assert list(send_command(r.control, "stop", {}, timeout_s=60))[-1].status == "done"
+        assert r.wait(60) == 0, r.output()[-3000:]
+
+    switched, never = mean_losses(run), mean_losses(plain)
+    switches = [e for e in run.messages(0) if isinstance(e, Event) and e.kind == "switch"]
+    assert len(switches) == 42 and all(e.level == "info" for e in switches)
+    steps = [s for s in switched if s in never]
+    assert len(steps) >= 43
+    worst = max(abs(switched[s] - never[s]) for s in steps)
+    assert worst <= 1e-6, f"largest loss difference from the run that never switched: {worst:.2e}"
+    expected, _ = reference_run(max(steps), 2 * BATCH, SEQ, LR)
+    assert [switched[s] for s in steps] == pytest.approx([expected[s - 1] for s in steps], rel=1e-5, abs=1e-6)
+    assert max(durations) < 30
+
+
+@pytest.mark.timeout(300)
+def test_failed_switches_roll_back_and_training_goes_on(launch_agents):
+    run = launch_agents(2, *COMMON, "--inject-fail-setup", "fsdp", entry=str(TESTS_DIR / "agent_without_deepspeed.py"))
+    run.wait_for_step(2)
+    not_installed = switch(run, strategy="zero2")
+    assert not_installed.status == "error" and "DeepSpeed is not installed" in not_installed.error
+    wrapping_fails = switch(run, strategy="fsdp")
+    assert wrapping_fails.status == "error" and "rolled back" in wrapping_fails.error
+    assert "injected failure while wrapping" in wrapping_fails.error
+    bad_option = switch(run, strategy="zero1", ds_config="/nonexistent/ds.json")
+    assert bad_option.status == "error"
+    unknown = switch(run, strategy="zero9")
+    assert unknown.code == "bad_arguments"
+    ok = switch(run, strategy="fsdp", fsdp_sharding="no-shard")
+    assert ok.status == "done", ok.error
+    step = max(s.step for s in run.steps(0))
+    run.wait_for_step(step + 3)
+    assert list(send_command(run.control, "stop", {}, timeout_s=60))[-1].status == "done"
+    assert run.wait(60) == 0, run.output()[-3000:]
+
+    errors = [e for e in run.messages(0) if isinstance(e, Event) and e.kind == "switch" and e.level == "error"]
+    assert len(errors) == 3 and all("still training with ddp" in e.text for e in errors)
+    losses = mean_losses(run)
+    expected, _ = reference_run(max(losses), 2 * BATCH, SEQ, LR)
+    assert list(losses.values()) == pytest.approx(expected, rel=1e-5, abs=1e-6)
