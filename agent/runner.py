@@ -11,6 +11,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -26,6 +27,7 @@ from ringtop.strategies.registry import build_strategy
 from . import checkpoint as ckpt
 from .config import BUILTIN_DATA, BUILTIN_MODEL, AgentConfig
 from .diagnostician import Diagnostician
+from .profiling import ProfileSession, gather_results
 from .switching import SwitchError, switch_strategy
 from .control import ControlServer, PendingCommand, StepSync, broadcast_bytes
 from .data import synthetic_batches
@@ -78,6 +80,7 @@ class Runner:
         self.sampler: SystemSampler | None = None
         self.tracer: CommTracer | None = None
         self.diagnostician: Diagnostician | None = None
+        self.profiling: ProfileSession | None = None
         self.sync: StepSync | None = None
         self.control_group = dist.new_group(backend="gloo") if ctx.world_size > 1 else None
         self.run_id = self._agree_on_run_id()
@@ -238,15 +241,17 @@ class Runner:
             phases.mark("data")
             loss = self.strategy.run_step(batch, model_call, phases)
             self.step += 1
+            if clock is not None:
+                timing, marks = clock.finish()
+                comm = self.tracer.drain()
+                self._pending.append(_PendingStep(self.step, loss.detach(), timing, marks, comm, batch_tokens(batch)))
+                self._publish_ready_steps()
+                if self.profiling is not None:
+                    self._profile_step(comm.blocked_ms)
             if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                 self._periodic_checkpoint()
             if self.diagnostician is not None and self.diagnostician.due(self.step):
                 self.diagnostician.run_rules()
-            if clock is not None:
-                timing, marks = clock.finish()
-                self._pending.append(_PendingStep(self.step, loss.detach(), timing, marks, self.tracer.drain(),
-                                                  batch_tokens(batch)))
-                self._publish_ready_steps()
         self._publish_ready_steps(wait=True)
         if self.diagnostician is not None:
             self.diagnostician.run_rules()
@@ -315,7 +320,16 @@ class Runner:
                 self.stop_reason = f"stopped by user: {pending.args.reason}"
                 result = {"step": self.step}
             elif command.cmd == "switch":
+                if self.profiling is not None:
+                    raise RuntimeError("a profile is being recorded; switch after it finishes")
                 result = self._switch(pending.args)
+            elif command.cmd == "profile":
+                if self.profiling is not None:
+                    raise RuntimeError("a profile is already being recorded")
+                directory = Path(self.cfg.log_dir or ".") / "profile"
+                self.profiling = ProfileSession(pending.args.steps, self.step + 1, directory, self.ctx.rank, command)
+                self._event("info", "profile", f"profiling steps {self.step + 1}..{self.step + pending.args.steps}")
+                return  # answered when the last profiled step is done
             else:
                 raise ValueError(f"command {command.cmd!r} cannot be applied at a step boundary")
         except Exception as exc:
@@ -325,6 +339,31 @@ class Runner:
             return
         if self.control is not None:
             self.control.reply(command, "done", result=result)
+
+    def _profile_step(self, live_blocked_ms: float) -> None:
+        session = self.profiling
+        if not session.step_done(live_blocked_ms):
+            return
+        self.profiling = None
+        try:
+            mine = session.finish()
+        except Exception as exc:
+            mine = {"rank": self.ctx.rank, "error": f"{type(exc).__name__}: {exc}"}
+        results = gather_results(mine, self.control_group, self.ctx.world_size)
+        if self.ctx.rank != 0:
+            return
+        failed = [r for r in results if "error" in r]
+        if failed:
+            if self.control is not None:
+                self.control.reply(session.command, "error", error=f"profile failed: {failed[0]['error']}", code="failed")
+            self._event("error", "profile", f"profile failed: {failed[0]['error']}")
+            return
+        result = {"ranks": results, "steps": session.steps}
+        text = "; ".join(f"rank {r['rank']}: exposed comm {r['exposed_comm_ms_per_step_trace']:.1f} ms/step "
+                         f"from the trace vs {r['exposed_comm_ms_per_step_live']:.1f} live" for r in results)
+        self._event("info", "profile", f"profile of {session.steps} steps: {text}", result)
+        if self.control is not None:
+            self.control.reply(session.command, "done", result=result)
 
     def _switch(self, args) -> dict[str, Any]:
         new_cfg = msgspec.structs.replace(

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from ringtop.protocol import CommStat, Event, Hello, Prediction, Step
-from ringtop.tui.comm import busbw_series, comm_window, peak_ref
+from ringtop.tui.comm import busbw_series, comm_window, peak_ref, slowest_rank
 from ringtop.tui.view_model import RunView
 
 # Every rank, every step (the "HSDP-like" run: all-reduce inside pairs, all-gather over all 4):
@@ -115,6 +115,23 @@ def test_overlap_is_clamped_and_absent_things_are_nan_or_none():
     # nothing at all
     empty = comm_window(RunView())
     assert empty.empty and math.isnan(empty.overlap_pct) and math.isnan(empty.busbw_gbps)
+
+
+def test_slowest_rank_by_compute_when_ranks_run_in_lockstep():
+    v = RunView()
+    for r in (0, 1):
+        v.apply(hello(r, world_size=2), now=1.0)
+    # equal step times; rank 0 waits 150 ms at the all-reduce for rank 1, which waits 10 ms:
+    # compute 200 - 150 - 0 = 50 ms against 200 - 10 - 0 = 190 ms: rank 1, +280 %
+    for n in (1, 2):
+        v.apply(step(0, n, step_ms=200.0, data_ms=0.0, comm_blocked_ms=150.0, comm_busy_ms=160.0), now=1.0)
+        v.apply(step(1, n, step_ms=200.0, data_ms=0.0, comm_blocked_ms=10.0, comm_busy_ms=20.0), now=1.0)
+    s = slowest_rank(v)
+    assert s is not None and (s.rank, s.compute_ms, s.others_median_ms) == (1, 190.0, 50.0)
+    assert s.excess_pct == pytest.approx(280.0) and s.step_excess_pct == pytest.approx(0.0)
+    # within a few percent: nobody is named
+    v2 = run(ranks=2, steps=2)
+    assert slowest_rank(v2) is None
 
 
 def test_peak_reference_hook_and_from_the_agents_evidence():

@@ -325,7 +325,8 @@ def test_ui_runs_in_a_process_where_torch_cannot_be_imported(tmp_path):
                     await pilot.pause(0.02)
                     if app.query_one("#comm-kinds").row_count:
                         break
-                print("COMM", app.query_one("#comm-kinds").row_count, str(app.query_one("#comm-kinds").get_cell("all", "busbw")))
+                kinds = app.query_one("#comm-kinds")
+                print("COMM", kinds.row_count, str(kinds.get_cell("all", "busbw")))
 
         asyncio.run(main())
         assert sys.modules["torch"] is None

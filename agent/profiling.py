@@ -1,0 +1,60 @@
+"""`profile STEPS`: every rank records the next STEPS steps with the PyTorch profiler, writes a
+Chrome trace, and reports the exposed communication read from the trace (communication minus its
+overlap with compute) beside the live estimate the tracer gave for the same steps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .trace_analysis import analyze_trace
+
+
+@dataclass
+class ProfileSession:
+    steps: int
+    first_step: int
+    directory: Path
+    rank: int
+    command: Any = None
+    live_blocked_ms: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self.profiler = torch.profiler.profile(activities=activities)
+        self.profiler.__enter__()
+
+    def step_done(self, live_blocked_ms: float) -> bool:
+        """Called after each profiled step; True once the last one is recorded."""
+        self.profiler.step()
+        self.live_blocked_ms.append(live_blocked_ms)
+        return len(self.live_blocked_ms) >= self.steps
+
+    def finish(self) -> dict[str, Any]:
+        self.profiler.__exit__(None, None, None)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / f"step-{self.first_step:08d}-rank-{self.rank}.json"
+        self.profiler.export_chrome_trace(str(path))
+        analysis = analyze_trace(path)
+        steps = max(len(analysis.steps), 1)
+        return {
+            "rank": self.rank, "trace": str(path), "steps": self.steps,
+            "exposed_comm_ms_per_step_trace": round(analysis.exposed_comm_ms / steps, 3),
+            "comm_ms_per_step_trace": round(analysis.comm_ms / steps, 3),
+            "overlap_pct_trace": round(analysis.overlap_pct, 1),
+            "exposed_comm_ms_per_step_live": round(sum(self.live_blocked_ms) / len(self.live_blocked_ms), 3),
+        }
+
+
+def gather_results(result: dict[str, Any], group: dist.ProcessGroup | None, world_size: int) -> list[dict[str, Any]]:
+    if group is None:
+        return [result]
+    out: list[Any] = [None] * world_size
+    dist.all_gather_object(out, result, group=group)
+    return out
