@@ -211,3 +211,13 @@ def test_comm_modules_have_no_ui_imports_beyond_rich():
 
     src = open(c.__file__).read()
     assert "textual" not in src and "import torch" not in src and "rich" not in src
+
+
+def test_bandwidth_and_size_formats():
+    from ringtop.tui.comm_tab import gbps, mb, per_step
+
+    assert [gbps(x) for x in (float("nan"), 0.0, 0.0004, 0.00137, 0.0137, 0.5, 2.25, 13.7, 450.0)] == \
+        ["-", "0", "4.0e-04", "0.00137", "0.0137", "0.500", "2.25", "13.7", "450"]
+    assert [mb(x) for x in (None, 0, 4_221_952, 12_665_856, 422_195_200, 4_221_952_000)] == \
+        ["-", "0", "4.22", "12.7", "422", "4,222"]
+    assert [per_step(x) for x in (2.0, 1.95, 10.0)] == ["2", "1.95", "10"]

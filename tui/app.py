@@ -25,6 +25,19 @@ from textual.message import Message
 from textual.widgets import DataTable, Footer, RichLog, Sparkline, Static, TabbedContent, TabPane
 
 from . import fmt
+from .comm import busbw_series, comm_window, peak_ref, slowest_rank
+from .comm_tab import (
+    alert_verdict_line,
+    busbw_label,
+    comm_caption,
+    exposed_text,
+    kinds_columns,
+    kinds_rows,
+    overview_comm_label,
+    ranks_columns,
+    ranks_rows,
+    verdict_panel,
+)
 from .connection import TelemetryClient
 from .memory import fit_table
 from .memory_tab import fit_caption, fit_columns, fit_rows, memory_caption, memory_columns, memory_rows, on_gpu
@@ -57,12 +70,16 @@ COLUMNS: list[tuple[str, str, int]] = [
     ("tok_s", "tok/s", 6),
     ("mem", "mem", 9),
     ("comm_mb_s", "comm MB/s", 9),
-    ("comm_pct", "comm%", 5),
+    ("idle_pct", "idle%", 5),
     ("cpu", "cpu%", 4),
     ("drops", "drops", 5),
     ("note", "note", 22),
 ]
-NUMERIC = {"rank", "step", "step_ms", "loss", "tok_s", "mem", "comm_mb_s", "comm_kinds", "comm_pct", "cpu", "drops"}
+NUMERIC = {"rank", "step", "step_ms", "loss", "tok_s", "mem", "comm_mb_s", "comm_kinds", "idle_pct", "cpu", "drops"}
+# idle% = (data + exposed comm) / step: the DESIGN's "time a rank waits on data or exposed
+# communication". It replaces a separate comm% column (exposed comm / step), which would differ only by
+# the data time and does not fit 120 columns beside it; the exposed share is on the busbw chart line
+# below the table and per rank on the Comm tab.
 TABLE_WIDTH = 118
 """The Overview table's width budget (cells plus one padding cell each side): a 120-column terminal.
 The note column shrinks (to NOTE_MIN_WIDTH) to make room for the per-kind column, whose label drops
@@ -136,7 +153,13 @@ class RingtopApp(App):
     #overview-body { height: 1fr; }
     #ranks { height: auto; max-height: 75%; }
     .chart { height: 1; margin: 0 1; }
-    .chart-label { width: 44; }
+    .chart-label { width: 50; }
+    .comm-line { height: 1; margin: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
+    #comm-body { height: 1fr; }
+    #comm-kinds { height: auto; max-height: 12; }
+    #comm-ranks { height: auto; max-height: 50%; margin: 1 0 0 0; }
+    #comm-chart-label { width: auto; max-width: 70; padding: 0 2 0 0; }
+    #verdicts { height: auto; margin: 1 1 0 1; padding: 0 1; border-left: thick $warning; }
     .chart Sparkline { width: 1fr; }
     #alert { height: auto; max-height: 3; margin: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
     #event-log { height: 1fr; }
@@ -152,7 +175,9 @@ class RingtopApp(App):
         Binding("s", "status", "status"),
         Binding("1", "show_tab('overview')", "overview"),
         Binding("2", "show_tab('memory')", "memory"),
-        Binding("3", "show_tab('events')", "events"),
+        Binding("3", "show_tab('comm')", "comm"),
+        Binding("4", "show_tab('events')", "events"),
+        Binding("r", "comm_rank", "rank/all"),
         Binding("q", "quit", "quit"),
     ]
 
@@ -165,6 +190,7 @@ class RingtopApp(App):
         problems: Iterable[str] = (),
         source: str = "",
         stale_after_s: float = 3.0,
+        link_peak_gbps: float = 0.0,
     ) -> None:
         super().__init__()
         if messages is None and publish_addr is None:
@@ -178,6 +204,12 @@ class RingtopApp(App):
         self.replay_applied = 0
         self.replay_loaded = not self.replay
         self.view = RunView(stale_after_s=stale_after_s)
+        if link_peak_gbps:
+            # the hook for the link's peak (GB/s per direction, as ringtop.strategies.links), e.g. `--link`
+            self.view.set_link_peak(link_peak_gbps, "configured")
+        self.comm_rank: int | None = None
+        """The Comm tab's selection: a rank, or None for all ranks."""
+        self._comm_cache: dict[tuple, Any] = {}
         self.client: TelemetryClient | None = None
         self._events_shown = 0
         self._shown: dict[str, Any] = {}
@@ -202,6 +234,9 @@ class RingtopApp(App):
                 with Horizontal(classes="chart"):
                     yield Static(id="loss-label", classes="chart-label")
                     yield Sparkline([], id="loss-spark")
+                with Horizontal(classes="chart"):
+                    yield Static(id="busbw-label", classes="chart-label")
+                    yield Sparkline([], id="busbw-spark")
                 yield Static(id="alert")
             with TabPane("Memory", id="memory"):
                 with VerticalScroll(id="memory-body"):
@@ -209,6 +244,16 @@ class RingtopApp(App):
                     yield DataTable(id="mem-ranks", cursor_type="none", zebra_stripes=True)
                     yield Static(id="fit-caption", classes="caption")
                     yield DataTable(id="fit", cursor_type="none")
+            with TabPane("Comm", id="comm"):
+                with VerticalScroll(id="comm-body"):
+                    yield Static(id="comm-caption", classes="caption")
+                    yield DataTable(id="comm-kinds", cursor_type="none", zebra_stripes=True)
+                    with Horizontal(classes="chart"):
+                        yield Static(id="comm-chart-label")
+                        yield Sparkline([], id="comm-spark")
+                    yield Static(id="comm-exposed", classes="comm-line")
+                    yield DataTable(id="comm-ranks", cursor_type="none", zebra_stripes=True)
+                    yield Static(id="verdicts")
             with TabPane("Events", id="events"):
                 yield RichLog(id="event-log", max_lines=2000, wrap=True, markup=False, auto_scroll=True)
         yield Footer()
@@ -223,6 +268,8 @@ class RingtopApp(App):
         self._table("#ranks").set_columns(overview_columns([]))
         self._table("#mem-ranks").set_columns(memory_columns(False))
         self._table("#fit").set_columns(fit_columns())
+        self._table("#comm-kinds").set_columns(kinds_columns())
+        self._table("#comm-ranks").set_columns(ranks_columns())
         if self.replay:
             self.sub_title = f"replay {self.source}"
             for p in self._replay_problems:
@@ -292,7 +339,26 @@ class RingtopApp(App):
         self.query_one(TabbedContent).active = tab
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        self.refresh_bindings()  # `r` shows in the footer on the Comm tab only
         self.call_after_refresh(self.refresh_view)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "comm_rank":
+            try:
+                return self.query_one(TabbedContent).active == "comm"
+            except Exception:
+                return False
+        return True
+
+    def action_comm_rank(self) -> None:
+        """The Comm tab's selection: all ranks → rank 0 → rank 1 → … → all ranks."""
+        ranks = sorted(self.view.ranks)
+        if self.comm_rank is None:
+            self.comm_rank = ranks[0] if ranks else None
+        else:
+            later = [r for r in ranks if r > self.comm_rank]
+            self.comm_rank = later[0] if later else None
+        self.refresh_view()
 
     def action_checkpoint(self) -> None:
         self._send("checkpoint", {"kind": "full"})
@@ -325,6 +391,7 @@ class RingtopApp(App):
         self._render_table()
         self._render_charts()
         self._render_alert()
+        self._render_comm()
         self._render_memory()
         self._render_events()
 
@@ -433,7 +500,7 @@ class RingtopApp(App):
             "comm_mb_s": (fmt.num(row.comm_mb_s, 1) if math.isfinite(row.comm_mb_s) else "-", ""),
             "comm_kinds": ("/".join(mb_compact(row.comm_kind_mb_s[k]) if k in row.comm_kind_mb_s else "-"
                                     for k in v.comm_kinds) if row.step >= 0 else "-", ""),
-            "comm_pct": (fmt.num(row.comm_share_pct, 1), ""),
+            "idle_pct": (fmt.num(row.idle_pct, 1), ""),
             "cpu": (fmt.num(row.cpu_percent, 0), ""),
             "drops": (f"{row.drops:,}", "yellow" if row.drops else ""),
             "note": (note, note_style),
@@ -480,12 +547,61 @@ class RingtopApp(App):
         losses = v.loss_history
         self._set_spark("#loss-spark", losses)
         self._set_static("#loss-label", _chart_label("loss (mean)", losses, fmt.loss))
+        if self.query_one(TabbedContent).active == "overview":
+            window, series, ref = self.comm_data(None)
+            self._set_comm_spark("#busbw-spark", series, None)
+            self._set_static("#busbw-label", overview_comm_label(window, ref))
+
+    def comm_data(self, rank: int | None):
+        """(window, busbw series, peak reference) for a rank or all ranks, recomputed only when the
+        view's communication figures changed."""
+        key = (self.view.comm_version, rank)
+        got = self._comm_cache.get(key)
+        if got is None:
+            if len(self._comm_cache) > 8:
+                self._comm_cache.clear()
+            window = comm_window(self.view, rank)
+            series = busbw_series(self.view, rank)
+            got = self._comm_cache[key] = (window, series, peak_ref(self.view, series))
+        return got
+
+    def _set_comm_spark(self, selector: str, data: list[float], rank: int | None) -> None:
+        key = (self.view.comm_version, rank)
+        if self._shown.get(selector) != key:
+            self._shown[selector] = key
+            self.query_one(selector, Sparkline).data = data
+
+    def _render_comm(self) -> None:
+        # Only while the tab is shown, like the Memory tab.
+        if self.query_one(TabbedContent).active != "comm":
+            return
+        v = self.view
+        if self.comm_rank is not None and self.comm_rank not in v.ranks:
+            self.comm_rank = None  # a new run
+        rank = self.comm_rank
+        window, series, ref = self.comm_data(rank)
+        key = ("slowest", v.comm_version)
+        if key not in self._comm_cache:
+            self._comm_cache[key] = slowest_rank(v)
+        slow = self._comm_cache[key]
+        self._set_static("#comm-caption", comm_caption(v, window, rank, slowest=slow))
+        self._table("#comm-kinds").set_rows(kinds_rows(window))
+        self._set_comm_spark("#comm-spark", series, rank)
+        self._set_static("#comm-chart-label", busbw_label(window, ref))
+        self._set_static("#comm-exposed", exposed_text(window))
+        self._table("#comm-ranks").set_rows(ranks_rows(v, rank, slowest=slow))
+        self._set_static("#verdicts", verdict_panel(v, slowest=slow))
 
     def _render_alert(self) -> None:
         v = self.view
         t = Text(no_wrap=True, overflow="ellipsis")
+        verdict = alert_verdict_line(v)
+        if verdict is not None:
+            t.append_text(verdict)
         if v.slowest_rank is not None and math.isfinite(v.slowest_excess_pct) and v.slowest_excess_pct >= 5:
             row = v.ranks[v.slowest_rank]
+            if t.plain:
+                t.append("\n")
             t.append("▲ ", style="bold yellow")
             t.append(f"rank {row.rank} slowest: {fmt.ms(row.recent_step_ms())} ms/step over the last "
                      f"{min(len(row.step_ms_history), 20)} steps, +{v.slowest_excess_pct:.0f}% vs the median rank")
@@ -540,9 +656,10 @@ def _chart_label(name: str, data: list[float], f) -> Text:
 # ---------------------------------------------------------------------- entry points
 
 
-def run_live(publish: str, control: str | None = None) -> int:
-    """Run the UI against a live run (rank 0's publish and control addresses)."""
-    app = RingtopApp(publish_addr=publish, control_addr=control)
+def run_live(publish: str, control: str | None = None, *, link_peak_gbps: float = 0.0) -> int:
+    """Run the UI against a live run (rank 0's publish and control addresses). `link_peak_gbps`:
+    the link's peak per direction for the busbw reference (0: unknown; see ringtop.strategies.links)."""
+    app = RingtopApp(publish_addr=publish, control_addr=control, link_peak_gbps=link_peak_gbps)
     try:
         app.run()
     finally:
@@ -550,13 +667,13 @@ def run_live(publish: str, control: str | None = None) -> int:
     return 0
 
 
-def run_replay(logdir: str | Path) -> int:
+def run_replay(logdir: str | Path, *, link_peak_gbps: float = 0.0) -> int:
     """Replay a log directory; prints the problem and returns 2 when it cannot be read."""
     try:
         log = load_replay(logdir)
     except ReplayError as exc:
         print(f"ringtop: {exc}", file=sys.stderr)
         return 2
-    app = RingtopApp(messages=log.messages, problems=log.problems, source=str(logdir))
+    app = RingtopApp(messages=log.messages, problems=log.problems, source=str(logdir), link_peak_gbps=link_peak_gbps)
     app.run()
     return 0

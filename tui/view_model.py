@@ -44,6 +44,10 @@ COMM_KIND_ORDER = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 """Collective kinds in the order the screens list them; other kinds follow alphabetically."""
 COMM_KIND_ABBR = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG", "broadcast": "BC",
                   "reduce": "RD", "all_to_all": "A2A", "send": "P2P", "recv": "P2P", "barrier": "BAR"}
+VERDICT_KINDS = ("verdict", "verdict_cleared", "diagnosis")
+"""Event kinds of rank 0's diagnosis: folded into `RunView.verdicts` / `RunView.diagnosis` (and still
+listed as events), shown on their own line rather than as the Overview's last warning."""
+MAX_CLEARED_VERDICTS = 20
 REJECT_EVENT_EVERY_S = 1.0
 """At most one event line per this many seconds for rejected frames; all are counted."""
 
@@ -175,6 +179,11 @@ class RankRow:
     """Sum of CommStat.bytes in the step / step time, in MB/s (1 MB = 1e6 bytes)."""
     comm_share_pct: float = math.nan
     """comm_blocked_ms / step_ms, in percent."""
+    comm_busy_ms: float = 0.0
+    """Wall time with a collective in flight in the latest step (Step.comm_busy_ms)."""
+    idle_pct: float = math.nan
+    """(data_ms + comm_blocked_ms) / step_ms, in percent: the share of the step this rank waited on
+    input or on exposed communication (DESIGN's idle %)."""
     comm: list = field(default_factory=list)
     comm_kind_bytes: dict[str, int] = field(default_factory=dict)
     """Per collective kind, payload bytes in the latest step."""
@@ -210,6 +219,8 @@ class RankRow:
     step_ms_stat: RunningStat = field(default_factory=RunningStat)
     step_ms_history: deque = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
     loss_history: deque = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
+    comm_history: deque = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
+    """This rank's `CommStep` per step, oldest first (for the Comm tab's window and chart)."""
 
     @property
     def drops(self) -> int:
@@ -269,6 +280,71 @@ class StepPoint:
     ranks: int
 
 
+@dataclass(slots=True)
+class CommStep:
+    """Communication of one step: one rank's (`RankRow.comm_history`), or summed over the ranks that
+    reported that step number (`RunView.comm_steps`). Sums, so windows add them up; `ranks` counts
+    the rank-steps summed, the divisor for per-step means."""
+
+    step: int
+    ranks: int = 0
+    step_ms: float = 0.0
+    data_ms: float = 0.0
+    blocked_ms: float = 0.0
+    """Exposed communication (Step.comm_blocked_ms)."""
+    busy_ms: float = 0.0
+    """Union of in-flight collective intervals (Step.comm_busy_ms)."""
+    kinds: dict[tuple[str, int], list] = field(default_factory=dict)
+    """(kind, group size) -> [count, bytes, busy_ms]; busy_ms per kind adds each call's own time."""
+
+    def add(self, other: "CommStep") -> None:
+        self.ranks += other.ranks
+        self.step_ms += other.step_ms
+        self.data_ms += other.data_ms
+        self.blocked_ms += other.blocked_ms
+        self.busy_ms += other.busy_ms
+        for key, (count, nbytes, busy) in other.kinds.items():
+            acc = self.kinds.get(key)
+            if acc is None:
+                self.kinds[key] = [count, nbytes, busy]
+            else:
+                acc[0] += count
+                acc[1] += nbytes
+                acc[2] += busy
+
+
+@dataclass
+class VerdictState:
+    """One finding of rank 0's diagnosis (an Event of kind `verdict`), until `verdict_cleared`."""
+
+    rule: str
+    rank: int | None
+    """The rank it is about; None for the whole run (e.g. communication-bound)."""
+    text: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    advice: str = ""
+    step: int = -1
+    ts: float = 0.0
+    level: str = "warn"
+    order: int = 0
+    """Arrival order: the newest verdict has the highest."""
+    cleared_step: int = -1
+
+    @property
+    def key(self) -> tuple[str, int | None]:
+        return self.rule, self.rank
+
+
+@dataclass
+class Diagnosis:
+    """The end-of-run summary (Event kind `diagnosis`): every verdict seen during the run."""
+
+    text: str
+    step: int = -1
+    ts: float = 0.0
+    verdicts: list[VerdictState] = field(default_factory=list)
+
+
 @dataclass(frozen=True)
 class EventLine:
     seq: int
@@ -308,6 +384,7 @@ class RunView:
         self.stale_after_s = stale_after_s
         self.history_points = history_points
         self.max_events = max_events
+        self._configured_peak: tuple[float, str] = (0.0, "")
         self._reset()
 
     def _reset(self) -> None:
@@ -332,6 +409,21 @@ class RunView:
         self._slowest_dirty = False
         self.last_warning: EventLine | None = None
         self._comm_kinds: set[str] = set()
+        self.comm_steps: dict[int, CommStep] = {}
+        """Per step number, communication summed over the ranks that reported it (bounded)."""
+        self.comm_version = getattr(self, "comm_version", 0) + 1
+        """Bumped whenever anything the Comm tab shows changes (steps, predictions, the link peak)."""
+        self.verdicts: dict[tuple[str, int | None], VerdictState] = {}
+        """Active verdicts: `verdict` events not yet followed by a matching `verdict_cleared`."""
+        self.cleared_verdicts: deque[VerdictState] = deque(maxlen=MAX_CLEARED_VERDICTS)
+        self.diagnosis: Diagnosis | None = None
+        self._verdict_order = 0
+        self.link_peak_gbps: float = 0.0
+        """The link's peak bandwidth per direction in GB/s, the reference for busbw; 0 = unknown.
+        Hook: set it with `set_link_peak` (the app's `link_peak_gbps`, e.g. from `--link`); it is also
+        taken from a verdict's evidence (`link_peak_gbps`, the agent's `--link`)."""
+        self.link_peak_source = ""
+        self.link_peak_gbps, self.link_peak_source = self._configured_peak
 
     # ------------------------------------------------------------------ input
 
@@ -384,6 +476,8 @@ class RunView:
                 row.step = msg.step
             row.agent_drops = max(row.agent_drops, msg.drops)
         elif isinstance(msg, Event):
+            if msg.kind in VERDICT_KINDS:
+                self._on_verdict_event(msg)
             self._add_event(msg.level, msg.rank, self._event_text(msg), msg.ts, kind=msg.kind)
         elif isinstance(msg, Bye):
             self._on_bye(row, msg)
@@ -419,6 +513,14 @@ class RunView:
     def note(self, text: str, level: str = "info", kind: str = "ui") -> None:
         """An event line that comes from the UI itself (e.g. 'not connected')."""
         self._add_event(level, None, text, time.time(), kind=kind)
+
+    def set_link_peak(self, gbps: float, source: str = "configured") -> None:
+        """The hook for the link's peak (GB/s per direction, what busbw is held against); 0 clears it.
+        A configured peak wins over one the agent reports, and survives a new run."""
+        gbps = float(gbps) if isinstance(gbps, (int, float)) and math.isfinite(gbps) and gbps > 0 else 0.0
+        self._configured_peak = (gbps, source if gbps else "")
+        self.link_peak_gbps, self.link_peak_source = self._configured_peak
+        self.comm_version += 1
 
     def tick(self, now: float) -> str:
         """Update connection state (and per-rank silence) as of `now`; returns the state."""
@@ -503,6 +605,11 @@ class RunView:
         return known + sorted(self._comm_kinds.difference(COMM_KIND_ORDER))
 
     @property
+    def active_verdicts(self) -> list[VerdictState]:
+        """Verdicts in force, newest first."""
+        return sorted(self.verdicts.values(), key=lambda v: v.order, reverse=True)
+
+    @property
     def total_drops(self) -> int:
         return sum(r.drops for r in self.ranks.values())
 
@@ -514,6 +621,7 @@ class RunView:
             row = RankRow(rank=rank, device_mem_total_bytes=self.facts.device_mem_total_bytes)
             row.step_ms_history = deque(maxlen=self.history_points)
             row.loss_history = deque(maxlen=self.history_points)
+            row.comm_history = deque(maxlen=self.history_points)
             self.ranks[rank] = row
             self._live.add(rank)
         return row
@@ -538,6 +646,7 @@ class RunView:
             f.world_size = msg.world_size or f.world_size
             if msg.strategy and (msg.strategy, dict(msg.strategy_options)) != (f.strategy, f.strategy_options):
                 self._comm_kinds.clear()  # a new strategy talks in other collectives
+                self._clear_comm_windows()
                 f.strategy = msg.strategy
                 f.strategy_options = dict(msg.strategy_options)
             f.sharding = msg.sharding
@@ -583,7 +692,12 @@ class RunView:
         row.pid = msg.pid or row.pid
         row.local_rank = msg.local_rank
         row.device = msg.device or row.device
+        if row.prediction != msg.prediction:
+            self.comm_version += 1
         row.prediction = msg.prediction
+        peak = getattr(msg, "link_peak_gbps", 0.0)  # hook: a Hello that states the link's peak
+        if peak:
+            self._agent_link_peak(peak, f"rank {msg.rank}")
         if msg.device_mem_total_bytes:
             row.device_mem_total_bytes = msg.device_mem_total_bytes
         if msg.start_step and row.step < 0:
@@ -624,15 +738,19 @@ class RunView:
             kinds[c.kind] = kinds.get(c.kind, 0) + c.bytes
         row.comm_kind_bytes = kinds
         self._comm_kinds.update(kinds)
+        row.comm_busy_ms = msg.comm_busy_ms
         if msg.step_ms > 0:
             step_s = msg.step_ms / 1000.0
             row.comm_mb_s = row.comm_bytes / step_s / 1e6
             row.comm_kind_mb_s = {k: b / step_s / 1e6 for k, b in kinds.items()}
             row.comm_share_pct = 100.0 * msg.comm_blocked_ms / msg.step_ms
+            row.idle_pct = 100.0 * (msg.data_ms + msg.comm_blocked_ms) / msg.step_ms
         else:
             row.comm_mb_s = math.nan
             row.comm_kind_mb_s = {k: math.nan for k in kinds}
             row.comm_share_pct = math.nan
+            row.idle_pct = math.nan
+        self._collect_comm(row, msg)
         if msg.cpu_percent:
             row.cpu_percent = msg.cpu_percent
         row.agent_drops = max(row.agent_drops, msg.drops)
@@ -642,6 +760,84 @@ class RunView:
         row.loss_history.append(loss)
         self._collect_step(msg.step, msg.rank, msg.step_ms, loss)
         self._slowest_dirty = True
+
+    def _clear_comm_windows(self) -> None:
+        """A new strategy: the Comm tab's window and chart start again (its figures are per strategy)."""
+        self.comm_steps.clear()
+        for r in self.ranks.values():
+            r.comm_history.clear()
+        self.comm_version += 1
+
+    def _collect_comm(self, row: RankRow, msg: Step) -> None:
+        if not (math.isfinite(msg.step_ms) and msg.step_ms > 0):
+            return
+        cs = CommStep(step=msg.step, ranks=1, step_ms=msg.step_ms, data_ms=_finite_or_0(msg.data_ms),
+                      blocked_ms=_finite_or_0(msg.comm_blocked_ms), busy_ms=_finite_or_0(msg.comm_busy_ms))
+        for c in msg.comm:
+            key = (c.kind, c.group_size)
+            acc = cs.kinds.setdefault(key, [0, 0, 0.0])
+            acc[0] += c.count
+            acc[1] += c.bytes
+            acc[2] += _finite_or_0(c.busy_ms)
+        row.comm_history.append(cs)
+        self.comm_version += 1
+        agg = self.comm_steps.get(msg.step)
+        if agg is None:
+            if len(self.comm_steps) >= self.history_points and msg.step < min(self.comm_steps):
+                return  # older than everything kept
+            agg = self.comm_steps[msg.step] = CommStep(step=msg.step)
+            if len(self.comm_steps) > self.history_points:
+                del self.comm_steps[min(self.comm_steps)]
+        agg.add(cs)
+
+    def _on_verdict_event(self, msg: Event) -> None:
+        data = msg.data if isinstance(msg.data, dict) else {}
+        if msg.kind == "diagnosis":
+            found = data.get("verdicts")
+            verdicts = []
+            for d in found if isinstance(found, list) else []:
+                if isinstance(d, dict):
+                    v = self._verdict_from(d, msg, text=str(d.get("text") or ""))
+                    live = self.verdicts.get(v.key)
+                    if live is not None and not v.evidence:
+                        v.evidence = dict(live.evidence)
+                    verdicts.append(v)
+            self.diagnosis = Diagnosis(text=msg.text, step=msg.step, ts=msg.ts, verdicts=verdicts)
+            return
+        v = self._verdict_from(data, msg, text=msg.text)
+        if msg.kind == "verdict":
+            self._verdict_order += 1
+            v.order = self._verdict_order
+            self.verdicts[v.key] = v
+            peak = v.evidence.get("link_peak_gbps")
+            if isinstance(peak, (int, float)) and peak > 0:
+                self._agent_link_peak(float(peak), "the agent (--link)")
+        else:  # verdict_cleared
+            gone = self.verdicts.pop(v.key, None)
+            if gone is not None:
+                gone.cleared_step = msg.step
+                self.cleared_verdicts.append(gone)
+
+    @staticmethod
+    def _verdict_from(data: dict[str, Any], msg: Event, text: str) -> VerdictState:
+        rule = data.get("rule")
+        rank = data.get("rank")
+        evidence = data.get("evidence")
+        advice = data.get("advice")
+        return VerdictState(
+            rule=rule if isinstance(rule, str) and rule else (msg.kind or "?"),
+            rank=rank if isinstance(rank, int) and not isinstance(rank, bool) else None,
+            text=text or msg.text or str(rule or msg.kind),
+            evidence=dict(evidence) if isinstance(evidence, dict) else {},
+            advice=advice if isinstance(advice, str) else "",
+            step=msg.step, ts=msg.ts, level=msg.level)
+
+    def _agent_link_peak(self, gbps: float, source: str) -> None:
+        if self._configured_peak[0] > 0 or not (math.isfinite(gbps) and gbps > 0):
+            return  # a peak configured in the UI wins
+        if (self.link_peak_gbps, self.link_peak_source) != (gbps, source):
+            self.link_peak_gbps, self.link_peak_source = gbps, source
+            self.comm_version += 1
 
     def _collect_step(self, step: int, rank: int, step_ms: float, loss: float) -> None:
         if self.steps and step <= self.steps[-1].step:
@@ -697,6 +893,7 @@ class RunView:
         was_ended = self.is_ended
         row.bye_ts = msg.ts
         row.ended = True
+        self.comm_version += 1  # the Comm tab's slowest rank is among live ranks
         self._live.discard(row.rank)
         row.bye_reason = msg.reason or ("finished" if msg.ok else "failed")
         row.bye_ok = msg.ok
@@ -762,8 +959,12 @@ class RunView:
                          kind=kind, cmd_id=cmd_id)
         self.events_total += 1
         self.events.append(line)
-        if level in ("warn", "error"):
+        if level in ("warn", "error") and kind not in VERDICT_KINDS:  # verdicts have their own line
             self.last_warning = line
+
+
+def _finite_or_0(x: float) -> float:
+    return x if isinstance(x, (int, float)) and math.isfinite(x) else 0.0
 
 
 def _compact(d: dict[str, Any], limit: int = 160) -> str:

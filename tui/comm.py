@@ -1,0 +1,286 @@
+"""The Comm tab's figures: per collective kind over a recent window of steps, bandwidth (algbw,
+busbw) against the link's peak, exposed communication and overlap. Pure Python over a `RunView`
+(no Textual); the busbw factors come from the torch-free cost model, not from here.
+
+Definitions (per rank and step, from `Step`):
+- MB/step: payload bytes handed to collectives (CommStat.bytes), 1 MB = 1e6 bytes.
+- algbw (GB/s, GB = 1e9 B) of a kind: its bytes / its busy time, where a kind's busy time adds each
+  call's own duration (CommStat.busy_ms) — nccl-tests' per-call algbw, averaged weighted by time.
+- busbw of a kind: algbw x `cost_model.busbw_factor(kind, group size)` (all-reduce 2(n-1)/n, ...).
+- busbw of a step (the chart, and the `all` row): bus bytes of every kind / the wall time any
+  collective was in flight (Step.comm_busy_ms, the union), i.e. what the link carried while busy.
+  Calls that run at once make this larger than the kinds' own figures (their times overlap).
+- exposed ms: Step.comm_blocked_ms, the time the training thread waited on communication;
+  overlap % = 1 - exposed / busy (union), clamped to 0..100; idle % = (data + exposed) / step.
+
+A window aggregated over ranks sums every rank-step in it, so per-step figures are means per rank.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Iterable
+
+from ringtop.strategies.cost_model import busbw_factor
+
+from .view_model import COMM_KIND_ORDER, CommStep, RankRow, RunView
+
+COMM_WINDOW = 20
+"""Steps in the Comm tab's window (per rank; aggregated: these step numbers over all ranks)."""
+GB = 1e9
+MB = 1e6
+
+
+def bus_factor(kind: str, group_size: int) -> float:
+    """The cost model's busbw factor, or NaN where it has none (point-to-point, barrier, n unknown)."""
+    if group_size < 1:
+        return math.nan
+    try:
+        return busbw_factor(kind, group_size)
+    except ValueError:
+        return math.nan
+
+
+def _rate_gbps(nbytes: float, ms: float) -> float:
+    return nbytes / (ms / 1e3) / GB if ms > 0 and math.isfinite(nbytes) else math.nan
+
+
+@dataclass(frozen=True, slots=True)
+class KindRow:
+    kind: str
+    count_per_step: float
+    bytes_per_step: float
+    busy_ms_per_step: float
+    algbw_gbps: float
+    """NaN when the kind took no measurable time."""
+    busbw_gbps: float
+    """NaN when the cost model has no factor for the kind (or the group size is unknown)."""
+    group_sizes: tuple[int, ...]
+    predicted_bytes: float | None
+    """Hello.prediction.comm_payload_bytes[kind] (mean over the ranks shown); None when absent."""
+    measured: bool = True
+    """False for a kind the prediction names but no rank counted in the window."""
+
+
+@dataclass(frozen=True, slots=True)
+class CommWindow:
+    rank: int | None
+    """The rank shown, or None for all ranks."""
+    ranks: int
+    """Ranks with steps in the window (set by `rank_window` / `run_window`)."""
+    rank_steps: int
+    """Rank-steps summed (the divisor of every per-step mean)."""
+    first_step: int
+    last_step: int
+    kinds: list[KindRow] = field(default_factory=list)
+    step_ms: float = math.nan
+    data_ms: float = math.nan
+    exposed_ms: float = math.nan
+    busy_ms: float = math.nan
+    """Per step: union of in-flight collectives (0 when the agent does not send it)."""
+    bytes_per_step: float = math.nan
+    count_per_step: float = math.nan
+    kind_busy_ms: float = math.nan
+    """Per step: the kinds' busy times added up (calls that overlap count twice)."""
+    busbw_gbps: float = math.nan
+    """Bus bytes / union busy time (kinds' added busy time when the union is not sent)."""
+    predicted_bytes: float | None = None
+
+    @property
+    def overlap_pct(self) -> float:
+        """1 - exposed / busy, clamped to 0..100; NaN without busy time."""
+        if not (self.busy_ms > 0) or not math.isfinite(self.exposed_ms):
+            return math.nan
+        return min(100.0, max(0.0, 100.0 * (1.0 - self.exposed_ms / self.busy_ms)))
+
+    @property
+    def exposed_pct(self) -> float:
+        """Exposed communication as a share of the step, in percent."""
+        return 100.0 * self.exposed_ms / self.step_ms if self.step_ms > 0 else math.nan
+
+    @property
+    def compute_ms(self) -> float:
+        """step - exposed comm - data, per step: the time the rank spent computing (never < 0)."""
+        return max(0.0, self.step_ms - self.exposed_ms - self.data_ms) if self.step_ms > 0 else math.nan
+
+    @property
+    def idle_pct(self) -> float:
+        """(data + exposed) / step, in percent: the step's time spent waiting."""
+        return 100.0 * (self.data_ms + self.exposed_ms) / self.step_ms if self.step_ms > 0 else math.nan
+
+    @property
+    def empty(self) -> bool:
+        return self.rank_steps == 0
+
+
+def kind_sort_key(kind: str) -> tuple[int, str]:
+    return (COMM_KIND_ORDER.index(kind), "") if kind in COMM_KIND_ORDER else (len(COMM_KIND_ORDER), kind)
+
+
+def _predictions(rows: Iterable[RankRow]) -> dict[str, float] | None:
+    """Mean predicted payload per kind over the rows that carry a prediction; None when none does."""
+    preds = [r.prediction for r in rows if r.prediction is not None]
+    if not preds:
+        return None
+    kinds: dict[str, list[int]] = {}
+    for p in preds:
+        for k, b in p.comm_payload_bytes.items():
+            kinds.setdefault(k, []).append(b)
+    # a kind some predictions lack counts as 0 for them: the mean is over the ranks that predict
+    return {k: sum(v) / len(preds) for k, v in kinds.items()}
+
+
+def summarize(samples: Iterable[CommStep], *, rank: int | None, world_size: int,
+              predicted: dict[str, float] | None) -> CommWindow:
+    """Sum the CommSteps of a window and turn them into per-step means and rates."""
+    total = CommStep(step=-1)
+    first, last = math.inf, -math.inf
+    for s in samples:
+        total.add(s)
+        first, last = min(first, s.step), max(last, s.step)
+    n = total.ranks
+    per_kind: dict[str, list] = {}  # kind -> [count, bytes, busy_ms, bus_bytes, {group sizes}]
+    for (kind, group), (count, nbytes, busy) in total.kinds.items():
+        acc = per_kind.setdefault(kind, [0, 0, 0.0, 0.0, set()])
+        acc[0] += count
+        acc[1] += nbytes
+        acc[2] += busy
+        acc[3] += nbytes * bus_factor(kind, group or world_size)
+        acc[4].add(group or world_size)
+    rows: list[KindRow] = []
+    for kind in sorted(per_kind, key=kind_sort_key):
+        count, nbytes, busy, bus, groups = per_kind[kind]
+        rows.append(KindRow(
+            kind=kind, count_per_step=count / n, bytes_per_step=nbytes / n, busy_ms_per_step=busy / n,
+            algbw_gbps=_rate_gbps(nbytes, busy), busbw_gbps=_rate_gbps(bus, busy),
+            group_sizes=tuple(sorted(groups)),
+            predicted_bytes=None if predicted is None else predicted.get(kind)))
+    if predicted is not None and n:
+        for kind in sorted(set(predicted) - set(per_kind), key=kind_sort_key):
+            rows.append(KindRow(kind=kind, count_per_step=0.0, bytes_per_step=0.0, busy_ms_per_step=0.0,
+                                algbw_gbps=math.nan, busbw_gbps=math.nan, group_sizes=(),
+                                predicted_bytes=predicted[kind], measured=False))
+    if not n:
+        return CommWindow(rank=rank, ranks=0, rank_steps=0, first_step=-1, last_step=-1, kinds=rows,
+                          predicted_bytes=None if predicted is None else sum(predicted.values()))
+    bus_total = sum(acc[3] for acc in per_kind.values())
+    kind_busy = sum(acc[2] for acc in per_kind.values())
+    busy_for_bw = total.busy_ms if total.busy_ms > 0 else kind_busy
+    return CommWindow(
+        rank=rank, ranks=0, rank_steps=n, first_step=int(first), last_step=int(last), kinds=rows,
+        step_ms=total.step_ms / n, data_ms=total.data_ms / n, exposed_ms=total.blocked_ms / n,
+        busy_ms=total.busy_ms / n, bytes_per_step=sum(acc[1] for acc in per_kind.values()) / n,
+        count_per_step=sum(acc[0] for acc in per_kind.values()) / n, kind_busy_ms=kind_busy / n,
+        busbw_gbps=_rate_gbps(bus_total, busy_for_bw),
+        predicted_bytes=None if predicted is None else sum(predicted.values()))
+
+
+def rank_window(view: RunView, rank: int, window: int = COMM_WINDOW) -> CommWindow:
+    """One rank's last `window` steps."""
+    row = view.ranks.get(rank)
+    if row is None:
+        return summarize((), rank=rank, world_size=view.facts.world_size, predicted=None)
+    samples = list(row.comm_history)[-window:]
+    w = summarize(samples, rank=rank, world_size=view.facts.world_size, predicted=_predictions([row]))
+    return _with_ranks(w, 1 if samples else 0)
+
+
+def run_window(view: RunView, window: int = COMM_WINDOW) -> CommWindow:
+    """The last `window` step numbers, summed over every rank that reported them."""
+    steps = sorted(view.comm_steps)[-window:]
+    samples = [view.comm_steps[s] for s in steps]
+    w = summarize(samples, rank=None, world_size=view.facts.world_size, predicted=_predictions(view.ranks.values()))
+    ranks = sum(1 for r in view.ranks.values() if steps and r.comm_history and r.comm_history[-1].step >= steps[0])
+    return _with_ranks(w, ranks)
+
+
+def _with_ranks(w: CommWindow, ranks: int) -> CommWindow:
+    return replace(w, ranks=ranks)
+
+
+def comm_window(view: RunView, rank: int | None = None, window: int = COMM_WINDOW) -> CommWindow:
+    return run_window(view, window) if rank is None else rank_window(view, rank, window)
+
+
+SLOWEST_MIN_PCT = 10.0
+"""A rank is named slowest only when this much slower than the others' median (noise otherwise)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SlowestRank:
+    """The rank with the most compute per step in the window. Ranks in lockstep have equal step
+    times (every collective waits for the last to arrive), so compute — step minus exposed
+    communication and data time — is what tells the slow rank: it arrives last, the others wait."""
+
+    rank: int
+    compute_ms: float
+    others_median_ms: float
+    excess_pct: float
+    step_excess_pct: float
+    """The view model's step-time measure for the same rank (NaN when it names another rank)."""
+
+
+def slowest_rank(view: RunView, window: int = COMM_WINDOW) -> SlowestRank | None:
+    """By compute per step over the window (live ranks; all ranks once every one has ended); None
+    with fewer than two ranks, or when no rank is SLOWEST_MIN_PCT above the others' median."""
+    rows = [r for r in view.ranks.values() if not r.ended and r.comm_history] or \
+        [r for r in view.ranks.values() if r.comm_history]
+    if len(rows) < 2:
+        return None
+    compute = {r.rank: rank_window(view, r.rank, window).compute_ms for r in rows}
+    compute = {k: c for k, c in compute.items() if math.isfinite(c)}
+    if len(compute) < 2:
+        return None
+    slow = max(compute, key=lambda k: (compute[k], k))
+    others = sorted(c for k, c in compute.items() if k != slow)
+    mid = len(others) // 2
+    median = others[mid] if len(others) % 2 else (others[mid - 1] + others[mid]) / 2
+    excess = 100.0 * (compute[slow] / median - 1.0) if median > 0 else math.inf
+    if not excess >= SLOWEST_MIN_PCT:
+        return None
+    step_excess = view.slowest_excess_pct if view.slowest_rank == slow else math.nan
+    return SlowestRank(slow, compute[slow], median, excess, step_excess)
+
+
+def step_busbw_gbps(s: CommStep, world_size: int) -> float:
+    """busbw of one CommStep: bus bytes of every kind / union busy time (kinds' time if no union)."""
+    bus = sum(nbytes * bus_factor(kind, group or world_size) for (kind, group), (_, nbytes, _) in s.kinds.items())
+    busy = s.busy_ms if s.busy_ms > 0 else sum(b for (_, _, b) in s.kinds.values())
+    return _rate_gbps(bus, busy)
+
+
+def busbw_series(view: RunView, rank: int | None = None) -> list[float]:
+    """busbw per step, oldest first: one rank's, or over all ranks (bus bytes and busy time summed
+    per step number). Steps without collectives are left out."""
+    if rank is None:
+        samples = [view.comm_steps[s] for s in sorted(view.comm_steps)]
+    else:
+        row = view.ranks.get(rank)
+        samples = list(row.comm_history) if row is not None else []
+    out = []
+    for s in samples:
+        x = step_busbw_gbps(s, view.facts.world_size)
+        if math.isfinite(x):
+            out.append(x)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class PeakRef:
+    """What busbw is held against: the link's peak when known, else the highest busbw seen."""
+
+    gbps: float
+    known: bool
+    source: str
+
+    def pct(self, gbps: float) -> float:
+        return 100.0 * gbps / self.gbps if self.gbps > 0 and math.isfinite(gbps) else math.nan
+
+
+def peak_ref(view: RunView, series: list[float]) -> PeakRef:
+    """The link's peak (`RunView.link_peak_gbps`, the hook) or, unknown, the measured maximum."""
+    if view.link_peak_gbps > 0:
+        return PeakRef(view.link_peak_gbps, True, view.link_peak_source)
+    finite = [x for x in series if math.isfinite(x)]
+    return PeakRef(max(finite) if finite else math.nan, False, "max seen")
