@@ -40,6 +40,9 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     checkpoint_dir: str = "checkpoints"
     resume: str | None = None
     checkpoint_every: int = 0
+    checkpoint_kind: str = "full"
+    keep: int = 0
+    inject_save_delay_ms: float = 0.0
     telemetry: bool = True
     run_id: str | None = None
     print_every: int = 0
@@ -122,12 +125,17 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     f.add_argument("--inject-slow-rank", default=None, metavar="R:MS", help="rank R computes MS longer every step")
     f.add_argument("--inject-comm-delay", type=float, default=0.0, metavar="MS",
                    help="every collective completes MS later (a slow link)")
+    f.add_argument("--inject-save-delay", type=float, default=0.0, metavar="MS",
+                   help="pause MS between writing a checkpoint and publishing it (to kill a rank mid-save)")
     f.add_argument("--inject-fail-setup", default=None, metavar="STRATEGY",
                    help="a switch to STRATEGY fails while wrapping (as if out of memory), to show the rollback")
     c = parser.add_argument_group("checkpoints")
     c.add_argument("--checkpoint-dir", default=d.checkpoint_dir)
     c.add_argument("--resume", default=None, help="a checkpoint file, a checkpoint dir, or 'latest'")
-    c.add_argument("--checkpoint-every", type=int, default=0, help="a full checkpoint every K steps (0 = never)")
+    c.add_argument("--checkpoint-every", type=int, default=0, help="a checkpoint every K steps (0 = never)")
+    c.add_argument("--checkpoint-kind", default="full", choices=("full", "sharded"),
+                   help="kind of the periodic checkpoints (default %(default)s)")
+    c.add_argument("--keep", type=int, default=0, help="keep only the K newest checkpoints (0 = all)")
 
 
 def config_from_args(ns: argparse.Namespace, explicitly_set: set[str]) -> AgentConfig:
@@ -157,6 +165,8 @@ def config_from_args(ns: argparse.Namespace, explicitly_set: set[str]) -> AgentC
             link_gbps = parse_link(ns.link).per_direction_gbps
         except ValueError as exc:
             raise ConfigError(f"--link: {exc}") from None
+    if ns.keep < 0:
+        raise ConfigError("--keep must be >= 0 (0 = keep all)")
     if ns.checkpoint_every < 0:
         raise ConfigError("--checkpoint-every must be >= 0 (0 = never)")
     if ns.dist_timeout_s <= 0:
@@ -228,6 +238,9 @@ def config_from_args(ns: argparse.Namespace, explicitly_set: set[str]) -> AgentC
         checkpoint_dir=ns.checkpoint_dir,
         resume=ns.resume,
         checkpoint_every=ns.checkpoint_every,
+        checkpoint_kind=ns.checkpoint_kind,
+        keep=ns.keep,
+        inject_save_delay_ms=ns.inject_save_delay,
         telemetry=not ns.no_telemetry,
         run_id=ns.run_id,
         print_every=ns.print_every,

@@ -28,16 +28,22 @@ def synthetic_sample(index: int, seq_len: int, vocab_size: int, seed: int) -> to
     return torch.where(noise, random_tokens, tokens)
 
 
-def global_batch(step: int, rank: int, world_size: int, batch_size: int, seq_len: int, vocab_size: int, seed: int):
-    first = (step * world_size + rank) * batch_size
+def batch_from(first: int, batch_size: int, seq_len: int, vocab_size: int, seed: int):
+    """(inputs, targets) of samples first .. first + batch_size - 1."""
     rows = torch.stack([synthetic_sample(first + i, seq_len, vocab_size, seed) for i in range(batch_size)])
     return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
 
 
+def global_batch(step: int, rank: int, world_size: int, batch_size: int, seq_len: int, vocab_size: int, seed: int):
+    return batch_from((step * world_size + rank) * batch_size, batch_size, seq_len, vocab_size, seed)
+
+
 def synthetic_batches(
-    rank: int, world_size: int, batch_size: int, seq_len: int, vocab_size: int, seed: int, start_step: int = 0
+    rank: int, world_size: int, batch_size: int, seq_len: int, vocab_size: int, seed: int, sample_offset: int = 0
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    step = start_step
+    """This rank's batches from sample `sample_offset` of the global stream on: a resumed run
+    continues where the saved one stopped, whatever its world size and batch were."""
+    k = 0
     while True:
-        yield global_batch(step, rank, world_size, batch_size, seq_len, vocab_size, seed)
-        step += 1
+        yield batch_from(sample_offset + (k * world_size + rank) * batch_size, batch_size, seq_len, vocab_size, seed)
+        k += 1

@@ -54,6 +54,8 @@ class Diagnostician:
         return verdicts
 
     def _publish_changes(self, verdicts: list[Verdict]) -> None:
+        """News as `verdict` / `verdict_cleared`; the whole active set restated as `verdicts_active`
+        every round, so a UI that attaches late learns what is in force."""
         now = {(v.rule, v.rank): v for v in verdicts}
         for key, v in now.items():
             if key not in self.current:
@@ -64,6 +66,10 @@ class Diagnostician:
             if key not in now:
                 self.emit_event("info", "verdict_cleared", f"cleared: {v.text}", {"rule": v.rule, "rank": v.rank})
         self.current = now
+        if now:
+            self.emit_event("warn", "verdicts_active", f"{len(now)} active verdict(s)", {"verdicts": [
+                {"rule": v.rule, "rank": v.rank, "text": v.text, "evidence": v.evidence, "advice": v.advice}
+                for v in now.values()]})
 
     def summary(self) -> list[Verdict]:
         return list(self.seen.values())

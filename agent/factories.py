@@ -27,6 +27,8 @@ class BuildContext:
     seed: int
     start_step: int
     device: torch.device
+    samples_seen: int = 0
+    """Samples of the global stream consumed before `start_step` (resume here)."""
 
 
 def load_callable(spec: str, what: str) -> Callable[..., Any]:

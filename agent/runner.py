@@ -22,10 +22,12 @@ from ringtop.protocol import Bye, CommStat, Event, Hello, MemorySample, Sharding
 from ringtop.strategies import comm_tracing
 from ringtop.strategies.diagnosis import RunContext
 from ringtop.strategies.base import DistContext, Strategy, TrainSettings, unique_parameters
+from ringtop.strategies.torch_native import full_optimizer_template
 from ringtop.strategies.registry import build_strategy
 
 from . import checkpoint as ckpt
 from .config import BUILTIN_DATA, BUILTIN_MODEL, AgentConfig
+from .checkpointing import CheckpointManager
 from .diagnostician import Diagnostician
 from .profiling import ProfileSession, gather_results
 from .switching import SwitchError, switch_strategy
@@ -83,6 +85,11 @@ class Runner:
         self.profiling: ProfileSession | None = None
         self.sync: StepSync | None = None
         self.control_group = dist.new_group(backend="gloo") if ctx.world_size > 1 else None
+        self.io_group = dist.new_group(backend="gloo") if ctx.world_size > 1 else None
+        self.checkpoints = CheckpointManager(cfg.checkpoint_dir, ctx.rank, self.control_group, self.io_group,
+                                             keep=cfg.keep, delay_s=cfg.inject_save_delay_ms / 1e3)
+        self._checkpoint_command = None
+        self.sample_offset = 0
         self.run_id = self._agree_on_run_id()
         self.strategy: Strategy = build_strategy(cfg.strategy, cfg.strategy_options(), ctx.device)
         self._pending: list[_PendingStep] = []
@@ -99,6 +106,7 @@ class Runner:
         return BuildContext(
             rank=self.ctx.rank, world_size=self.ctx.world_size, batch_size=self.cfg.batch_size,
             seq_len=self.cfg.seq_len, seed=self.cfg.seed, start_step=self.start_step, device=self.ctx.device,
+            samples_seen=self.sample_offset,
         )
 
     def _build_model(self) -> torch.nn.Module:
@@ -114,7 +122,7 @@ class Runner:
             else:
                 vocab = MODEL_SIZES[self.cfg.model_size].vocab_size
             return synthetic_batches(self.ctx.rank, self.ctx.world_size, self.cfg.batch_size, self.cfg.seq_len,
-                                     vocab, self.cfg.seed, self.start_step)
+                                     vocab, self.cfg.seed, self.sample_offset)
         return user_data(self.cfg.data, self._build_context())
 
     def _start_telemetry(self) -> None:
@@ -163,7 +171,7 @@ class Runner:
             strategy=self.strategy.name, strategy_options=self.cfg.strategy_facts(),
             sharding=Sharding(params=sharding.params, grads=sharding.grads, optimizer=sharding.optimizer),
             dtype=self.cfg.dtype, optimizer_bytes_per_param=optimizer_bytes_per_param, grad_clip=self.cfg.grad_clip,
-            prediction=prediction, model=name, param_count=self.param_count, torch_version=str(torch.__version__),
+            prediction=prediction, link_peak_gbps=self.cfg.link_gbps, model=name, param_count=self.param_count, torch_version=str(torch.__version__),
             ringtop_version=RINGTOP_VERSION, batch_size=self.cfg.batch_size, seq_len=self.cfg.seq_len,
             steps=self.cfg.steps, start_step=self.start_step, lr=self.cfg.lr, seed=self.cfg.seed,
             device_mem_total_bytes=mem_total, publish=self.cfg.endpoints.publish, control=self.cfg.endpoints.control,
@@ -177,24 +185,24 @@ class Runner:
         try:
             model = self._build_model()
             self.param_count, self.param_tensors = count_params(model), len(unique_parameters(model))
-            payload, resumed_from = self._read_resume() if self.cfg.resume else (None, None)
-            if payload is not None:
-                model.load_state_dict(payload["model"])  # weights in before wrapping: some wrappers copy them at init
+            resumed = self._read_resume(model) if self.cfg.resume else None
+            if resumed is not None:
+                model_state, optim_state, resumed_from = resumed
+                model.load_state_dict(model_state)  # weights in before wrapping: some wrappers copy them at init
             if self.cfg.telemetry:
                 comm_tracing.install()  # before the strategy's libraries look up (and keep) the functions
             self.strategy.setup(model.to(self.ctx.device), self._make_optimizer, self.ctx, self._settings())
-            if payload is not None:
-                self.strategy.load_full_state_dict(payload["model"], payload["optimizer"])
-                self.start_step = self.step = int(payload["step"])
+            if resumed is not None:
+                self.strategy.load_full_state_dict(model_state, optim_state)
             if self.cfg.telemetry:
                 self._start_telemetry()
                 self.strategy.attach_comm_recorder(self.tracer)
                 self.telemetry.emit(self._hello())
                 self.telemetry.step = self.step
                 self.sampler.start()
-            if resumed_from is not None:
+            if resumed is not None:
                 self._event("info", "resume", f"resumed from {resumed_from} at step {self.step}",
-                            {"path": str(resumed_from)})
+                            {"path": str(resumed_from), "samples_seen": self.sample_offset})
             self._loop(self._build_data())
             bye.reason = self.stop_reason or f"completed {self.step} steps"
         except KeyboardInterrupt:
@@ -213,9 +221,21 @@ class Runner:
                 signal.signal(signal.SIGTERM, previous)
         return 0
 
-    def _read_resume(self):
+    def _read_resume(self, fresh_model: torch.nn.Module):
+        """(model state, optimizer state, path): the full state, from either kind of checkpoint,
+        whatever strategy and world size wrote it; sets the step and the data position."""
         path = ckpt.resolve(self.cfg.resume, self.cfg.checkpoint_dir)
-        return ckpt.load_full(path), path
+        meta = ckpt.read_meta(path)
+        if meta["kind"] == ckpt.FULL:
+            model_state, optim_state, _ = ckpt.load_full_files(path)
+        else:
+            template = {"model": {k: v.detach().clone() for k, v in fresh_model.state_dict().items()},
+                        "optim": full_optimizer_template(fresh_model, self._make_optimizer)}
+            ckpt.load_sharded_into(path, template, group=self.io_group)
+            model_state, optim_state = template["model"], template["optim"]
+        self.start_step = self.step = int(meta["step"])
+        self.sample_offset = int(meta.get("samples_seen", self.step * self.ctx.world_size * self.cfg.batch_size))
+        return model_state, optim_state, path
 
     def _loop(self, data) -> None:
         cfg = self.cfg
@@ -248,11 +268,16 @@ class Runner:
                 self._publish_ready_steps()
                 if self.profiling is not None:
                     self._profile_step(comm.blocked_ms)
+            if self.checkpoints.busy:
+                self._poll_checkpoint()
             if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                 self._periodic_checkpoint()
             if self.diagnostician is not None and self.diagnostician.due(self.step):
                 self.diagnostician.run_rules()
         self._publish_ready_steps(wait=True)
+        while self.checkpoints.busy:
+            time.sleep(0.05)
+            self._poll_checkpoint()
         if self.diagnostician is not None:
             self.diagnostician.run_rules()
             if self.ctx.rank == 0:
@@ -315,13 +340,18 @@ class Runner:
         command = pending.command
         try:
             if command.cmd == "checkpoint":
-                result = self._checkpoint()
+                result = self._checkpoint(pending.args.kind, pending.args.background)
+                if result is None:
+                    self._checkpoint_command = command
+                    return  # answered when the background save is done
             elif command.cmd == "stop":
                 self.stop_reason = f"stopped by user: {pending.args.reason}"
                 result = {"step": self.step}
             elif command.cmd == "switch":
                 if self.profiling is not None:
                     raise RuntimeError("a profile is being recorded; switch after it finishes")
+                if self.checkpoints.busy:
+                    raise RuntimeError("a checkpoint is being written; switch after it is done")
                 result = self._switch(pending.args)
             elif command.cmd == "profile":
                 if self.profiling is not None:
@@ -391,26 +421,60 @@ class Runner:
 
     def _periodic_checkpoint(self) -> None:
         try:
-            self._checkpoint()
+            if self.checkpoints.busy:
+                raise RuntimeError("the previous checkpoint is still being written; skipped")
+            self._checkpoint(self.cfg.checkpoint_kind, background=False)
         except Exception as exc:  # a failed save is reported; the run goes on
             self._event("error", "checkpoint", f"checkpoint at step {self.step} failed: {exc}")
 
-    def _checkpoint(self) -> dict[str, Any]:
-        model_state, optim_state = self.strategy.full_state_dict()
-        if self.ctx.rank != 0:
-            return {}
-        meta = {
+    @property
+    def samples_seen(self) -> int:
+        return self.sample_offset + (self.step - self.start_step) * self.ctx.world_size * self.cfg.batch_size
+
+    def _checkpoint_meta(self) -> dict[str, Any]:
+        return {
             "run_id": self.run_id, "strategy": self.strategy.name, "strategy_options": self.cfg.strategy_facts(),
             "world_size": self.ctx.world_size, "dtype": self.cfg.dtype,
-            "model": self.cfg.model, "model_size": self.cfg.model_size, "batch_size": self.cfg.batch_size,
-            "seq_len": self.cfg.seq_len, "seed": self.cfg.seed, "lr": self.cfg.lr, "data": self.cfg.data,
-            "data_position": self.step, "torch_version": str(torch.__version__), "saved_at": time.time(),
+            "model": self.cfg.model, "model_size": self.cfg.model_size, "param_count": self.param_count,
+            "batch_size": self.cfg.batch_size, "seq_len": self.cfg.seq_len, "seed": self.cfg.seed, "lr": self.cfg.lr,
+            "data": self.cfg.data, "samples_seen": self.samples_seen, "torch_version": str(torch.__version__),
+            "saved_at": time.time(),
         }
-        saved = ckpt.save_full(self.cfg.checkpoint_dir, self.step, model_state, optim_state, meta)
+
+    def _checkpoint(self, kind: str, background: bool) -> dict[str, Any] | None:
+        """Collective. The result (rank 0), {} on other ranks, or None if it went to the background."""
+        if self.step == 0:
+            raise RuntimeError("nothing to save before step 1")
+        saved = self.checkpoints.save(self.strategy, self.step, kind, self._checkpoint_meta(), background)
+        if saved is None and background:
+            self._event("info", "checkpoint", f"{kind} checkpoint of step {self.step} is being written in the background")
+            return None
+        return self._saved(saved)
+
+    def _saved(self, saved: ckpt.SavedCheckpoint | None) -> dict[str, Any]:
+        if saved is None:
+            return {}
         self.last_checkpoint = saved.path
-        result = {"path": saved.path, "step": saved.step, "bytes": saved.bytes, "seconds": round(saved.seconds, 4)}
-        self._event("info", "checkpoint", f"full checkpoint at step {saved.step}: {saved.path}", result)
+        result = {"path": saved.path, "step": saved.step, "kind": saved.kind, "bytes": saved.bytes,
+                  "seconds": round(saved.seconds, 4)}
+        self._event("info", "checkpoint", f"{saved.kind} checkpoint of step {saved.step}: {saved.path}", result)
         return result
+
+    def _poll_checkpoint(self) -> None:
+        command, self._checkpoint_command = self._checkpoint_command, None
+        try:
+            saved = self.checkpoints.poll()
+        except Exception as exc:
+            self._event("error", "checkpoint", str(exc))
+            if command is not None and self.control is not None:
+                self.control.reply(command, "error", error=str(exc), code="failed")
+            return
+        if self.checkpoints.busy:
+            self._checkpoint_command = command
+            return
+        result = self._saved(saved)
+        if command is not None and self.control is not None:
+            self.control.reply(command, "done", result=result)
 
     def _event(self, level: str, kind: str, text: str, data: dict[str, Any] | None = None) -> None:
         if self.telemetry is not None:

@@ -37,9 +37,40 @@ def start_ranks(nproc: int, agent_args: list[str], output_file: Path | None = No
             out.close()
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (Linux /proc). torch's launcher starts each rank in a session of
+    its own, so a signal to the launcher's group does not reach them."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def kill_all(pids: list[int], sig: int = signal.SIGKILL) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
 def stop_ranks(proc: subprocess.Popen, timeout_s: float = 15.0) -> int:
-    """SIGTERM the launcher's group (ranks send their Bye), then SIGKILL what is left."""
+    """SIGTERM the launcher (it stops the ranks, which send their Bye), then SIGKILL whatever of
+    the launcher and its ranks is left."""
     if proc.poll() is None:
+        ranks = descendants(proc.pid)
         try:
             os.killpg(proc.pid, signal.SIGTERM)
         except ProcessLookupError:
@@ -47,8 +78,9 @@ def stop_ranks(proc: subprocess.Popen, timeout_s: float = 15.0) -> int:
         try:
             proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_all([proc.pid, *ranks])
             proc.wait()
+        kill_all(ranks)
     return proc.returncode
 
 

@@ -35,6 +35,12 @@ def _ctl(args: argparse.Namespace) -> int:
     return run_ctl(args.connect, args.command, args.args, args.timeout, args.json)
 
 
+def _ckpt(ckpt_args: list[str]) -> int:
+    from .ckpt import main as ckpt_main
+
+    return ckpt_main(ckpt_args)
+
+
 def _plan(plan_args: list[str]) -> int:
     from .plan import main as plan_main
 
@@ -148,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     ctl.add_argument("command", help="status | checkpoint | stop")
     ctl.add_argument("args", nargs="*", help="KEY=VALUE arguments, e.g. kind=full")
 
+    sub.add_parser("ckpt", add_help=False, help="inspect (info) or consolidate checkpoints (`ringtop ckpt --help`)")
     sub.add_parser("plan", add_help=False, help="predict memory and communication of each strategy "
                    "(`ringtop plan --help`)")
     sub.add_parser("bench", add_help=False, help="measure collectives like nccl-tests: size, time, algbw, busbw "
@@ -160,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     if argv and argv[0] == "plan":
         return _plan(argv[1:])
+    if argv and argv[0] == "ckpt":
+        return _ckpt(argv[1:])
     if argv and argv[0] == "bench":
         return _bench(argv[1:])
     if argv and argv[0] == "run":

@@ -67,6 +67,8 @@ class Hello(Envelope, tag="hello", kw_only=True):
     grad_clip: float = 0.0
     """Max gradient norm ringtop clips to, the same way in every strategy; 0 = off."""
     prediction: Prediction | None = None
+    link_peak_gbps: float = 0.0
+    """The link's peak bandwidth per direction the user declared (--link); 0 = unknown."""
     model: str = ""
     param_count: int = 0
     torch_version: str = ""

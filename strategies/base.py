@@ -169,6 +169,12 @@ class Strategy(ABC):
         `torch.distributed.checkpoint.state_dict`'s full state dicts. Collective: every rank calls
         it; rank 0's result is complete."""
 
+    def sharded_state_dict(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(model, optimizer) state for a sharded checkpoint, with the same names as the full one:
+        what each rank holds (DTensors for sharded state) for `torch.distributed.checkpoint` to
+        write in parallel. Default: the full state, which must then be complete on every rank."""
+        return self.full_state_dict()
+
     @abstractmethod
     def load_full_state_dict(self, model_state: dict[str, Any], optim_state: dict[str, Any]) -> None:
         """Inverse of `full_state_dict`; every rank passes the same full state."""

@@ -15,8 +15,8 @@ from .cost_model import ModelSpec, comm_per_step
 
 COMM_BOUND_SHARE = 0.35
 """Exposed communication above this share of the step (median over ranks) is communication-bound."""
-STRAGGLER_RATIO = 1.3
-STRAGGLER_MIN_MS = 20.0
+STRAGGLER_RATIO = 1.5
+STRAGGLER_MIN_MS = 25.0
 INPUT_STALL_SHARE = 0.15
 MEMORY_NEAR_FULL = 0.92
 

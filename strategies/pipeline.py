@@ -38,7 +38,7 @@ the event arithmetic). On CUDA the times are host times of issuing the work, not
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 import torch
@@ -122,7 +122,8 @@ class _StageModule(nn.Module):
         self.blocks = nn.ModuleDict({str(i): model.blocks[i] for i in layers})
         if last:
             self.ln_f = model.ln_f
-            self.head = nn.Linear(model.head.in_features, model.head.out_features, bias=False)
+            # Built on the meta device (no allocation, no draw from the global RNG), then given its weight.
+            self.head = nn.Linear(model.head.in_features, model.head.out_features, bias=False, device="meta")
             if first:  # one stage: the real tie
                 self.head.weight = self.tok_emb.weight
             else:
@@ -265,6 +266,31 @@ class PipelineStrategy(Strategy):
         """The transformer layers (block indices) this rank's stage holds."""
         return self._layers[self.stage_index]
 
+    @staticmethod
+    def stage_param_counts(model: nn.Module, stages: int, split: list[int] | None = None) -> list[tuple[int, int]]:
+        """(parameters, parameter tensors) each stage will hold, from the unsplit built-in model:
+        stage 0 the embeddings and its blocks, the last stage its blocks, ln_f and (with more than
+        one stage) its own copy of the tied head weight. For the memory prediction: bytes held =
+        params x 4 (fp32), grads the same, AdamW 8 bytes per param + 4 per tensor (`step`)."""
+        if not _is_builtin_transformer(model):
+            raise StrategyError("pp splits only the built-in transformer")
+        try:
+            split = ps.check_split(split, len(model.blocks), stages) if split else ps.balanced_split(len(model.blocks), stages)
+        except ValueError as exc:
+            raise StrategyError(f"pp: {exc}") from None
+        out = []
+        for s, layers in enumerate(ps.stage_layers(split)):
+            modules = [model.blocks[i] for i in layers]
+            if s == 0:
+                modules += [model.tok_emb, model.pos_emb]
+            if s == stages - 1:
+                modules.append(model.ln_f)
+            params = [p for m in modules for p in m.parameters()]
+            if s == stages - 1 and stages > 1:
+                params.append(model.head.weight)
+            out.append((sum(p.numel() for p in params), len(params)))
+        return out
+
     # ------------------------------------------------------------------ set-up
 
     @staticmethod
@@ -322,12 +348,13 @@ class PipelineStrategy(Strategy):
         self.dp_group = mesh.get_group("dp") if r > 1 else None
         # The tied weight's two holders: first and last stage of each replica.
         self.tie_group = None
+        holds_tied = self.stage_index in (0, s - 1)
         if s == 2:
             self.tie_group = self.pp_group
         elif s > 2:
-            for replica in range(r):
+            for replica in range(r):  # every rank takes part in creating every group
                 group = dist.new_group([replica * s, replica * s + s - 1])
-                if replica == self.replica:
+                if replica == self.replica and holds_tied:
                     self.tie_group = group
         # A gloo group per pipeline for gathering Python objects (checkpoint, timelines).
         if ctx.backend == "gloo":

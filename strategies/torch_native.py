@@ -58,6 +58,9 @@ class TorchNativeStrategy(Strategy):
             get_optimizer_state_dict(self.model, self.optimizer, options=_FULL_OUT),
         )
 
+    def sharded_state_dict(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        return get_model_state_dict(self.model), get_optimizer_state_dict(self.model, self.optimizer)
+
     def load_full_state_dict(self, model_state: dict[str, Any], optim_state: dict[str, Any]) -> None:
         # Separate calls (a combined set_state_dict hangs with broadcast_from_rank0); copies,
         # because the setters mutate what they are given.
@@ -77,3 +80,9 @@ def _copy_optim(optim_state: dict[str, Any]) -> dict[str, Any]:
         "state": {k: dict(v) for k, v in optim_state.get("state", {}).items()},
         "param_groups": [dict(g) for g in optim_state.get("param_groups", [])],
     }
+
+
+def full_optimizer_template(model: nn.Module, make_optimizer) -> dict[str, Any]:
+    """An optimizer state in the full layout, of the right shapes, for a checkpoint to be read into."""
+    optimizer = make_optimizer(model.parameters())
+    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))

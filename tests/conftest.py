@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ringtop.cli.launch import stop_ranks
 from ringtop.protocol import ProtocolError, Step, free_tcp_port, from_json_line
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -70,17 +70,8 @@ def agent_env() -> dict[str, str]:
 
 
 def stop_process_group(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(15)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(10)
+    """Stop a launcher and every rank it started (ranks live in sessions of their own)."""
+    stop_ranks(proc)
 
 
 def start_agents(workdir: Path, nproc: int, *agent_args: str, entry: str | None = None) -> AgentRun:

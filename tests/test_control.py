@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import zmq
+from safetensors.torch import load_file
 
 from ringtop.cli.ctl import send_command
 from ringtop.protocol import UI_RANK, Bye, Command, Event, Reply, decode, encode, free_tcp_port
@@ -59,13 +62,17 @@ def test_status_checkpoint_bad_input_stop_and_resume(launch_agents):
     ack, saved = replies(run.control, "checkpoint", kind="full")
     assert ack.status == "ack" and saved.status == "done", saved.error
     saved_step = saved.result["step"]
-    payload = torch.load(saved.result["path"])  # plain torch.load, default (weights-only) settings
+    path = Path(saved.result["path"])
+    payload = torch.load(path / "state.pt")  # plain torch.load, default (weights-only) settings
     assert payload["step"] == saved_step
     assert payload["meta"]["world_size"] == 2 and payload["meta"]["strategy"] == "ddp"
-    assert (run.checkpoint_dir / "latest").read_text().strip() == f"step-{saved_step:08d}.pt"
+    assert (run.checkpoint_dir / "latest").read_text().strip() == f"step-{saved_step:08d}-full"
+    weights = load_file(path / "model.safetensors")  # plain safetensors
     _, expected_state = reference_run(saved_step, 2 * BATCH, SEQ, LR)
     for name, tensor in expected_state.items():
-        torch.testing.assert_close(payload["model"][name], tensor, rtol=1e-4, atol=1e-5, msg=name)
+        if name in weights:
+            torch.testing.assert_close(weights[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
+    assert set(expected_state) - set(weights) <= {"head.weight"}, "a tied weight is stored once"
 
     run.wait_for_step(saved_step + 3)
     ack, done = replies(run.control, "stop", reason="test is over")

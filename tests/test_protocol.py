@@ -71,7 +71,7 @@ HELLO = Hello(
     run_id="7f3a", world_size=8, local_rank=3, host="node-a", pid=4242, backend="nccl",
     device="cuda:3", strategy="zero2", strategy_options={"overlap": True, "bucket_mb": 25},
     sharding=Sharding(params=False, grads=True, optimizer=True), dtype="bf16",
-    optimizer_bytes_per_param=12, grad_clip=1.0,
+    optimizer_bytes_per_param=12, grad_clip=1.0, link_peak_gbps=450.0,
     prediction=Prediction(
         params_bytes=50_000_000, grads_bytes=6_250_000, optimizer_bytes=37_500_000,
         comm_payload_bytes={"reduce_scatter": 50_000_000, "all_gather": 50_000_000},
@@ -86,7 +86,7 @@ HELLO_WIRE = {
     "backend": "nccl", "device": "cuda:3", "strategy": "zero2",
     "strategy_options": {"overlap": True, "bucket_mb": 25},
     "sharding": {"params": False, "grads": True, "optimizer": True},
-    "dtype": "bf16", "optimizer_bytes_per_param": 12, "grad_clip": 1.0,
+    "dtype": "bf16", "optimizer_bytes_per_param": 12, "grad_clip": 1.0, "link_peak_gbps": 450.0,
     # zero2, 25M params on 8 ranks, bf16 params/grads, 12 optimizer bytes per param:
     # params 25e6 x 2; grads 25e6/8 x 2; optimizer 25e6/8 x 12; sent 2 x 7/8 x 50e6
     "prediction": {"params_bytes": 50000000, "grads_bytes": 6250000, "optimizer_bytes": 37500000,
@@ -535,7 +535,7 @@ def cmd(name, **args):
 
 
 def test_command_table():
-    assert set(COMMANDS) == {"status", "checkpoint", "stop"}
+    assert set(COMMANDS) == {"status", "checkpoint", "stop", "switch", "set", "profile"}
     assert IMMEDIATE_COMMANDS == {"status"}
 
 
@@ -547,6 +547,12 @@ def test_validate_good_commands():
     assert validate_command(cmd("stop", reason="enough")).reason == "enough"
     assert validate_command(cmd("stop")).reason == "stopped by user"
     assert isinstance(validate_command(cmd("stop")), StopArgs)
+    sharded = validate_command(cmd("checkpoint", kind="sharded", **{"async": True}))
+    assert (sharded.kind, sharded.background) == ("sharded", True)
+    switch = validate_command(cmd("switch", strategy="fsdp", fsdp_sharding="grad-op"))
+    assert (switch.strategy, switch.fsdp_sharding, switch.ds_config) == ("fsdp", "grad-op", None)
+    assert validate_command(cmd("set", micro_batches=8)).micro_batches == 8
+    assert validate_command(cmd("profile")).steps == 3
 
 
 def test_validate_command_after_the_wire():
@@ -559,7 +565,7 @@ def test_validate_command_after_the_wire():
 def test_unknown_command(name):
     err = raises(UnknownCommandError, cmd(name), via=validate_command, match="unknown command")
     assert repr(name) in err.message
-    assert "checkpoint, status, stop" in err.message
+    assert "checkpoint, profile, set, status, stop, switch" in err.message
     assert err.code == "unknown_command"
 
 
@@ -576,7 +582,12 @@ def test_unknown_argument(name, args, unknown):
 
 @pytest.mark.parametrize("name, args, path", [
     ("checkpoint", {"kind": 1}, r"\$\.kind"),
-    ("checkpoint", {"kind": "sharded"}, r"\$\.kind"),
+    ("checkpoint", {"kind": "half"}, r"\$\.kind"),
+    ("checkpoint", {"async": "yes"}, r"\$\.async"),
+    ("switch", {"strategy": "zero9"}, r"\$\.strategy"),
+    ("switch", {"strategy": "fsdp", "fsdp_sharding": "half"}, r"\$\.fsdp_sharding"),
+    ("set", {"micro_batches": 0}, r"\$\.micro_batches"),
+    ("profile", {"steps": 101}, r"\$\.steps"),
     ("stop", {"reason": 5}, r"\$\.reason"),
     ("stop", {"reason": None}, r"\$\.reason"),
 ])

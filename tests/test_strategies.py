@@ -8,7 +8,8 @@ import importlib.util
 import pytest
 import torch
 
-from ringtop.protocol import Hello, Step
+from ringtop.agent.checkpoint import load_full_files
+from ringtop.protocol import Hello
 
 from conftest import start_agents, stop_process_group
 from reference import reference_run
@@ -60,10 +61,10 @@ def test_strategy_trains_like_ddp_and_holds_what_the_model_predicts(tmp_path, st
     assert losses == pytest.approx(ddp_losses, rel=1e-5, abs=1e-6)
     assert losses == pytest.approx(expected_losses, rel=1e-5, abs=1e-6)
 
-    final = torch.load(run.checkpoint_dir / f"step-{STEPS:08d}.pt")
-    assert final["step"] == STEPS
+    model_state, _, payload = load_full_files(run.checkpoint_dir / f"step-{STEPS:08d}-full")
+    assert payload["step"] == STEPS
     for name, tensor in expected_state.items():
-        torch.testing.assert_close(final["model"][name], tensor, rtol=1e-4, atol=2e-5, msg=name)
+        torch.testing.assert_close(model_state[name], tensor, rtol=1e-4, atol=2e-5, msg=name)
 
     for rank in (0, 1):
         hello = next(m for m in run.messages(rank) if isinstance(m, Hello))

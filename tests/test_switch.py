@@ -8,7 +8,7 @@ import importlib.util
 import pytest
 
 from ringtop.cli.ctl import send_command
-from ringtop.protocol import Event, Step
+from ringtop.protocol import Event
 
 from conftest import TESTS_DIR
 from reference import reference_run

@@ -44,7 +44,7 @@ COMM_KIND_ORDER = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 """Collective kinds in the order the screens list them; other kinds follow alphabetically."""
 COMM_KIND_ABBR = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG", "broadcast": "BC",
                   "reduce": "RD", "all_to_all": "A2A", "send": "P2P", "recv": "P2P", "barrier": "BAR"}
-VERDICT_KINDS = ("verdict", "verdict_cleared", "diagnosis")
+VERDICT_KINDS = ("verdict", "verdict_cleared", "diagnosis", "verdicts_active")
 """Event kinds of rank 0's diagnosis: folded into `RunView.verdicts` / `RunView.diagnosis` (and still
 listed as events), shown on their own line rather than as the Overview's last warning."""
 MAX_CLEARED_VERDICTS = 20
@@ -478,7 +478,8 @@ class RunView:
         elif isinstance(msg, Event):
             if msg.kind in VERDICT_KINDS:
                 self._on_verdict_event(msg)
-            self._add_event(msg.level, msg.rank, self._event_text(msg), msg.ts, kind=msg.kind)
+            if msg.kind != "verdicts_active":  # a periodic restatement for late joiners, not news
+                self._add_event(msg.level, msg.rank, self._event_text(msg), msg.ts, kind=msg.kind)
         elif isinstance(msg, Bye):
             self._on_bye(row, msg)
 
@@ -803,6 +804,16 @@ class RunView:
                         v.evidence = dict(live.evidence)
                     verdicts.append(v)
             self.diagnosis = Diagnosis(text=msg.text, step=msg.step, ts=msg.ts, verdicts=verdicts)
+            return
+        if msg.kind == "verdicts_active":
+            found = data.get("verdicts")
+            for d in found if isinstance(found, list) else []:
+                if isinstance(d, dict):
+                    v = self._verdict_from(d, msg, text=str(d.get("text") or ""))
+                    if v.key not in self.verdicts:
+                        self._verdict_order += 1
+                        v.order = self._verdict_order
+                        self.verdicts[v.key] = v
             return
         v = self._verdict_from(data, msg, text=msg.text)
         if msg.kind == "verdict":

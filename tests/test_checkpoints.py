@@ -1,0 +1,121 @@
+"""Checkpoints on real runs: full and sharded, foreground and background, atomic under a kill,
+resumable into another strategy and world size, consolidated and inspected from the CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from ringtop.agent.checkpoint import load_full_files, read_meta, resolve
+from ringtop.cli.ctl import send_command
+from ringtop.cli.launch import descendants, kill_all
+from ringtop.protocol import Event
+
+from conftest import agent_env
+from reference import reference_run
+
+BATCH, SEQ, LR = 4, 32, 1e-3
+COMMON = ("--batch-size", str(BATCH), "--seq-len", str(SEQ), "--lr", str(LR))
+
+
+def command(run, cmd, **args):
+    return list(send_command(run.control, cmd, args, timeout_s=120))
+
+
+def mean_losses(run) -> dict[int, float]:
+    a = {s.step: s.loss for s in run.steps(0)}
+    b = {s.step: s.loss for s in run.steps(1)} if run.nproc > 1 else a
+    return {step: (a[step] + b[step]) / 2 for step in sorted(a) if step in b}
+
+
+@pytest.mark.timeout(240)
+def test_full_and_sharded_saves_in_the_foreground_and_background(launch_agents, tmp_path):
+    run = launch_agents(2, "--steps", "0", "--strategy", "fsdp", *COMMON, "--inject-save-delay", "1500")
+    run.wait_for_step(2)
+    full = command(run, "checkpoint", kind="full")
+    sharded = command(run, "checkpoint", kind="sharded")
+    assert [r.status for r in full] == ["ack", "done"] and [r.status for r in sharded] == ["ack", "done"]
+    full_dir, sharded_dir = Path(full[-1].result["path"]), Path(sharded[-1].result["path"])
+    with safe_open(str(full_dir / "model.safetensors"), framework="pt") as f:  # a plain tool reads the weights
+        assert "blocks.0.qkv.weight" in f.keys()
+    assert torch.load(full_dir / "state.pt")["step"] == full[-1].result["step"]
+    assert (sharded_dir / ".metadata").exists() and len(list(sharded_dir.glob("*.distcp"))) == 2
+    assert read_meta(sharded_dir)["strategy_options"] == {"sharding": "full"}
+
+    background = send_command(run.control, "checkpoint", {"kind": "sharded", "async": True}, timeout_s=120)
+    ack = next(background)
+    assert ack.status == "ack"
+    time.sleep(0.3)
+    refused = command(run, "checkpoint", kind="full")[-1]
+    switch_refused = command(run, "switch", strategy="ddp")[-1]
+    done = next(background)
+    assert done.status == "done", done.error
+    assert refused.status == "error" and "still being written" in refused.error
+    assert switch_refused.status == "error" and "checkpoint is being written" in switch_refused.error
+    assert resolve("latest", run.checkpoint_dir) == Path(done.result["path"])
+    assert command(run, "stop")[-1].status == "done"
+    assert run.wait(60) == 0, run.output()[-3000:]
+
+    out = tmp_path / "consolidated"
+    cli = subprocess.run([sys.executable, "-m", "ringtop.cli", "ckpt", "consolidate", str(sharded_dir), str(out)],
+                         capture_output=True, text=True, env=agent_env(), timeout=60)
+    assert cli.returncode == 0, cli.stderr
+    model_state, _, payload = load_full_files(out)
+    reference_model, _, _ = load_full_files(full_dir)
+    assert payload["step"] == sharded[-1].result["step"]
+    info = subprocess.run([sys.executable, "-m", "ringtop.cli", "ckpt", "info", str(sharded_dir)],
+                          capture_output=True, text=True, env=agent_env(), timeout=60)
+    assert info.returncode == 0 and "sharded checkpoint" in info.stdout and "fsdp" in info.stdout
+    assert set(model_state) >= {"tok_emb.weight", "blocks.3.fc_out.bias"}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("kind, target", [
+    pytest.param("full", ("--strategy", "fsdp"), id="full-ddp2-to-fsdp1"),
+    pytest.param("sharded", ("--strategy", "ddp"), id="sharded-fsdp2-to-ddp1"),
+])
+def test_resume_into_another_strategy_and_world_size(launch_agents, kind, target):
+    source_strategy = ("--strategy", "ddp") if kind == "full" else ("--strategy", "fsdp")
+    first = launch_agents(2, "--steps", "6", *source_strategy, *COMMON, "--checkpoint-every", "3",
+                          "--checkpoint-kind", kind, name="first")
+    assert first.wait(120) == 0, first.output()[-3000:]
+    # one process with the whole batch continues from step 6: the same global batch
+    second = launch_agents(0, "--steps", "9", *target, "--batch-size", str(2 * BATCH), "--seq-len", str(SEQ),
+                           "--lr", str(LR), "--resume", str(first.checkpoint_dir), name="second")
+    assert second.wait(120) == 0, second.output()[-3000:]
+    expected, _ = reference_run(9, 2 * BATCH, SEQ, LR)
+    continued = {s.step: s.loss for s in second.steps(0)}
+    assert sorted(continued) == [7, 8, 9]
+    assert [continued[s] for s in (7, 8, 9)] == pytest.approx(expected[6:9], rel=1e-5, abs=1e-6)
+    assert any(isinstance(m, Event) and m.kind == "resume" for m in second.messages(0))
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_killed_during_a_save_leaves_the_previous_checkpoint_whole(launch_agents):
+    run = launch_agents(2, "--steps", "0", *COMMON, "--checkpoint-every", "3", "--inject-save-delay", "4000")
+    deadline = time.monotonic() + 120
+    while not (run.checkpoint_dir / "latest").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    first = resolve("latest", run.checkpoint_dir)
+    while not list(run.checkpoint_dir.glob(".step-00000006-full.tmp")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert list(run.checkpoint_dir.glob(".step-00000006-full.tmp")), "the second save never started"
+    kill_all([run.proc.pid, *descendants(run.proc.pid)])  # every rank, mid-save, no clean-up
+    run.proc.wait(30)
+    assert resolve("latest", run.checkpoint_dir) == first
+    model_state, optim_state, payload = load_full_files(first)
+    assert payload["step"] == 3 and optim_state["state"]
+
+    resumed = launch_agents(2, "--steps", "6", *COMMON, "--resume", "latest", "--checkpoint-dir",
+                            str(run.checkpoint_dir), name="resumed")
+    assert resumed.wait(120) == 0, resumed.output()[-3000:]
+    expected, _ = reference_run(6, 2 * BATCH, SEQ, LR)
+    losses = mean_losses(resumed)
+    assert sorted(losses) == [4, 5, 6]
+    assert [losses[s] for s in (4, 5, 6)] == pytest.approx(expected[3:6], rel=1e-5, abs=1e-6)
