@@ -38,8 +38,10 @@ from .messages import (
     Reply,
     Sample,
     Sharding,
+    StageSpan,
     Step,
     Telemetry,
+    Timeline,
 )
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -130,6 +130,9 @@ class Step(Envelope, tag="step", kw_only=True):
     comm: list[CommStat] = []
     cpu_percent: float = 0.0
     drops: int = 0
+    idle_ms: float = 0.0
+    """Time this rank waited rather than computed: input plus exposed communication, or, in a
+    pipeline, the stage's idle time (its bubble). The UI's idle column means this everywhere."""
 
 
 class GpuSample(msgspec.Struct, kw_only=True):
@@ -157,6 +160,33 @@ class Sample(Envelope, tag="sample", kw_only=True):
     cpu_percent: float = 0.0
     rss_bytes: int = 0
     gpu: GpuSample | None = None
+
+
+class StageSpan(msgspec.Struct, array_like=True):
+    """One forward or backward of one micro-batch on one stage, in ms from the step window's start.
+    Encoded as an array [micro_batch, op, start_ms, end_ms] to keep timelines small."""
+
+    micro_batch: int
+    op: Literal["F", "B"]
+    start_ms: float
+    end_ms: float
+
+
+class Timeline(Envelope, tag="timeline", kw_only=True):
+    """A pipeline stage's timeline of one step, sent for a sample of the steps."""
+
+    step: int
+    stage: int
+    stages: int
+    micro_batches: int
+    schedule: str = ""
+    window_ms: float = 0.0
+    spans: list[StageSpan] = []
+    bubble: float = 0.0
+    """Measured: 1 − busy / window on this stage."""
+    bubble_theory: float = 0.0
+    """(N−1)/(N+M−1): equal stages, free transfers. Replaying the schedule with every stage's
+    measured times (all stages' timelines of one step) is left to the receiver."""
 
 
 class Heartbeat(Envelope, tag="heartbeat", kw_only=True):
@@ -205,9 +235,9 @@ class Reply(Envelope, tag="reply", kw_only=True):
     code: str = ""
 
 
-Telemetry = Union[Hello, Step, Sample, Heartbeat, Event, Bye]
-Message = Union[Hello, Step, Sample, Heartbeat, Event, Bye, Command, Reply]
+Telemetry = Union[Hello, Step, Sample, Timeline, Heartbeat, Event, Bye]
+Message = Union[Hello, Step, Sample, Timeline, Heartbeat, Event, Bye, Command, Reply]
 
 MESSAGE_TYPES: dict[str, type] = {
-    cls.__struct_config__.tag: cls for cls in (Hello, Step, Sample, Heartbeat, Event, Bye, Command, Reply)
+    cls.__struct_config__.tag: cls for cls in (Hello, Step, Sample, Timeline, Heartbeat, Event, Bye, Command, Reply)
 }
