@@ -14,7 +14,7 @@ from ringtop.strategies.ds_config import DSConfigError, Owned, load_ds_config, m
 BUILTIN_MODEL = "tiny-gpt"
 BUILTIN_DATA = "synthetic"
 MODEL_SIZE_CHOICES = ("1m", "10m", "25m", "125m")
-STRATEGY_CHOICES = ("ddp", "zero1", "zero2", "zero3", "fsdp")
+STRATEGY_CHOICES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "pp")
 ZERO_STRATEGIES = ("zero1", "zero2", "zero3")
 FSDP_SHARDINGS = ("full", "grad-op", "no-shard")
 
@@ -56,6 +56,10 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     inject_comm_delay_ms: float = 0.0
     link_gbps: float = 0.0
     inject_fail_setup: str | None = None
+    pp_stages: int | None = None
+    pp_schedule: str = "gpipe"
+    micro_batches: int = 4
+    pp_split: tuple[int, ...] | None = None
 
     def strategy_options(self) -> dict[str, Any]:
         """Options for the strategy's constructor (a DeepSpeed config is loaded here, once)."""
@@ -65,6 +69,13 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
             return {"sharding": self.fsdp_sharding}
         if self.strategy in ZERO_STRATEGIES and self.ds_config:
             return {"ds_config": load_ds_config(self.ds_config)}
+        if self.strategy == "pp":
+            options: dict[str, Any] = {"schedule": self.pp_schedule, "micro_batches": self.micro_batches}
+            if self.pp_stages is not None:
+                options["stages"] = self.pp_stages
+            if self.pp_split is not None:
+                options["split"] = list(self.pp_split)
+            return options
         return {}
 
     def strategy_facts(self) -> dict[str, Any]:
@@ -87,6 +98,11 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
                    help="with --strategy fsdp: full (FULL_SHARD), grad-op (SHARD_GRAD_OP), no-shard (NO_SHARD)")
     g.add_argument("--ds-config", default=None,
                    help="with --strategy zero1/2/3: a DeepSpeed JSON config; ringtop fills its \"auto\" values")
+    g.add_argument("--pp-stages", type=int, default=None,
+                   help="with --strategy pp: pipeline stages (default: one per rank; more ranks = replicas)")
+    g.add_argument("--pp-schedule", default=None, choices=("gpipe", "1f1b"), help="with --strategy pp (default gpipe)")
+    g.add_argument("--micro-batches", type=int, default=None, help="with --strategy pp: per step (default 4)")
+    g.add_argument("--pp-split", default=None, help="with --strategy pp: layers per stage, e.g. 3,1 (default balanced)")
     g.add_argument("--dtype", default=None, choices=("fp32", "bf16"),
                    help="fp32, or bf16 mixed precision with fp32 master state (default fp32)")
     g.add_argument("--grad-clip", type=float, default=None,
@@ -190,6 +206,19 @@ def config_from_args(ns: argparse.Namespace, explicitly_set: set[str]) -> AgentC
         raise ConfigError(f"unknown strategy {ns.strategy!r}; choose from {', '.join(STRATEGY_CHOICES)}")
     if ns.fsdp_sharding is not None and ns.strategy != "fsdp":
         raise ConfigError("--fsdp-sharding applies to --strategy fsdp only")
+    pp_given = [n for n in ("pp_stages", "pp_schedule", "micro_batches", "pp_split") if getattr(ns, n) is not None]
+    if pp_given and ns.strategy != "pp":
+        raise ConfigError(f"--{pp_given[0].replace('_', '-')} applies to --strategy pp only")
+    pp_split = None
+    if ns.pp_split is not None:
+        try:
+            pp_split = tuple(int(x) for x in ns.pp_split.split(","))
+        except ValueError:
+            raise ConfigError(f"--pp-split {ns.pp_split!r}: expected layer counts like 3,1") from None
+    if ns.micro_batches is not None and (ns.micro_batches < 1 or ns.batch_size % ns.micro_batches):
+        raise ConfigError(f"--micro-batches {ns.micro_batches} must be >= 1 and divide --batch-size {ns.batch_size}")
+    if ns.pp_stages is not None and ns.pp_stages < 1:
+        raise ConfigError("--pp-stages must be >= 1")
     if ns.ds_config is not None and ns.strategy not in ZERO_STRATEGIES:
         raise ConfigError("--ds-config applies to --strategy zero1, zero2 or zero3 only")
     if ns.grad_clip is not None and ns.grad_clip < 0:
@@ -254,6 +283,10 @@ def config_from_args(ns: argparse.Namespace, explicitly_set: set[str]) -> AgentC
         inject_comm_delay_ms=ns.inject_comm_delay,
         link_gbps=link_gbps,
         inject_fail_setup=ns.inject_fail_setup,
+        pp_stages=ns.pp_stages,
+        pp_schedule=ns.pp_schedule or "gpipe",
+        micro_batches=ns.micro_batches or 4,
+        pp_split=pp_split,
     )
 
 

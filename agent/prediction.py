@@ -52,3 +52,21 @@ def predict(strategy: str, fsdp_sharding: str, world_size: int, param_count: int
         note="; ".join(notes),
     )
     return prediction, optimizer_bytes_per_param
+
+
+def predict_pipeline_stage(stage_params: int, stage_tensors: int, world_size: int, stages: int) -> tuple[Prediction, int]:
+    """A pipeline stage holds its layers' parameters whole (fp32), their gradients and AdamW state;
+    its replicas all-reduce those gradients. Stage sizes differ (embeddings on the first, the head's
+    copy of the tied weight on the last), so they are counted from the model, not P / stages."""
+    replicas = world_size // stages
+    spec = ModelSpec(stage_params, 4, 4, 8)
+    comm = comm_per_step("ddp", replicas, spec) if replicas > 1 else None
+    prediction = Prediction(
+        params_bytes=4 * stage_params, grads_bytes=4 * stage_params,
+        optimizer_bytes=8 * stage_params + ADAM_STEP_BYTES * stage_tensors,
+        comm_payload_bytes={kind: c.payload_bytes for kind, c in comm.by_kind().items()} if comm else {},
+        comm_sent_bytes=comm.sent_bytes if comm else 0,
+        note=f"this stage's layers only ({stage_params:,} parameters); activations travel point to point "
+             "between stages (not traced); the tied embedding's gradient is summed between first and last stage",
+    )
+    return prediction, 8

@@ -18,10 +18,11 @@ import msgspec
 import torch
 import torch.distributed as dist
 
-from ringtop.protocol import Bye, CommStat, Event, Hello, MemorySample, Sharding, Step
+from ringtop.protocol import Bye, CommStat, Event, Hello, MemorySample, Sharding, StageSpan, Step, Timeline
 from ringtop.strategies import comm_tracing
 from ringtop.strategies.diagnosis import RunContext
 from ringtop.strategies.base import DistContext, Strategy, TrainSettings, unique_parameters
+from ringtop.strategies.pipeline import PipelineStrategy
 from ringtop.strategies.torch_native import full_optimizer_template
 from ringtop.strategies.registry import build_strategy
 
@@ -38,12 +39,14 @@ from .instruments.comm_tracer import CommSummary, CommTracer
 from .instruments.sampler import SystemSampler
 from .instruments.step_clock import StepClock, StepTiming, apply_device_phases, device_phases_ready
 from .model import MODEL_SIZES, build_tiny_gpt, count_params
-from .prediction import predict
+from .prediction import predict, predict_pipeline_stage
 from .relay import Relay
 from .telemetry import Telemetry
 
 RINGTOP_VERSION = "0.1.0"
 HELD_BYTES_EVERY = 20
+TIMELINE_EVERY = 5
+"""A pipeline stage publishes its timeline for every 5th step (and the first after a change)."""
 
 
 class Interrupted(Exception):
@@ -58,6 +61,9 @@ class _PendingStep:
     marks: Any
     comm: CommSummary
     tokens: int
+    bubble: Any = None
+    """A pipeline stage's StageBubble of this step."""
+    timeline: list | None = None
 
 
 class _NoPhases:
@@ -89,7 +95,10 @@ class Runner:
         self.checkpoints = CheckpointManager(cfg.checkpoint_dir, ctx.rank, self.control_group, self.io_group,
                                              keep=cfg.keep, delay_s=cfg.inject_save_delay_ms / 1e3)
         self._checkpoint_command = None
-        self.sample_offset = 0
+        self.samples_seen = 0
+        """Samples of the global stream consumed so far: the data position checkpoints carry."""
+        self._pp_stage_counts: list[tuple[int, int]] | None = None
+        self._timeline_due = True
         self.run_id = self._agree_on_run_id()
         self.strategy: Strategy = build_strategy(cfg.strategy, cfg.strategy_options(), ctx.device)
         self._pending: list[_PendingStep] = []
@@ -106,7 +115,7 @@ class Runner:
         return BuildContext(
             rank=self.ctx.rank, world_size=self.ctx.world_size, batch_size=self.cfg.batch_size,
             seq_len=self.cfg.seq_len, seed=self.cfg.seed, start_step=self.start_step, device=self.ctx.device,
-            samples_seen=self.sample_offset,
+            samples_seen=self.samples_seen,
         )
 
     def _build_model(self) -> torch.nn.Module:
@@ -121,8 +130,9 @@ class Runner:
                 vocab = 1024
             else:
                 vocab = MODEL_SIZES[self.cfg.model_size].vocab_size
-            return synthetic_batches(self.ctx.rank, self.ctx.world_size, self.cfg.batch_size, self.cfg.seq_len,
-                                     vocab, self.cfg.seed, self.sample_offset)
+            shard, shards = self.strategy.data_shard(self.ctx)
+            return synthetic_batches(shard, shards, self.cfg.batch_size, self.cfg.seq_len, vocab, self.cfg.seed,
+                                     self.samples_seen)
         return user_data(self.cfg.data, self._build_context())
 
     def _start_telemetry(self) -> None:
@@ -144,6 +154,20 @@ class Runner:
                          device_capacity_bytes=capacity, link_peak_gbps=self.cfg.link_gbps)
         self.diagnostician = Diagnostician(self.ctx.rank, self.ctx.world_size, self.control_group, run, self._event)
 
+    def _strategy_facts(self) -> dict[str, Any]:
+        facts = self.cfg.strategy_facts()
+        if isinstance(self.strategy, PipelineStrategy):
+            facts.update(stages=self.strategy.num_stages, micro_batches=self.strategy.micro_batches,
+                         schedule=self.strategy.schedule, replicas=self.strategy.replicas)
+        return facts
+
+    def _count_pipeline_stages(self, model: torch.nn.Module) -> None:
+        """A pipeline's stages differ in size: count them on the whole model, before it is split."""
+        if self.cfg.strategy == "pp":
+            stages = self.cfg.pp_stages or self.ctx.world_size
+            split = list(self.cfg.pp_split) if self.cfg.pp_split else None
+            self._pp_stage_counts = PipelineStrategy.stage_param_counts(model, stages, split)
+
     def _settings(self) -> TrainSettings:
         return TrainSettings(batch_size=self.cfg.batch_size, grad_clip=self.cfg.grad_clip, dtype=self.cfg.dtype)
 
@@ -162,13 +186,18 @@ class Runner:
         mem_total = torch.cuda.get_device_properties(self.ctx.device).total_memory if self.ctx.device.type == "cuda" else 0
         name = self.cfg.model if self.cfg.model != BUILTIN_MODEL else f"{BUILTIN_MODEL}-{self.cfg.model_size}"
         sharding = self.strategy.sharding
-        prediction, optimizer_bytes_per_param = predict(
-            self.cfg.strategy, self.cfg.fsdp_sharding, self.ctx.world_size, self.param_count, self.param_tensors,
-            self.cfg.dtype, self.ctx.backend)
+        if isinstance(self.strategy, PipelineStrategy):
+            params, tensors = self._pp_stage_counts[self.strategy.stage_index]
+            prediction, optimizer_bytes_per_param = predict_pipeline_stage(
+                params, tensors, self.ctx.world_size, self.strategy.num_stages)
+        else:
+            prediction, optimizer_bytes_per_param = predict(
+                self.cfg.strategy, self.cfg.fsdp_sharding, self.ctx.world_size, self.param_count,
+                self.param_tensors, self.cfg.dtype, self.ctx.backend)
         return Hello(
             run_id=self.run_id, world_size=self.ctx.world_size, local_rank=self.ctx.local_rank,
             host=socket.gethostname(), pid=os.getpid(), backend=self.ctx.backend, device=str(self.ctx.device),
-            strategy=self.strategy.name, strategy_options=self.cfg.strategy_facts(),
+            strategy=self.strategy.name, strategy_options=self._strategy_facts(),
             sharding=Sharding(params=sharding.params, grads=sharding.grads, optimizer=sharding.optimizer),
             dtype=self.cfg.dtype, optimizer_bytes_per_param=optimizer_bytes_per_param, grad_clip=self.cfg.grad_clip,
             prediction=prediction, link_peak_gbps=self.cfg.link_gbps, model=name, param_count=self.param_count, torch_version=str(torch.__version__),
@@ -189,6 +218,7 @@ class Runner:
             if resumed is not None:
                 model_state, optim_state, resumed_from = resumed
                 model.load_state_dict(model_state)  # weights in before wrapping: some wrappers copy them at init
+            self._count_pipeline_stages(model)
             if self.cfg.telemetry:
                 comm_tracing.install()  # before the strategy's libraries look up (and keep) the functions
             self.strategy.setup(model.to(self.ctx.device), self._make_optimizer, self.ctx, self._settings())
@@ -202,8 +232,9 @@ class Runner:
                 self.sampler.start()
             if resumed is not None:
                 self._event("info", "resume", f"resumed from {resumed_from} at step {self.step}",
-                            {"path": str(resumed_from), "samples_seen": self.sample_offset})
-            self._loop(self._build_data())
+                            {"path": str(resumed_from), "samples_seen": self.samples_seen})
+            self._data = self._build_data()
+            self._loop()
             bye.reason = self.stop_reason or f"completed {self.step} steps"
         except KeyboardInterrupt:
             bye.reason, bye.ok = "interrupted: SIGINT", False
@@ -234,10 +265,10 @@ class Runner:
             ckpt.load_sharded_into(path, template, group=self.io_group)
             model_state, optim_state = template["model"], template["optim"]
         self.start_step = self.step = int(meta["step"])
-        self.sample_offset = int(meta.get("samples_seen", self.step * self.ctx.world_size * self.cfg.batch_size))
+        self.samples_seen = int(meta.get("samples_seen", self.step * self.ctx.world_size * self.cfg.batch_size))
         return model_state, optim_state, path
 
-    def _loop(self, data) -> None:
+    def _loop(self) -> None:
         cfg = self.cfg
         clock = StepClock(self.ctx.device) if self.telemetry is not None else None
         phases = clock or _NoPhases()
@@ -257,14 +288,15 @@ class Runner:
                     break
             if clock is not None:
                 clock.begin()
-            batch = batch_to(next(data), self.ctx.device)
+            batch = batch_to(next(self._data), self.ctx.device)
             phases.mark("data")
             loss = self.strategy.run_step(batch, model_call, phases)
             self.step += 1
+            self.samples_seen += self.cfg.batch_size * self.strategy.data_shard(self.ctx)[1]
             if clock is not None:
                 timing, marks = clock.finish()
                 comm = self.tracer.drain()
-                self._pending.append(_PendingStep(self.step, loss.detach(), timing, marks, comm, batch_tokens(batch)))
+                self._pending.append(self._pending_step(loss, timing, marks, comm, batch))
                 self._publish_ready_steps()
                 if self.profiling is not None:
                     self._profile_step(comm.blocked_ms)
@@ -286,6 +318,23 @@ class Runner:
                 self._event("info" if not verdicts else "warn", "diagnosis", f"diagnosis: {text}",
                             {"verdicts": [{"rule": v.rule, "rank": v.rank, "text": v.text, "advice": v.advice}
                                           for v in verdicts]})
+
+    def _pending_step(self, loss, timing, marks, comm, batch) -> _PendingStep:
+        tokens = batch_tokens(batch)
+        if not isinstance(self.strategy, PipelineStrategy):
+            return _PendingStep(self.step, loss.detach(), timing, marks, comm, tokens)
+        bubble = self.strategy.last_bubble()
+        sampled = bubble is not None and not bubble.warmup and (
+            self.step % TIMELINE_EVERY == 0 or self._timeline_due)
+        timeline = None
+        if sampled:
+            self._timeline_due = False
+            start, _ = self.strategy.last_window_ns()
+            timeline = [StageSpan(e.micro_batch, e.kind, (e.start_ns - start) / 1e6, (e.end_ns - start) / 1e6)
+                        for e in self.strategy.last_timeline()]
+        # Each stage does its share of the work on its replica's tokens.
+        return _PendingStep(self.step, loss.detach(), timing, marks, comm, tokens // self.strategy.num_stages,
+                            bubble, timeline)
 
     def _publish_ready_steps(self, wait: bool = False) -> None:
         while self._pending and (wait or device_phases_ready(self._pending[0].marks)):
@@ -316,6 +365,14 @@ class Runner:
             mem.cuda_alloc_retries = stats.get("num_alloc_retries", 0)
             mem.cuda_ooms = stats.get("num_ooms", 0)
         ph = timing.phase_ms
+        idle_ms = ph.get("data", 0.0) + p.comm.blocked_ms
+        if p.bubble is not None:
+            idle_ms = ph.get("data", 0.0) + p.bubble.idle_ms
+            if p.timeline is not None:
+                b = p.bubble
+                self.telemetry.emit(Timeline(
+                    step=p.step, stage=b.stage, stages=b.stages, micro_batches=b.micro_batches, schedule=b.schedule,
+                    window_ms=b.window_ms, spans=p.timeline, bubble=b.bubble, bubble_theory=b.theory))
         self.diagnostician.record(timing.step_ms, ph.get("data", 0.0), p.comm.blocked_ms, p.comm.busy_ms,
                                   sum(k.bytes for k in p.comm.kinds), mem.cuda_reserved_bytes,
                                   mem.cuda_alloc_retries)
@@ -327,7 +384,7 @@ class Runner:
             tokens_per_s=p.tokens / (timing.step_ms / 1e3) if timing.step_ms > 0 else 0.0, mem=mem,
             comm=[CommStat(kind=k.kind, count=k.count, bytes=k.bytes, busy_ms=k.busy_ms, group_size=k.group_size)
                   for k in p.comm.kinds],
-            cpu_percent=self.sampler.latest.cpu_percent, drops=self.telemetry.drops,
+            cpu_percent=self.sampler.latest.cpu_percent, drops=self.telemetry.drops, idle_ms=idle_ms,
         ))
         if self.ctx.rank == 0 and self.cfg.print_every and p.step % self.cfg.print_every == 0:
             print(f"[ringtop] step {p.step}/{self.cfg.steps or '∞'}  loss {loss:.4f}  "
@@ -353,6 +410,8 @@ class Runner:
                 if self.checkpoints.busy:
                     raise RuntimeError("a checkpoint is being written; switch after it is done")
                 result = self._switch(pending.args)
+            elif command.cmd == "set":
+                result = self._set_micro_batches(pending.args.micro_batches)
             elif command.cmd == "profile":
                 if self.profiling is not None:
                     raise RuntimeError("a profile is already being recorded")
@@ -369,6 +428,19 @@ class Runner:
             return
         if self.control is not None:
             self.control.reply(command, "done", result=result)
+
+    def _set_micro_batches(self, micro_batches: int) -> dict[str, Any]:
+        if not isinstance(self.strategy, PipelineStrategy):
+            raise RuntimeError(f"{self.strategy.describe()} has no micro-batches; switch to pp first")
+        before = self.strategy.micro_batches
+        self.strategy.set_micro_batches(micro_batches)  # validates; all ranks reach the same verdict
+        self.cfg = msgspec.structs.replace(self.cfg, micro_batches=micro_batches)
+        self._timeline_due = True
+        self._event("info", "set", f"micro-batches {before} -> {micro_batches} from step {self.step + 1}",
+                    {"micro_batches": micro_batches})
+        if self.telemetry is not None:
+            self.telemetry.emit(self._hello())
+        return {"micro_batches": micro_batches, "step": self.step}
 
     def _profile_step(self, live_blocked_ms: float) -> None:
         session = self.profiling
@@ -426,10 +498,6 @@ class Runner:
             self._checkpoint(self.cfg.checkpoint_kind, background=False)
         except Exception as exc:  # a failed save is reported; the run goes on
             self._event("error", "checkpoint", f"checkpoint at step {self.step} failed: {exc}")
-
-    @property
-    def samples_seen(self) -> int:
-        return self.sample_offset + (self.step - self.start_step) * self.ctx.world_size * self.cfg.batch_size
 
     def _checkpoint_meta(self) -> dict[str, Any]:
         return {

@@ -24,13 +24,12 @@ class StopArgs(msgspec.Struct, forbid_unknown_fields=True):
     reason: str = "stopped by user"
 
 
-STRATEGY_NAMES = ("ddp", "zero1", "zero2", "zero3", "fsdp")
-
-
 class SwitchArgs(msgspec.Struct, forbid_unknown_fields=True):
-    strategy: Literal["ddp", "zero1", "zero2", "zero3", "fsdp"]
+    strategy: Literal["ddp", "zero1", "zero2", "zero3", "fsdp", "pp"]
     fsdp_sharding: Literal["full", "grad-op", "no-shard"] | None = None
     ds_config: str | None = None
+    pp_schedule: Literal["gpipe", "1f1b"] | None = None
+    micro_batches: Annotated[int, msgspec.Meta(ge=1)] | None = None
 
 
 class SetArgs(msgspec.Struct, forbid_unknown_fields=True):

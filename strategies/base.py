@@ -103,6 +103,11 @@ class Strategy(ABC):
         """Name with the options that change behaviour, e.g. `fsdp(full)`."""
         return self.name
 
+    def data_shard(self, ctx: DistContext) -> tuple[int, int]:
+        """(index, count) of the data shard this rank reads: its data-parallel position. Ranks that
+        must see the same batch (pipeline stages of one replica) share an index."""
+        return ctx.rank, ctx.world_size
+
     @abstractmethod
     def setup(self, model: nn.Module, make_optimizer: OptimizerFactory, ctx: DistContext,
               settings: TrainSettings) -> None:

@@ -60,10 +60,8 @@ _OPS: dict[str, tuple[str, Callable[[tuple, dict], Any]]] = {
     "broadcast": ("broadcast", lambda a, k: _arg(a, k, 0, "tensor")),
     "reduce": ("reduce", lambda a, k: _arg(a, k, 0, "tensor")),
     "all_to_all_single": ("all_to_all", lambda a, k: _arg(a, k, 1, "input")),
-    "send": ("send", lambda a, k: _arg(a, k, 0, "tensor")),
-    "recv": ("recv", lambda a, k: _arg(a, k, 0, "tensor")),
-    "isend": ("send", lambda a, k: _arg(a, k, 0, "tensor")),
-    "irecv": ("recv", lambda a, k: _arg(a, k, 0, "tensor")),
+    # Point to point: only the batched form. `isend`/`irecv` themselves stay unwrapped, because
+    # `P2POp` checks that it was handed exactly those functions.
     "batch_isend_irecv": ("p2p", lambda a, k: [op.tensor for op in (_arg(a, k, 0, "p2p_op_list") or [])]),
 }
 
@@ -150,7 +148,21 @@ def install() -> None:
                 setattr(dist, name, _wrap(name, fn, kind, payload))
         if not getattr(dist.Work.wait, "__ringtop_traced__", False):
             dist.Work.wait = _wrap_wait(dist.Work.wait)
+        _install_pipeline_p2p()
         _installed = True
+
+
+def _install_pipeline_p2p() -> None:
+    """torch.distributed.pipelining sends activations through its private `_batch_p2p`, which
+    calls `isend`/`irecv` directly for one-way batches: wrap that helper to see them."""
+    try:
+        from torch.distributed.pipelining import schedules
+    except ImportError:
+        return
+    fn = getattr(schedules, "_batch_p2p", None)
+    if fn is not None and not getattr(fn, "__ringtop_traced__", False):
+        schedules._batch_p2p = _wrap("_batch_p2p", fn, "p2p",
+                                     lambda a, k: [op.tensor for op in (_arg(a, k, 0, "p2p_ops") or [])])
 
 
 @contextlib.contextmanager

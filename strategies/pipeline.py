@@ -262,6 +262,9 @@ class PipelineStrategy(Strategy):
     def data_parallel_size(self) -> int:
         return self.replicas
 
+    def data_shard(self, ctx: DistContext) -> tuple[int, int]:
+        return self.data_parallel_rank, self.data_parallel_size
+
     def stage_layers(self) -> range:
         """The transformer layers (block indices) this rank's stage holds."""
         return self._layers[self.stage_index]

@@ -1,0 +1,49 @@
+"""The pipeline strategy inside the agent: timelines on the wire, idle time, `set micro_batches`,
+training that still equals one process with the same batch."""
+
+from __future__ import annotations
+
+import pytest
+
+from ringtop.cli.ctl import send_command
+from ringtop.protocol import Hello, Timeline
+
+from reference import reference_run
+
+pytestmark = pytest.mark.timeout(240)
+BATCH, SEQ, LR = 8, 32, 1e-3
+
+
+def test_a_two_stage_pipeline_publishes_timelines_and_changes_micro_batches_live(launch_agents):
+    run = launch_agents(2, "--strategy", "pp", "--micro-batches", "2", "--steps", "0", "--batch-size", str(BATCH),
+                        "--seq-len", str(SEQ), "--lr", str(LR))
+    run.wait_for_step(6)
+    bad = list(send_command(run.control, "set", {"micro_batches": 3}, timeout_s=60))[-1]
+    assert bad.status == "error" and "does not divide" in bad.error
+    done = list(send_command(run.control, "set", {"micro_batches": 4}, timeout_s=60))[-1]
+    assert done.status == "done", done.error
+    run.wait_for_step(done.result["step"] + 7)
+    assert list(send_command(run.control, "stop", {}, timeout_s=60))[-1].status == "done"
+    assert run.wait(60) == 0, run.output()[-3000:]
+
+    for rank in (0, 1):
+        hellos = [m for m in run.messages(rank) if isinstance(m, Hello)]
+        assert hellos[0].strategy_options["micro_batches"] == 2 and hellos[-1].strategy_options["micro_batches"] == 4
+        timelines = [m for m in run.messages(rank) if isinstance(m, Timeline)]
+        assert {t.micro_batches for t in timelines} == {2, 4}
+        for t in timelines:
+            assert t.stage == rank and t.stages == 2
+            assert sorted((s.op, s.micro_batch) for s in t.spans) == sorted(
+                [("F", m) for m in range(t.micro_batches)] + [("B", m) for m in range(t.micro_batches)])
+            assert all(0 <= s.start_ms <= s.end_ms <= t.window_ms * 1.001 for s in t.spans)
+            assert t.bubble_theory == pytest.approx(1 / (1 + t.micro_batches))  # (N-1)/(N+M-1), N=2
+            assert 0 < t.bubble < 1
+        steps = run.steps(rank)
+        assert all(s.idle_ms > 0 for s in steps)
+        assert any(c.kind == "p2p" for s in steps for c in s.comm), "activations between stages are traced"
+
+    # One replica: every rank reports its replica's loss, which equals one process on the same batch.
+    losses = [s.loss for s in run.steps(0)]
+    assert losses == [s.loss for s in run.steps(1)]
+    expected, _ = reference_run(len(losses), BATCH, SEQ, LR)
+    assert losses == pytest.approx(expected, rel=1e-5, abs=1e-5)
