@@ -469,7 +469,8 @@ class Runner:
 
     def _switch(self, args) -> dict[str, Any]:
         new_cfg = msgspec.structs.replace(
-            self.cfg, strategy=args.strategy, fsdp_sharding=args.fsdp_sharding or "full", ds_config=args.ds_config)
+            self.cfg, strategy=args.strategy, fsdp_sharding=args.fsdp_sharding or "full", ds_config=args.ds_config,
+            pp_schedule=args.pp_schedule or self.cfg.pp_schedule, micro_batches=args.micro_batches or self.cfg.micro_batches)
         old = self.strategy.describe()
         try:
             new, seconds = switch_strategy(
@@ -479,6 +480,9 @@ class Runner:
             self._event("error", "switch", f"{exc}; still training with {old}", {"from": old, "to": args.strategy})
             raise
         self.strategy, self.cfg = new, new_cfg
+        self._count_pipeline_stages(self._build_model())
+        self._data = self._build_data()  # a pipeline's stages share their replica's batches
+        self._timeline_due = True
         if self.tracer is not None:
             self.strategy.attach_comm_recorder(self.tracer)
             self.tracer.drain()

@@ -9,16 +9,19 @@ from ringtop.agent.data import synthetic_sample
 from ringtop.agent.model import MODEL_SIZES, build_tiny_gpt
 
 
-def reference_run(steps: int, global_batch: int, seq_len: int, lr: float, seed: int = 0, size: str = "1m",
+def reference_run(steps: int, global_batch: int | list[int], seq_len: int, lr: float, seed: int = 0, size: str = "1m",
                   grad_clip: float = 0.0):
-    """Losses per step and the final parameters of one process training on every sample."""
+    """Losses per step and the final parameters of one process training on every sample.
+    `global_batch` may be a list: the batch of each step (a run whose data-parallel width changed)."""
     torch.manual_seed(1234)
     model = build_tiny_gpt(size, seed)
     vocab = MODEL_SIZES[size].vocab_size
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    losses = []
+    batches = global_batch if isinstance(global_batch, list) else [global_batch] * steps
+    losses, first = [], 0
     for step in range(steps):
-        rows = torch.stack([synthetic_sample(step * global_batch + i, seq_len, vocab, seed) for i in range(global_batch)])
+        rows = torch.stack([synthetic_sample(first + i, seq_len, vocab, seed) for i in range(batches[step])])
+        first += batches[step]
         optimizer.zero_grad()
         loss = model(rows[:, :-1], rows[:, 1:])
         loss.backward()

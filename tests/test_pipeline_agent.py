@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ringtop.cli.ctl import send_command
-from ringtop.protocol import Hello, Timeline
+from ringtop.protocol import Event, Hello, Timeline
 
 from reference import reference_run
 
@@ -46,4 +46,32 @@ def test_a_two_stage_pipeline_publishes_timelines_and_changes_micro_batches_live
     losses = [s.loss for s in run.steps(0)]
     assert losses == [s.loss for s in run.steps(1)]
     expected, _ = reference_run(len(losses), BATCH, SEQ, LR)
+    assert losses == pytest.approx(expected, rel=1e-5, abs=1e-5)
+
+
+def test_switching_into_and_out_of_the_pipeline_keeps_training(launch_agents):
+    run = launch_agents(2, "--steps", "0", "--batch-size", str(BATCH), "--seq-len", str(SEQ), "--lr", str(LR))
+    run.wait_for_step(2)
+    for args in ({"strategy": "pp", "micro_batches": 2}, {"strategy": "fsdp"},
+                 {"strategy": "pp", "pp_schedule": "1f1b", "micro_batches": 4}, {"strategy": "ddp"}):
+        done = list(send_command(run.control, "switch", args, timeout_s=120))[-1]
+        assert done.status == "done", done.error
+        run.wait_for_step(done.result["step"] + 2)
+    assert list(send_command(run.control, "stop", {}, timeout_s=60))[-1].status == "done"
+    assert run.wait(60) == 0, run.output()[-3000:]
+    # Under data parallelism each rank takes half the global batch of 2 x BATCH; a 2-stage pipeline
+    # has one replica, which takes BATCH per step. The stream position carries over either way.
+    hellos = [m for m in run.messages(0) if isinstance(m, Hello)]
+    assert [h.strategy for h in hellos] == ["ddp", "pp", "fsdp", "pp", "ddp"]
+    switched_at = [e.data["step"] for e in run.messages(0) if isinstance(e, Event) and e.kind == "switch"]
+    a, b = ({s.step: s.loss for s in run.steps(r)} for r in (0, 1))
+    last = max(a)
+
+    def strategy_at(step):
+        return sum(step > s for s in switched_at)  # index into ddp, pp, fsdp, pp, ddp
+
+    in_pipeline = {step: strategy_at(step) in (1, 3) for step in range(1, last + 1)}
+    batches = [BATCH if in_pipeline[step] else 2 * BATCH for step in range(1, last + 1)]
+    expected, _ = reference_run(last, batches, SEQ, LR)
+    losses = [a[step] if in_pipeline[step] else (a[step] + b[step]) / 2 for step in range(1, last + 1)]
     assert losses == pytest.approx(expected, rel=1e-5, abs=1e-5)

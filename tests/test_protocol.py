@@ -42,7 +42,9 @@ from ringtop.protocol import (
     Reply,
     Sample,
     Sharding,
+    StageSpan,
     Step,
+    Timeline,
     UnknownCommandError,
     UnknownTypeError,
     VersionError,
@@ -108,7 +110,7 @@ STEP = Step(
                      cuda_peak_reserved_bytes=7500, cuda_alloc_retries=3, cuda_ooms=1),
     comm=[CommStat(kind="all_reduce", count=4, bytes=1 << 20, busy_ms=12.5, group_size=8),
           CommStat(kind="broadcast", count=1, bytes=64, busy_ms=0.25, group_size=8)],
-    cpu_percent=98.5, drops=2,
+    cpu_percent=98.5, drops=2, idle_ms=20.0,
 )
 STEP_WIRE = {
     **ENV, "type": "step",
@@ -122,7 +124,7 @@ STEP_WIRE = {
         {"kind": "all_reduce", "count": 4, "bytes": 1048576, "busy_ms": 12.5, "group_size": 8},
         {"kind": "broadcast", "count": 1, "bytes": 64, "busy_ms": 0.25, "group_size": 8},
     ],
-    "cpu_percent": 98.5, "drops": 2,
+    "cpu_percent": 98.5, "drops": 2, "idle_ms": 20.0,
 }
 
 SAMPLE = Sample(
@@ -140,6 +142,23 @@ SAMPLE_WIRE = {
             "pcie_tx_bytes_per_s": 1.5e9, "pcie_rx_bytes_per_s": 0.5e9, "pcie_generation": 5, "pcie_width": 16,
             "nvlink_tx_bytes_per_s": 300e9, "nvlink_rx_bytes_per_s": 290e9, "nvlink_links": 18,
             "nvlink_version": 4},
+}
+
+# GPipe, 2 stages, 2 micro-batches, stage 1's view of step 1204: F1 F2 then B1 B2, times in ms from the
+# start of this stage's step window (a 70 ms window, 60 ms busy: bubble 1 - 60/70 = 1/7; theory
+# (N-1)/(N+M-1) = 1/3). Each span is a 4-element array [micro_batch, op, start_ms, end_ms].
+TIMELINE = Timeline(
+    rank=3, seq=41, ts=1767225600.125,
+    step=1204, stage=1, stages=2, micro_batches=2, schedule="gpipe", window_ms=70.0,
+    spans=[StageSpan(0, "F", 10.0, 20.0), StageSpan(1, "F", 20.0, 30.0),
+           StageSpan(0, "B", 30.0, 50.0), StageSpan(1, "B", 50.0, 70.0)],
+    bubble=0.142857, bubble_theory=0.333333,
+)
+TIMELINE_WIRE = {
+    **ENV, "type": "timeline",
+    "step": 1204, "stage": 1, "stages": 2, "micro_batches": 2, "schedule": "gpipe", "window_ms": 70.0,
+    "spans": [[0, "F", 10.0, 20.0], [1, "F", 20.0, 30.0], [0, "B", 30.0, 50.0], [1, "B", 50.0, 70.0]],
+    "bubble": 0.142857, "bubble_theory": 0.333333,
 }
 
 HEARTBEAT = Heartbeat(rank=3, seq=41, ts=1767225600.125, step=1204, drops=7, queued=5)
@@ -167,6 +186,7 @@ CASES = {
     "hello": (HELLO, HELLO_WIRE),
     "step": (STEP, STEP_WIRE),
     "sample": (SAMPLE, SAMPLE_WIRE),
+    "timeline": (TIMELINE, TIMELINE_WIRE),
     "heartbeat": (HEARTBEAT, HEARTBEAT_WIRE),
     "event": (EVENT, EVENT_WIRE),
     "bye": (BYE, BYE_WIRE),
@@ -195,14 +215,15 @@ def test_constants():
 
 
 def test_cases_cover_every_type_and_every_field():
-    assert set(CASES) == {"hello", "step", "sample", "heartbeat", "event", "bye", "command", "reply"}
+    assert set(CASES) == {"hello", "step", "sample", "timeline", "heartbeat", "event", "bye", "command", "reply"}
     for name, (msg, wire) in CASES.items():
         fields = set(msg.__struct_fields__) | {"type"}
         assert set(wire) == fields, f"{name}: fixture and struct disagree on fields"
     # every optional top-level field is set to something other than its default
     fresh = {
         "hello": Hello(run_id="x", world_size=1), "step": Step(step=0, loss=0.0, step_ms=0.0),
-        "sample": Sample(), "heartbeat": Heartbeat(), "event": Event(), "bye": Bye(),
+        "sample": Sample(), "heartbeat": Heartbeat(),
+        "timeline": Timeline(step=0, stage=0, stages=0, micro_batches=0), "event": Event(), "bye": Bye(),
         "command": Command(id="", cmd=""), "reply": Reply(id="", status="ack"),
     }
     for name, (msg, _) in CASES.items():
@@ -212,6 +233,8 @@ def test_cases_cover_every_type_and_every_field():
             if name in ("command", "reply") and f in ("id", "cmd", "status"):
                 continue
             if name == "step" and f in ("step", "loss", "step_ms"):
+                continue
+            if name == "timeline" and f in ("step", "stage", "stages", "micro_batches"):
                 continue
             assert getattr(msg, f) != getattr(fresh[name], f), f"{name}.{f} is left at its default"
 
@@ -291,6 +314,25 @@ def test_sample_without_gpu_round_trips_as_nil():
     assert json.loads(to_json_line(msg))["gpu"] is None
     assert decode(encode(msg)) == msg
     assert from_json_line(to_json_line(msg)) == msg
+
+
+def test_timeline_spans_are_four_element_arrays():
+    line = to_json_line(Timeline(rank=1, step=7, stage=1, stages=2, micro_batches=1, window_ms=3.5,
+                                 spans=[StageSpan(0, "F", 0.5, 1.5), StageSpan(0, "B", 2.0, 3.5)]))
+    assert b'"spans":[[0,"F",0.5,1.5],[0,"B",2.0,3.5]]' in line
+    assert msgspec.msgpack.decode(encode(TIMELINE))["spans"][0] == [0, "F", 10.0, 20.0]
+    # ints are fine for the times; an element past the fourth (a later protocol's) is ignored
+    msg = decode(mp(base("timeline", step=1, stage=0, stages=2, micro_batches=1,
+                         spans=[[0, "F", 0, 2, "later"], [0, "B", 2, 5.5]])))
+    assert msg.spans == [StageSpan(micro_batch=0, op="F", start_ms=0.0, end_ms=2.0),
+                         StageSpan(micro_batch=0, op="B", start_ms=2.0, end_ms=5.5)]
+
+
+def test_timeline_and_idle_defaults():
+    msg = decode(mp(base("timeline", step=3, stage=0, stages=4, micro_batches=8)))
+    assert msg == Timeline(step=3, stage=0, stages=4, micro_batches=8)
+    assert (msg.schedule, msg.window_ms, msg.spans, msg.bubble, msg.bubble_theory) == ("", 0.0, [], 0.0, 0.0)
+    assert decode(mp(base("step", step=1, loss=1.0, step_ms=2.0))).idle_ms == 0.0
 
 
 def test_foreign_client_liberties_are_accepted():
@@ -416,7 +458,7 @@ def test_unknown_type(type_):
     err = raises(UnknownTypeError, mp({"v": 1, "type": type_}), match="unknown message type")
     assert repr(type_) in err.message
     # the message lists what is known, so the sender can see the mistake
-    for known in ("bye", "command", "event", "heartbeat", "hello", "reply", "sample", "step"):
+    for known in ("bye", "command", "event", "heartbeat", "hello", "reply", "sample", "step", "timeline"):
         assert known in err.message
     raises(UnknownTypeError, json.dumps({"v": 1, "type": type_}), via=from_json_line)
 
@@ -436,6 +478,10 @@ def test_missing_type():
     ("reply", {"id": "1"}, "status"),
     ("reply", {"status": "ack"}, "id"),
     ("step", {"step": 1, "loss": 1.0, "step_ms": 1.0, "comm": [{"count": 1}]}, "kind"),
+    ("timeline", {"stage": 0, "stages": 2, "micro_batches": 4}, "step"),
+    ("timeline", {"step": 1, "stages": 2, "micro_batches": 4}, "stage"),
+    ("timeline", {"step": 1, "stage": 0, "micro_batches": 4}, "stages"),
+    ("timeline", {"step": 1, "stage": 0, "stages": 2}, "micro_batches"),
 ])
 def test_missing_required_field(type_, wire, field):
     err = raises(InvalidMessageError, mp(base(type_, **wire)), match="missing required field")
@@ -467,6 +513,17 @@ def test_missing_required_field(type_, wire, field):
     ("hello", {"run_id": "r", "world_size": 2, "prediction": 5}, r"\$\.prediction"),
     ("hello", {"run_id": "r", "world_size": 2, "prediction": {"comm_payload_bytes": {"all_gather": 1.5}}},
      r"\$\.prediction\.comm_payload_bytes"),
+    ("step", {"step": 1, "loss": 1.0, "step_ms": 1.0, "idle_ms": "none"}, r"\$\.idle_ms"),
+    ("timeline", {"step": 1, "stage": 0, "stages": 2, "micro_batches": 1, "window_ms": "long"}, r"\$\.window_ms"),
+    # a span is an array [micro_batch, op, start_ms, end_ms], not a map; op is "F" or "B"
+    ("timeline", {"step": 1, "stage": 0, "stages": 2, "micro_batches": 1,
+                  "spans": [{"micro_batch": 0, "op": "F", "start_ms": 0.0, "end_ms": 1.0}]}, r"\$\.spans\[0\]"),
+    ("timeline", {"step": 1, "stage": 0, "stages": 2, "micro_batches": 1, "spans": [[0, "W", 0.0, 1.0]]},
+     r"\$\.spans\[0\]\[1\]"),
+    ("timeline", {"step": 1, "stage": 0, "stages": 2, "micro_batches": 1, "spans": [[0, "F", 0.0]]},
+     r"\$\.spans\[0\]"),
+    ("timeline", {"step": 1, "stage": 0, "stages": 2, "micro_batches": 1, "spans": [["0", "F", 0.0, 1.0]]},
+     r"\$\.spans\[0\]\[0\]"),
 ])
 def test_wrong_field_type(type_, fields, path):
     err = raises(InvalidMessageError, mp(base(type_, **fields)), match=path)
@@ -742,12 +799,12 @@ def test_readme_documents_every_type_field_and_code():
         assert f"`{name}`" in text, name
         for f in msg.__struct_fields__:
             assert f"`{f}`" in text, f"{name}.{f} missing from protocol/README.md"
-    for nested in (MemorySample, CommStat, GpuSample, Sharding, Prediction):
+    for nested in (MemorySample, CommStat, GpuSample, Sharding, Prediction, StageSpan):
         for f in nested.__struct_fields__:
             assert f"`{f}`" in text, f"{nested.__name__}.{f} missing from protocol/README.md"
     for code in ("oversize", "malformed", "bad_version", "unknown_type", "invalid",
                  "unknown_command", "bad_arguments"):
         assert f"`{code}`" in text
-    for cmd_name in ("status", "checkpoint", "stop"):
+    for cmd_name in ("status", "checkpoint", "stop", "switch", "set", "profile"):
         assert f"`{cmd_name}`" in text
     assert "ssh -L 5555:127.0.0.1:5555 -L 5557:127.0.0.1:5557" in text

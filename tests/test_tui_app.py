@@ -115,7 +115,7 @@ async def test_replay_app_shows_rows_and_problems(tmp_path):
         assert "step 4" in head
         # c in replay: not connected
         await pilot.press("c")
-        await pilot.press("4")
+        await pilot.press("5")
         await pilot.pause(0.3)
         assert app.query_one("TabbedContent").active == "events"
         text = event_log_text(app)
@@ -226,7 +226,7 @@ async def test_live_app_rows_header_and_checkpoint_command():
                              what="checkpoint done reply")
             assert run.commands and run.commands[0].cmd == "checkpoint"
             assert run.commands[0].args == {"kind": "full"} and run.commands[0].rank == -1
-            await pilot.press("4")
+            await pilot.press("5")
             await pilot.pause(0.4)
             text = event_log_text(app)
             assert "checkpoint" in text and "pending → ack → done" in text and "/ckpt/step-9" in text
@@ -256,7 +256,7 @@ async def test_live_app_stays_responsive_under_5000_msgs_per_s():
             start_msgs, t0 = app.view.messages_total, time.monotonic()
             first_repaint = len(app.repaints)
             await pilot.pause(2.0)
-            await pilot.press("4")  # keys are still handled promptly
+            await pilot.press("5")  # keys are still handled promptly
             assert app.query_one("TabbedContent").active == "events"
             elapsed = time.monotonic() - t0
             rate = (app.view.messages_total - start_msgs) / elapsed
@@ -274,7 +274,7 @@ async def test_live_app_with_nothing_listening_waits():
         await pilot.pause(0.3)
         assert "○ waiting" in header_text(app)
         await pilot.press("s")
-        await pilot.press("4")
+        await pilot.press("5")
         await pilot.pause(0.3)
         assert "status: not connected (no control address)" in event_log_text(app)
 
@@ -365,7 +365,7 @@ async def test_events_tab_shows_bounded_backlog():
         await wait_until(pilot, lambda: app.replay_loaded, what="replay to load")
         await pilot.pause(0.3)
         assert app.query_one("#event-log").lines == []  # nothing written while the tab is hidden
-        await pilot.press("4")
+        await pilot.press("5")
         await wait_until(pilot, lambda: "event 699" in event_log_text(app), what="latest event")
         text = event_log_text(app)
         assert "older events not kept" in text and "event 0\n" not in text
@@ -486,7 +486,7 @@ async def test_zero3_header_per_kind_comm_and_memory_tab():
         caption = static_text(app, "#fit-caption")
         assert "(28.0G)" in caption and "40.0G per rank" in caption
 
-        await pilot.press("4")
+        await pilot.press("5")
         assert app.query_one("TabbedContent").active == "events"
 
 
