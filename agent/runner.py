@@ -64,6 +64,7 @@ class _PendingStep:
     bubble: Any = None
     """A pipeline stage's StageBubble of this step."""
     timeline: list | None = None
+    timeline_start_ms: float = 0.0
 
 
 class _NoPhases:
@@ -326,7 +327,7 @@ class Runner:
         bubble = self.strategy.last_bubble()
         sampled = bubble is not None and not bubble.warmup and (
             self.step % TIMELINE_EVERY == 0 or self._timeline_due)
-        timeline = None
+        timeline, start = None, 0
         if sampled:
             self._timeline_due = False
             start, _ = self.strategy.last_window_ns()
@@ -334,7 +335,7 @@ class Runner:
                         for e in self.strategy.last_timeline()]
         # Each stage does its share of the work on its replica's tokens.
         return _PendingStep(self.step, loss.detach(), timing, marks, comm, tokens // self.strategy.num_stages,
-                            bubble, timeline)
+                            bubble, timeline, start / 1e6)
 
     def _publish_ready_steps(self, wait: bool = False) -> None:
         while self._pending and (wait or device_phases_ready(self._pending[0].marks)):
@@ -372,7 +373,8 @@ class Runner:
                 b = p.bubble
                 self.telemetry.emit(Timeline(
                     step=p.step, stage=b.stage, stages=b.stages, micro_batches=b.micro_batches, schedule=b.schedule,
-                    window_ms=b.window_ms, spans=p.timeline, bubble=b.bubble, bubble_theory=b.theory))
+                    window_ms=b.window_ms, window_start_ms=p.timeline_start_ms, spans=p.timeline, bubble=b.bubble,
+                    bubble_theory=b.theory))
         self.diagnostician.record(timing.step_ms, ph.get("data", 0.0), p.comm.blocked_ms, p.comm.busy_ms,
                                   sum(k.bytes for k in p.comm.kinds), mem.cuda_reserved_bytes,
                                   mem.cuda_alloc_retries)

@@ -181,6 +181,8 @@ class Timeline(Envelope, tag="timeline", kw_only=True):
     micro_batches: int
     schedule: str = ""
     window_ms: float = 0.0
+    window_start_ms: float = 0.0
+    """The window's start on the host's monotonic clock (ms): stages on one host align by it."""
     spans: list[StageSpan] = []
     bubble: float = 0.0
     """Measured: 1 − busy / window on this stage."""
