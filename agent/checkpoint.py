@@ -90,7 +90,7 @@ def publish(tmp: Path, final: Path) -> None:
         shutil.rmtree(final)
     os.replace(tmp, final)
     _write_atomic(final.parent / LATEST, final.name + "\n")
-    _fsync_dir(final.parent)
+    _fsync(final.parent)
 
 
 def _write_meta(directory: Path, meta: dict[str, Any]) -> None:
@@ -98,6 +98,7 @@ def _write_meta(directory: Path, meta: dict[str, Any]) -> None:
 
 
 def _fsync(path: Path) -> None:
+    """A file's data, or a directory's entries, to disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -112,14 +113,6 @@ def _write_atomic(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def finish_sharded(tmp: Path, step: int, meta: dict[str, Any]) -> None:

@@ -38,12 +38,28 @@ from .comm_tab import (
     ranks_rows,
     verdict_panel,
 )
+from .actions import switch_rows
 from .connection import TelemetryClient
 from .memory import fit_table
 from .memory_tab import fit_caption, fit_columns, fit_rows, memory_caption, memory_columns, memory_rows, on_gpu
+from .pipeline import idle_rows
+from .pipeline_tab import (
+    HISTORY_COLUMNS,
+    STAGE_COLUMNS,
+    bubble_text,
+    caption_text,
+    history_caption,
+    history_rows,
+    idle_text,
+    is_pipeline,
+    legend_text,
+    stage_rows,
+    timeline_text,
+)
 from .replay import ReplayError, load_replay
+from .screens import MicroBatchesPrompt, SwitchPicker
 from .tables import Column, SyncedTable
-from .view_model import COMM_KIND_ABBR, RankRow, RunView
+from .view_model import COMM_KIND_ABBR, CommandState, RankRow, RunView, describe_result
 
 REFRESH_S = 0.25
 SLOWEST_MARK_PCT = 3.0
@@ -58,6 +74,9 @@ STATE_STYLE = {
     "ended": ("■ ended", "bold"),
 }
 LEVEL_STYLE = {"info": "cyan", "warn": "bold yellow", "error": "bold red"}
+PHASE_STYLE = {"pending": ("…", "yellow"), "running": ("◐", "bold yellow"), "done": ("✓", "green"),
+               "failed": ("✖", "bold red")}
+PROFILE_STEPS = 3
 
 # (key, label, width); widths fixed so in-place updates never reflow the table. The per-kind
 # communication column ("comm_kinds") goes after "comm_mb_s" once the run's collectives are known.
@@ -163,6 +182,14 @@ class RingtopApp(App):
     .chart Sparkline { width: 1fr; }
     #alert { height: auto; max-height: 3; margin: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
     #event-log { height: 1fr; }
+    #ops { height: auto; max-height: 8; margin: 0 1; border-bottom: solid $panel-lighten-2; }
+    #pipeline-body { height: 1fr; }
+    #pp-timeline { height: auto; margin: 1 1 0 1; text-wrap: nowrap; }
+    #pp-legend { height: 1; margin: 0 1; }
+    #pp-bubble { height: auto; margin: 1 1 0 1; }
+    #pp-stages { height: auto; margin: 1 0 0 0; }
+    #pp-history-caption { height: auto; margin: 1 1 0 1; }
+    #pp-history { height: auto; }
     #memory-body { height: 1fr; }
     .caption { height: auto; margin: 0 1; }
     #fit-caption { margin: 1 1 0 1; }
@@ -171,12 +198,18 @@ class RingtopApp(App):
     """
 
     BINDINGS = [
-        Binding("c", "checkpoint", "checkpoint"),
+        Binding("S", "switch", "switch"),
+        Binding("w", "switch", "switch", show=False),
+        Binding("c", "checkpoint", "ckpt"),
+        Binding("C", "checkpoint_sharded", "sharded ckpt"),
+        Binding("m", "micro_batches", "micro-batches"),
+        Binding("p", "profile", "profile"),
         Binding("s", "status", "status"),
-        Binding("1", "show_tab('overview')", "overview"),
-        Binding("2", "show_tab('memory')", "memory"),
-        Binding("3", "show_tab('comm')", "comm"),
-        Binding("4", "show_tab('events')", "events"),
+        Binding("1", "show_tab('overview')", "overview", show=False),
+        Binding("2", "show_tab('memory')", "memory", show=False),
+        Binding("3", "show_tab('comm')", "comm", show=False),
+        Binding("4", "show_tab('pipeline')", "pipeline", show=False),
+        Binding("5", "show_tab('events')", "events", show=False),
         Binding("r", "comm_rank", "rank/all"),
         Binding("q", "quit", "quit"),
     ]
@@ -225,7 +258,7 @@ class RingtopApp(App):
             yield Static(id="facts")
             yield Static(id="conn")
         with TabbedContent(initial="overview"):
-            with TabPane("Overview", id="overview"):
+            with TabPane("1 Overview", id="overview"):
                 table: DataTable = DataTable(id="ranks", cursor_type="row", zebra_stripes=True)
                 yield table
                 with Horizontal(classes="chart"):
@@ -238,13 +271,13 @@ class RingtopApp(App):
                     yield Static(id="busbw-label", classes="chart-label")
                     yield Sparkline([], id="busbw-spark")
                 yield Static(id="alert")
-            with TabPane("Memory", id="memory"):
+            with TabPane("2 Memory", id="memory"):
                 with VerticalScroll(id="memory-body"):
                     yield Static(id="mem-caption", classes="caption")
                     yield DataTable(id="mem-ranks", cursor_type="none", zebra_stripes=True)
                     yield Static(id="fit-caption", classes="caption")
                     yield DataTable(id="fit", cursor_type="none")
-            with TabPane("Comm", id="comm"):
+            with TabPane("3 Comm", id="comm"):
                 with VerticalScroll(id="comm-body"):
                     yield Static(id="comm-caption", classes="caption")
                     yield DataTable(id="comm-kinds", cursor_type="none", zebra_stripes=True)
@@ -254,7 +287,17 @@ class RingtopApp(App):
                     yield Static(id="comm-exposed", classes="comm-line")
                     yield DataTable(id="comm-ranks", cursor_type="none", zebra_stripes=True)
                     yield Static(id="verdicts")
-            with TabPane("Events", id="events"):
+            with TabPane("4 Pipeline", id="pipeline"):
+                with VerticalScroll(id="pipeline-body"):
+                    yield Static(id="pp-caption", classes="caption")
+                    yield Static(id="pp-timeline")
+                    yield Static(id="pp-legend")
+                    yield Static(id="pp-bubble")
+                    yield DataTable(id="pp-stages", cursor_type="none", zebra_stripes=True)
+                    yield Static(id="pp-history-caption")
+                    yield DataTable(id="pp-history", cursor_type="none", zebra_stripes=True)
+            with TabPane("5 Events", id="events"):
+                yield Static(id="ops")
                 yield RichLog(id="event-log", max_lines=2000, wrap=True, markup=False, auto_scroll=True)
         yield Footer()
 
@@ -270,6 +313,8 @@ class RingtopApp(App):
         self._table("#fit").set_columns(fit_columns())
         self._table("#comm-kinds").set_columns(kinds_columns())
         self._table("#comm-ranks").set_columns(ranks_columns())
+        self._table("#pp-stages").set_columns(STAGE_COLUMNS)
+        self._table("#pp-history").set_columns(HISTORY_COLUMNS)
         if self.replay:
             self.sub_title = f"replay {self.source}"
             for p in self._replay_problems:
@@ -363,14 +408,76 @@ class RingtopApp(App):
     def action_checkpoint(self) -> None:
         self._send("checkpoint", {"kind": "full"})
 
+    def action_checkpoint_sharded(self) -> None:
+        self._send("checkpoint", {"kind": "sharded", "async": True})
+
     def action_status(self) -> None:
         self._send("status", {})
 
-    def _send(self, cmd: str, args: dict[str, Any]) -> None:
+    def action_profile(self) -> None:
+        self._send("profile", {"steps": PROFILE_STEPS})
+
+    def action_switch(self) -> None:
+        """The switch picker: each target's predicted memory and traffic; Enter sends `switch`."""
+        if isinstance(self.screen, (SwitchPicker, MicroBatchesPrompt)):
+            return
+        f, v = self.view.facts, self.view
+        n = f.world_size or len(v.ranks)
+        title = Text("Switch the parallel strategy", style="bold")
+        title.append(f"  now {f.strategy_name or '?'}", style="bold magenta")
+        params = f"{fmt.count(f.param_count)} params" if f.param_count else "parameter count unknown"
+        title.append(f"\n{f.model or 'model'} {params}, {n} ranks, {f.dtype or 'fp32'}"
+                     f"{', ' + f.backend if f.backend else ''}: the cost model's state per rank "
+                     "(params + grads + optimizer; zero* K=12 B/param, ddp/fsdp fp32 + 8) and bytes each rank "
+                     "sends per step", style="dim")
+        self.push_screen(SwitchPicker(switch_rows(v), title, note=self._not_connected_reason()),
+                         callback=self._on_switch_chosen)
+
+    def _on_switch_chosen(self, choice: dict[str, Any] | None) -> None:
+        if not choice:
+            return  # cancelled: nothing is sent
+        if choice.get("current"):
+            self.view.note(f"switch: the run already uses {choice['label']}; nothing sent", level="warn",
+                           kind="command")
+            self.refresh_view()
+            return
+        self._send("switch", choice["args"])
+
+    def action_micro_batches(self) -> None:
+        """Ask for M, then send `set micro_batches M` (checked here: a whole number >= 1)."""
+        if isinstance(self.screen, (SwitchPicker, MicroBatchesPrompt)):
+            return
+        why = self._not_connected_reason()
+        if why:
+            self.view.note(f"set micro_batches: {why}", level="warn", kind="command")
+            self.refresh_view()
+            return
+        f, ps = self.view.facts, self.view.pipeline
+        now = ps.last_micro_batches or f.strategy_options.get("micro_batches") or 0
+        title = Text("Micro-batches per step (M)", style="bold")
+        if now:
+            title.append(f"  now M={now}", style="bold magenta")
+        if f.strategy and f.strategy != "pp":
+            title.append(f"\n{f.strategy_name} has no micro-batches: the agent will refuse", style="yellow")
+        if f.batch_size:
+            title.append(f"\nbatch {f.batch_size} per replica: M must divide it", style="dim")
+        self.push_screen(MicroBatchesPrompt(title), callback=self._on_micro_batches)
+
+    def _on_micro_batches(self, m: int | None) -> None:
+        if m is not None:
+            self._send("set", {"micro_batches": m})
+
+    def _not_connected_reason(self) -> str:
         if self.replay:
-            self.view.note(f"{cmd}: not connected (replay)", level="warn", kind="command")
-        elif self.client is None or not self.client.has_control:
-            self.view.note(f"{cmd}: not connected (no control address)", level="warn", kind="command")
+            return "not connected (replay)"
+        if self.client is None or not self.client.has_control:
+            return "not connected (no control address)"
+        return ""
+
+    def _send(self, cmd: str, args: dict[str, Any]) -> None:
+        why = self._not_connected_reason()
+        if why:
+            self.view.note(f"{cmd}: {why}", level="warn", kind="command")
         else:
             cmd_id = self.client.send_command(cmd, args)
             self.view.note_command_sent(cmd_id, cmd, args)
@@ -393,6 +500,7 @@ class RingtopApp(App):
         self._render_alert()
         self._render_comm()
         self._render_memory()
+        self._render_pipeline()
         self._render_events()
 
     def header_text(self) -> Text:
@@ -439,9 +547,26 @@ class RingtopApp(App):
             t.append(f"/{f.device.split(':')[0]}", style="dim")  # the type: rank 0's index says little
         return t
 
+    def operations_text(self) -> Text:
+        """The header's one line about operations in flight: `◐ checkpoint sharded async: running 3s`."""
+        t = Text(no_wrap=True)
+        active = self.view.active_commands()
+        if not active:
+            return t
+        c = active[-1]
+        mark, style = PHASE_STYLE.get(c.phase, ("…", "yellow"))
+        t.append(f"{mark} {c.title}: {c.phase}", style=style)
+        if c.sent_ts:
+            t.append(f" {fmt.ago(max(0.0, time.time() - c.sent_ts))}", style="dim")
+        if len(active) > 1:
+            t.append(f" +{len(active) - 1} more", style="dim")
+        t.append("  ")
+        return t
+
     def connection_text(self) -> Text:
         v = self.view
         t = Text(no_wrap=True)
+        t.append_text(self.operations_text())
         if self.replay:
             label = "▶ replay" if self.replay_loaded else f"▶ replay {self._replay_pct():.0f}%"
             t.append(label, style="bold cyan")
@@ -618,8 +743,59 @@ class RingtopApp(App):
             t.append(f"{fmt.clock(w.ts)} {who}{w.text}")
         self._set_static("#alert", t)
 
+    def _render_pipeline(self) -> None:
+        # Only while the tab is shown; the drawing depends on the width, so it is cached on it too.
+        if self.query_one(TabbedContent).active != "pipeline":
+            return
+        v = self.view
+        ps = v.pipeline
+        widget = self.query_one("#pp-timeline", Static)
+        width = widget.content_size.width or (self.size.width - 2)
+        pipeline = is_pipeline(v)
+        self._set_static("#pp-caption", caption_text(v))
+        for sel in ("#pp-legend", "#pp-bubble", "#pp-stages", "#pp-history-caption", "#pp-history"):
+            self.query_one(sel).display = pipeline and ps.latest is not None
+        if not pipeline or ps.latest is None:
+            key = ("idle", v.messages_total, width)
+            if self._shown.get("pp-key") != key:
+                self._shown["pp-key"] = key
+                self._set_static("#pp-timeline", idle_text(idle_rows(v.rows()), width))
+            return
+        key = ("pp", ps.version, width)
+        if self._shown.get("pp-key") == key:
+            return
+        self._shown["pp-key"] = key
+        p = ps.latest
+        self._set_static("#pp-timeline", timeline_text(p, width))
+        self._set_static("#pp-legend", legend_text())
+        self._set_static("#pp-bubble", bubble_text(p))
+        self._table("#pp-stages").set_rows(stage_rows(p))
+        self._set_static("#pp-history-caption", history_caption(ps))
+        self._table("#pp-history").set_rows(history_rows(ps))
+
+    def on_resize(self, event) -> None:
+        self.call_after_refresh(self.refresh_view)
+
+    def ops_text(self) -> Text:
+        """The Events tab's panel: the latest operations and where each stands."""
+        v = self.view
+        t = Text(no_wrap=True, overflow="ellipsis")
+        recent = [c for c in v.recent_commands(6)]
+        if not recent:
+            t.append("operations: none yet   ", style="bold")
+            t.append("S switch · c checkpoint full · C sharded async · m micro-batches · p profile · s status",
+                     style="dim")
+            return t
+        t.append("operations", style="bold")
+        for c in recent:
+            t.append("\n")
+            t.append_text(_op_line(c))
+        return t
+
     def _render_events(self) -> None:
         v = self.view
+        if self.query_one(TabbedContent).active == "events":
+            self._set_static("#ops", self.ops_text())
         if v.events_total <= self._events_shown:
             return
         # Write only while the Events tab is shown: the view holds a bounded backlog meanwhile, and a
@@ -639,6 +815,23 @@ class RingtopApp(App):
             line.append(e.text)
             log.write(line)
         self._events_shown = v.events_total
+
+
+def _op_line(c: CommandState) -> Text:
+    mark, style = PHASE_STYLE.get(c.phase, ("?", ""))
+    t = Text(no_wrap=True, overflow="ellipsis")
+    t.append(f" {mark} {c.phase:<7} ", style=style)
+    t.append(c.title, style="bold")
+    t.append(f" [{c.id}]" if c.id else "", style="dim")
+    if c.finished and c.sent_ts and c.finished_ts:
+        t.append(f"  after {max(0.0, c.finished_ts - c.sent_ts):.1f} s", style="dim")
+    elif c.sent_ts:
+        t.append(f"  for {fmt.ago(max(0.0, time.time() - c.sent_ts))}", style="dim")
+    if c.status == "error":
+        t.append(f"  {c.error}", style="red")
+    elif c.status == "done" and c.result:
+        t.append("  " + describe_result(c.cmd, "done", c.result).split("\n")[0], style="")
+    return t
 
 
 def _chart_label(name: str, data: list[float], f) -> Text:

@@ -29,11 +29,17 @@ from ringtop.protocol import (
     Sample,
     Sharding,
     Step,
+    Timeline,
 )
+
+from . import fmt
+from .pipeline import PipelineState
 
 HISTORY_POINTS = 240
 """Points kept per chart history (per rank and cross-rank)."""
 MAX_EVENTS = 500
+MAX_COMMANDS = 200
+"""Commands remembered for the Events tab's operations panel and the header's in-flight line."""
 SLOWEST_WINDOW = 20
 """Recent steps per rank averaged to pick the slowest rank."""
 STEP_LAG = 8
@@ -182,8 +188,13 @@ class RankRow:
     comm_busy_ms: float = 0.0
     """Wall time with a collective in flight in the latest step (Step.comm_busy_ms)."""
     idle_pct: float = math.nan
-    """(data_ms + comm_blocked_ms) / step_ms, in percent: the share of the step this rank waited on
-    input or on exposed communication (DESIGN's idle %)."""
+    """idle_ms / step_ms, in percent: the share of the step this rank waited on input or on exposed
+    communication, or in a pipeline on its stage's bubble (DESIGN's idle %). From Step.idle_ms when the
+    agent sends it (> 0), else (data_ms + comm_blocked_ms) / step_ms."""
+    idle_ms: float = 0.0
+    """Step.idle_ms of the latest step (0 when the agent does not send it)."""
+    idle_reported: bool = False
+    """Whether the latest step carried Step.idle_ms (> 0); False: idle % is data + exposed comm."""
     comm: list = field(default_factory=list)
     comm_kind_bytes: dict[str, int] = field(default_factory=dict)
     """Per collective kind, payload bytes in the latest step."""
@@ -370,10 +381,24 @@ class CommandState:
     error: str = ""
     code: str = ""
     sent_ts: float = 0.0
+    """Wall clock when the UI sent it, or when the first reply was seen (a command of another client)."""
+    finished_ts: float = 0.0
+    mine: bool = False
+    """Sent by this UI (its arguments are known)."""
 
     @property
     def finished(self) -> bool:
         return self.status in ("done", "error")
+
+    @property
+    def phase(self) -> str:
+        """What the user reads: pending (sent, nothing back), running (acknowledged), done, failed."""
+        return {"pending": "pending", "ack": "running", "done": "done", "error": "failed"}.get(self.status, self.status)
+
+    @property
+    def title(self) -> str:
+        """The command in words, from its arguments: `checkpoint sharded async`, `switch → zero3`."""
+        return command_title(self.cmd, self.args)
 
 
 class RunView:
@@ -408,6 +433,8 @@ class RunView:
         self._slowest_excess_pct = math.nan
         self._slowest_dirty = False
         self.last_warning: EventLine | None = None
+        self.pipeline = PipelineState()
+        """Pipeline stage timelines (Timeline messages), folded into complete steps and a bubble history."""
         self._comm_kinds: set[str] = set()
         self.comm_steps: dict[int, CommStep] = {}
         """Per step number, communication summed over the ranks that reported it (bounded)."""
@@ -461,6 +488,8 @@ class RunView:
         row.silent_s = 0.0
         if isinstance(msg, Step):
             self._on_step(row, msg)
+        elif isinstance(msg, Timeline):
+            self.pipeline.add(msg)
         elif isinstance(msg, Sample):
             if msg.cpu_percent or not math.isfinite(row.cpu_percent):
                 row.cpu_percent = msg.cpu_percent
@@ -504,12 +533,23 @@ class RunView:
     def note_command_sent(self, cmd_id: str, cmd: str, args: dict[str, Any] | None = None) -> CommandState:
         """The UI sent a command; it is `pending` until a Reply arrives."""
         state = CommandState(id=cmd_id, cmd=cmd, args=dict(args or {}), status="pending",
-                             history=["pending"], sent_ts=time.time())
+                             history=["pending"], sent_ts=time.time(), mine=True)
         self.commands[cmd_id] = state
+        while len(self.commands) > MAX_COMMANDS:
+            del self.commands[next(iter(self.commands))]
         arg_text = " ".join(f"{k}={v}" for k, v in state.args.items())
-        self._add_event("info", None, f"{cmd} [{cmd_id}] sent{' ' + arg_text if arg_text else ''} → pending",
+        self._add_event("info", None, f"{state.title} [{cmd_id}] sent{' (' + arg_text + ')' if arg_text else ''} → pending",
                         state.sent_ts, kind="command", cmd_id=cmd_id)
         return state
+
+    def active_commands(self) -> list[CommandState]:
+        """Operations still in flight (pending or acknowledged), oldest first; `status` is answered
+        at once and never listed."""
+        return [c for c in self.commands.values() if not c.finished and c.cmd != "status"]
+
+    def recent_commands(self, n: int = 6) -> list[CommandState]:
+        """The last `n` commands (sent here or seen in replies), newest first."""
+        return list(self.commands.values())[-n:][::-1]
 
     def note(self, text: str, level: str = "info", kind: str = "ui") -> None:
         """An event line that comes from the UI itself (e.g. 'not connected')."""
@@ -722,6 +762,10 @@ class RunView:
         row.backward_ms = msg.backward_ms
         row.optimizer_ms = msg.optimizer_ms
         row.comm_blocked_ms = msg.comm_blocked_ms
+        # Step.idle_ms defaults to 0: an agent that does not send it (older) reads as 0, and a rank
+        # never waits exactly 0 ms, so 0 means "not sent" and idle falls back to data + exposed comm.
+        row.idle_reported = math.isfinite(msg.idle_ms) and msg.idle_ms > 0
+        row.idle_ms = msg.idle_ms if row.idle_reported else 0.0
         row.tokens_per_s = msg.tokens_per_s
         m = msg.mem
         row.mem_params_bytes = m.params_bytes
@@ -745,7 +789,8 @@ class RunView:
             row.comm_mb_s = row.comm_bytes / step_s / 1e6
             row.comm_kind_mb_s = {k: b / step_s / 1e6 for k, b in kinds.items()}
             row.comm_share_pct = 100.0 * msg.comm_blocked_ms / msg.step_ms
-            row.idle_pct = 100.0 * (msg.data_ms + msg.comm_blocked_ms) / msg.step_ms
+            idle = msg.idle_ms if row.idle_reported else msg.data_ms + msg.comm_blocked_ms
+            row.idle_pct = 100.0 * idle / msg.step_ms
         else:
             row.comm_mb_s = math.nan
             row.comm_kind_mb_s = {k: math.nan for k in kinds}
@@ -935,9 +980,13 @@ class RunView:
                 self._replies_seen.clear()
         state = self.commands.get(msg.id)
         if state is None:
-            state = CommandState(id=msg.id, cmd=msg.cmd, history=[])
+            state = CommandState(id=msg.id, cmd=msg.cmd, history=[], sent_ts=msg.ts or time.time())
             self.commands[msg.id] = state
+            while len(self.commands) > MAX_COMMANDS:
+                del self.commands[next(iter(self.commands))]
         state.cmd = state.cmd or msg.cmd
+        if state.finished and msg.status == "ack":
+            return  # the ack overtaken by its own result (two channels): the result stands
         state.status = msg.status
         state.history.append(msg.status)
         if msg.result:
@@ -945,15 +994,19 @@ class RunView:
         if msg.error:
             state.error = msg.error
             state.code = msg.code
+        if state.finished:
+            state.finished_ts = msg.ts or time.time()
         trail = " → ".join(state.history)
         detail = ""
         if msg.status == "error":
             detail = f": {msg.error}" + (f" ({msg.code})" if msg.code else "")
+            if state.cmd == "switch" and self.facts.strategy:
+                detail += f"; the run goes on with {self.facts.strategy_name}"
         elif msg.result:
-            detail = ": " + _compact(msg.result)
+            detail = ": " + describe_result(state.cmd, msg.status, msg.result)
         level = "error" if msg.status == "error" else "info"
         self._add_event(level, msg.rank if msg.rank != UI_RANK else None,
-                        f"{state.cmd or '?'} [{msg.id}] {trail}{detail}", msg.ts, kind="reply", cmd_id=msg.id)
+                        f"{state.title or '?'} [{msg.id}] {trail}{detail}", msg.ts, kind="reply", cmd_id=msg.id)
 
     @staticmethod
     def _event_text(msg: Event) -> str:
@@ -972,6 +1025,71 @@ class RunView:
         self.events.append(line)
         if level in ("warn", "error") and kind not in VERDICT_KINDS:  # verdicts have their own line
             self.last_warning = line
+
+
+def command_title(cmd: str, args: dict[str, Any]) -> str:
+    """A command in words: `checkpoint sharded async`, `switch → fsdp grad-op`, `set micro_batches=4`."""
+    args = args if isinstance(args, dict) else {}
+    if cmd == "checkpoint" and args:
+        return " ".join(["checkpoint", str(args.get("kind", "full"))] + (["async"] if args.get("async") else []))
+    if cmd == "switch" and args.get("strategy"):
+        target = str(args["strategy"])
+        if args.get("fsdp_sharding"):
+            target += f" {args['fsdp_sharding']}"
+        return f"switch → {target}"
+    if cmd == "set" and args:
+        return "set " + " ".join(f"{k}={v}" for k, v in args.items())
+    if cmd == "profile" and "steps" in args:
+        return f"profile {args['steps']} steps"
+    return cmd or "?"
+
+
+def _num(d: dict[str, Any], key: str) -> float | None:
+    v = d.get(key)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def describe_result(cmd: str, status: str, result: dict[str, Any]) -> str:
+    """A reply's result in words, for the event log (unknown keys fall back to key=value)."""
+    r = result if isinstance(result, dict) else {}
+    if status == "ack":
+        where = r.get("applies_at")
+        return f"applies at the {where}" if isinstance(where, str) and len(r) == 1 else _compact(r)
+    seconds = _num(r, "seconds")
+    took = f" in {seconds:.2f} s" if seconds is not None else ""
+    if cmd == "checkpoint" and "path" in r:
+        parts = []
+        if _num(r, "bytes"):
+            parts.append(fmt.nbytes(_num(r, "bytes")))
+        if isinstance(r.get("step"), int):
+            parts.append(f"step {r['step']}")
+        extra = f" ({', '.join(parts)})" if parts else ""
+        return f"{r.get('kind', '')} checkpoint written{took}: {r['path']}{extra}".lstrip()
+    if cmd == "switch" and ("from" in r or "to" in r):
+        at = f" at step {r['step']}" if isinstance(r.get("step"), int) else ""
+        return f"{r.get('from', '?')} → {r.get('to', '?')}{at}{took}"
+    if cmd == "set" and "micro_batches" in r:
+        after = f" after step {r['step']}" if isinstance(r.get("step"), int) else ""
+        return f"micro-batches now {r['micro_batches']}{after}"
+    if cmd == "profile" and isinstance(r.get("ranks"), list):
+        lines = [f"profile of {r.get('steps', '?')} steps, exposed communication per step, trace vs live:"]
+        for d in r["ranks"]:
+            if not isinstance(d, dict):
+                continue
+            trace, live = _num(d, "exposed_comm_ms_per_step_trace"), _num(d, "exposed_comm_ms_per_step_live")
+            total, overlap = _num(d, "comm_ms_per_step_trace"), _num(d, "overlap_pct_trace")
+            line = f"  rank {d.get('rank', '?')}: exposed {fmt.ms(trace)} ms (trace) vs {fmt.ms(live)} ms (live)"
+            if total is not None:
+                line += f", comm {fmt.ms(total)} ms"
+            if overlap is not None:
+                line += f", overlap {overlap:.0f}%"
+            if d.get("trace"):
+                line += f"  {d['trace']}"
+            if d.get("error"):
+                line += f"  error: {d['error']}"
+            lines.append(line)
+        return "\n".join(lines)
+    return _compact(r)
 
 
 def _finite_or_0(x: float) -> float:
