@@ -56,6 +56,7 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     inject_comm_delay_ms: float = 0.0
     link_gbps: float = 0.0
     inject_fail_setup: str | None = None
+    step_times_file: str | None = None
     pp_stages: int | None = None
     pp_schedule: str = "gpipe"
     micro_batches: int = 4
@@ -134,6 +135,8 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--no-telemetry", action="store_true",
                    help="no sockets, files, tracing or sampling: a bare training loop (a baseline)")
     t.add_argument("--run-id", default=None)
+    t.add_argument("--step-times", default=None, metavar="FILE",
+                   help="rank 0 writes each step's end time (s) to FILE as JSON at exit (benchmarks)")
     t.add_argument("--print-every", type=int, default=d.print_every, help="rank 0 prints a line every N steps")
     t.add_argument("--link", default=None,
                    help="the link's peak for the diagnosis: nvlink3|nvlink4|pcie4|pcie5|ib-hdr|ib-ndr or GB/s per direction")
@@ -283,6 +286,7 @@ def config_from_args(ns: argparse.Namespace, explicitly_set: set[str]) -> AgentC
         inject_comm_delay_ms=ns.inject_comm_delay,
         link_gbps=link_gbps,
         inject_fail_setup=ns.inject_fail_setup,
+        step_times_file=ns.step_times,
         pp_stages=ns.pp_stages,
         pp_schedule=ns.pp_schedule or "gpipe",
         micro_batches=ns.micro_batches or 4,

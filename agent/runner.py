@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import signal
@@ -281,6 +282,7 @@ class Runner:
                 time.sleep(extra_s)  # injected: this rank computes longer
                 return call_model(model, batch)
         comm_tracing.comm_delay_s = cfg.inject_comm_delay_ms / 1e3
+        step_ends: list[float] | None = [] if cfg.step_times_file and self.ctx.rank == 0 else None
         while cfg.steps == 0 or self.step < cfg.steps:
             if self.sync is not None:
                 for pending in self.sync.commands_for_step():
@@ -293,6 +295,8 @@ class Runner:
             phases.mark("data")
             loss = self.strategy.run_step(batch, model_call, phases)
             self.step += 1
+            if step_ends is not None:
+                step_ends.append(time.time())
             self.samples_seen += self.cfg.batch_size * self.strategy.data_shard(self.ctx)[1]
             if clock is not None:
                 timing, marks = clock.finish()
@@ -308,6 +312,8 @@ class Runner:
             if self.diagnostician is not None and self.diagnostician.due(self.step):
                 self.diagnostician.run_rules()
         self._publish_ready_steps(wait=True)
+        if step_ends is not None:
+            Path(cfg.step_times_file).write_text(json.dumps(step_ends))
         while self.checkpoints.busy:
             time.sleep(0.05)
             self._poll_checkpoint()
