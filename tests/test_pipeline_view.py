@@ -88,7 +88,7 @@ def test_pipeline_state_completes_a_step_when_every_stage_arrived():
     assert b.replay_balanced == pytest.approx(1 / 3)  # equal stages: the theory
     assert b.replay_overhead == pytest.approx(0.375) and p.predicted == pytest.approx(0.375)
     assert b.from_imbalance == pytest.approx(0.375 - 1 / 3) and b.unexplained == pytest.approx(0.0, abs=1e-12)
-    assert [round(line.replay_bubble, 6) for line in p.lines] == [0.5, 0.25]
+    assert [round(p.replay_bubble(s), 6) for s in (0, 1)] == [0.5, 0.25]
     # the wait before stage 1's F1 (10 ms, receiving) and stage 0's B1 and B2 (50 + 10 ms)
     assert [line.wait_recv_ms for line in p.lines] == [60.0, 10.0]
     # a late copy of an older step changes nothing
@@ -123,6 +123,41 @@ def test_bubble_history_shrinks_as_m_grows():
         assert seg.predicted == pytest.approx(want)
     measured = [seg.measured for seg in ps.history]
     assert measured == sorted(measured, reverse=True)
+
+
+def shifted(spans, by: float):
+    return [StageSpan(sp.micro_batch, sp.op, sp.start_ms + by, sp.end_ms + by) for sp in spans]
+
+
+def test_stages_on_one_host_are_lined_up_by_their_window_starts():
+    # stage 1 enters its window 10 ms after stage 0 (host clock 1000 vs 1010 ms) and sends its spans
+    # relative to that: its F1 at 0-15 is 10-25 on stage 0's axis. Its window is 110 ms (to 120).
+    t0 = Timeline(rank=0, step=5, stage=0, stages=2, micro_batches=2, schedule="gpipe", window_ms=120.0,
+                  window_start_ms=1000.0, spans=STAGE0)
+    t1 = Timeline(rank=1, step=5, stage=1, stages=2, micro_batches=2, schedule="gpipe", window_ms=110.0,
+                  window_start_ms=1010.0, spans=shifted(STAGE1, -10.0))
+    ps = PipelineState()
+    ps.add(t0, host="node-a")
+    p = ps.add(t1, host="node-a")
+    assert p.aligned and [line.offset_ms for line in p.lines] == [0.0, 10.0] and p.span_ms == 120.0
+    # stage 1: busy 90 of its 110 ms; the pipeline 1 - 150/230; the replay is the same 37.5 %
+    assert p.lines[1].bubble == pytest.approx(20 / 110) and p.measured == pytest.approx(1 - 150 / 230)
+    assert p.predicted == pytest.approx(0.375) and p.breakdown.p2p_ms == 0.0
+    # drawn on stage 0's axis: before its window stage 1 shows nothing, not idle time
+    row1 = "".join(c.label or ("·" if c.kind == "idle" else " ")
+                   for c in draw_row(p.lines[1].spans, p.lines[1].window_ms, p.span_ms, 24, p.lines[1].offset_ms))
+    assert row1 == "  F1 F2 B1    B2    ····"
+    # on two hosts the clocks are not comparable: each stage from its own window start
+    ps = PipelineState()
+    ps.add(t0, host="node-a")
+    p = ps.add(t1, host="node-b")
+    assert not p.aligned and [line.offset_ms for line in p.lines] == [0.0, 0.0]
+    # nor when a stage sent no window start
+    ps = PipelineState()
+    ps.add(t0, host="node-a")
+    p = ps.add(Timeline(rank=1, step=5, stage=1, stages=2, micro_batches=2, schedule="gpipe", window_ms=110.0,
+                        spans=shifted(STAGE1, -10.0)), host="node-a")
+    assert not p.aligned
 
 
 def test_a_stage_without_some_micro_batch_gets_no_replay_but_is_still_measured():
@@ -271,3 +306,23 @@ async def test_pipeline_tab_without_a_pipeline_shows_idle_per_rank():
         assert any(line.startswith("1 7.0 100.0 7.0 2.0 5.0") and "the agent sent no idle_ms" in line
                    for line in lines), lines
         assert not app.query_one("#pp-stages").display
+
+
+async def test_after_a_switch_out_of_the_pipeline_its_last_step_stays_below_the_idle_table():
+    msgs = pp_run()
+    # rank 0 switched the run to ddp at step 6: a new Hello with the new strategy, then ddp steps
+    msgs.append(Hello(rank=0, seq=30, ts=1010.0, run_id="pp", world_size=2, host="node-a", pid=50, strategy="ddp",
+                      param_count=1_000_000))
+    msgs.append(Step(rank=0, seq=31, ts=1011.0, step=6, loss=1.0, step_ms=50.0, data_ms=1.0, comm_blocked_ms=4.0,
+                     idle_ms=5.0))
+    app = RingtopApp(messages=msgs, source="pp-then-ddp")
+    async with app.run_test(size=(120, 50)) as pilot:
+        await open_pipeline(app, pilot)
+        caption = static_text(app, "#pp-caption")
+        assert "Not a pipeline run now (strategy ddp)" in caption and "pipeline until step 5" in caption
+        text = static_text(app, "#pp-timeline")
+        assert "the last pipeline step seen, step 5 (gpipe, N=2, M=2)" in text
+        assert any(" ".join(line.split()).startswith("0 5.0 50.0 10.0") for line in text.splitlines())
+        rows = timeline_rows(app)
+        assert re.findall(r"[FB]\d", rows["stage 1"]) == ["F1", "F2", "B1", "B2"]
+        assert "measured 37.5%" in " ".join(static_text(app, "#pp-bubble").split())

@@ -149,7 +149,7 @@ SAMPLE_WIRE = {
 # (N-1)/(N+M-1) = 1/3). Each span is a 4-element array [micro_batch, op, start_ms, end_ms].
 TIMELINE = Timeline(
     rank=3, seq=41, ts=1767225600.125,
-    step=1204, stage=1, stages=2, micro_batches=2, schedule="gpipe", window_ms=70.0,
+    step=1204, stage=1, stages=2, micro_batches=2, schedule="gpipe", window_ms=70.0, window_start_ms=8_123_456.5,
     spans=[StageSpan(0, "F", 10.0, 20.0), StageSpan(1, "F", 20.0, 30.0),
            StageSpan(0, "B", 30.0, 50.0), StageSpan(1, "B", 50.0, 70.0)],
     bubble=0.142857, bubble_theory=0.333333,
@@ -157,6 +157,7 @@ TIMELINE = Timeline(
 TIMELINE_WIRE = {
     **ENV, "type": "timeline",
     "step": 1204, "stage": 1, "stages": 2, "micro_batches": 2, "schedule": "gpipe", "window_ms": 70.0,
+    "window_start_ms": 8123456.5,
     "spans": [[0, "F", 10.0, 20.0], [1, "F", 20.0, 30.0], [0, "B", 30.0, 50.0], [1, "B", 50.0, 70.0]],
     "bubble": 0.142857, "bubble_theory": 0.333333,
 }
@@ -331,7 +332,8 @@ def test_timeline_spans_are_four_element_arrays():
 def test_timeline_and_idle_defaults():
     msg = decode(mp(base("timeline", step=3, stage=0, stages=4, micro_batches=8)))
     assert msg == Timeline(step=3, stage=0, stages=4, micro_batches=8)
-    assert (msg.schedule, msg.window_ms, msg.spans, msg.bubble, msg.bubble_theory) == ("", 0.0, [], 0.0, 0.0)
+    assert (msg.schedule, msg.window_ms, msg.window_start_ms, msg.spans, msg.bubble, msg.bubble_theory) == \
+        ("", 0.0, 0.0, [], 0.0, 0.0)
     assert decode(mp(base("step", step=1, loss=1.0, step_ms=2.0))).idle_ms == 0.0
 
 

@@ -213,7 +213,8 @@ async def test_switch_picker_sends_fsdp_sharding_and_escape_sends_nothing():
 
 
 async def test_a_failed_switch_shows_the_reason_and_that_the_run_goes_on():
-    answer = lambda cmd: ("error", "SwitchError: zero3 could not be built (injected failure); rolled back to ddp")  # noqa: E731
+    reason = "SwitchError: zero3 could not be built (injected failure); rolled back to ddp"
+    answer = lambda cmd: ("error", reason)  # noqa: E731
     with FakeRankZero(answer) as run:
         app = RingtopApp(publish_addr=run.pub_addr, control_addr=run.ctl_addr)
         async with app.run_test(size=SIZE) as pilot:

@@ -327,6 +327,15 @@ def test_ui_runs_in_a_process_where_torch_cannot_be_imported(tmp_path):
                         break
                 kinds = app.query_one("#comm-kinds")
                 print("COMM", kinds.row_count, str(kinds.get_cell("all", "busbw")))
+                await pilot.press("4")  # the Pipeline tab asks the torch-free schedule arithmetic
+                await pilot.pause(0.3)
+                print("PIPE", "Not a pipeline run" in str(app.query_one("#pp-caption").content))
+                await pilot.press("S")  # the switch picker asks the cost model for every target
+                for _ in range(100):
+                    await pilot.pause(0.02)
+                    if len(app.screen_stack) > 1:
+                        break
+                print("PICK", app.screen.query_one("#switch-table").row_count)
 
         asyncio.run(main())
         assert sys.modules["torch"] is None
@@ -340,6 +349,7 @@ def test_ui_runs_in_a_process_where_torch_cannot_be_imported(tmp_path):
     # all_reduce and the all row; this log sends no busy union, so busbw uses the call's own 4 ms:
     # 2e6 B / 4 ms x factor 1 (n = 2) = 0.5 GB/s
     assert "COMM 2 0.500" in proc.stdout
+    assert "PIPE True" in proc.stdout and "PICK 7" in proc.stdout
 
 
 def test_tui_modules_do_not_import_torch():
@@ -347,6 +357,7 @@ def test_tui_modules_do_not_import_torch():
         import sys
         import ringtop.tui, ringtop.tui.app, ringtop.tui.connection, ringtop.tui.replay, ringtop.tui.view_model
         import ringtop.tui.memory, ringtop.tui.memory_tab, ringtop.tui.tables, ringtop.tui.comm, ringtop.tui.comm_tab
+        import ringtop.tui.pipeline, ringtop.tui.pipeline_tab, ringtop.tui.actions, ringtop.tui.screens
         assert "torch" not in sys.modules, "ringtop.tui imported torch"
         print("OK")
     """)

@@ -182,7 +182,8 @@ class RingtopApp(App):
     .chart Sparkline { width: 1fr; }
     #alert { height: auto; max-height: 3; margin: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
     #event-log { height: 1fr; }
-    #ops { height: auto; max-height: 8; margin: 0 1; border-bottom: solid $panel-lighten-2; }
+    #ops { height: auto; max-height: 8; margin: 0 1; border-bottom: solid $panel-lighten-2; text-wrap: nowrap;
+           text-overflow: ellipsis; }
     #pipeline-body { height: 1fr; }
     #pp-timeline { height: auto; margin: 1 1 0 1; text-wrap: nowrap; }
     #pp-legend { height: 1; margin: 0 1; }
@@ -453,7 +454,7 @@ class RingtopApp(App):
             self.refresh_view()
             return
         f, ps = self.view.facts, self.view.pipeline
-        now = ps.last_micro_batches or f.strategy_options.get("micro_batches") or 0
+        now = f.strategy_options.get("micro_batches") or ps.last_micro_batches or 0
         title = Text("Micro-batches per step (M)", style="bold")
         if now:
             title.append(f"  now M={now}", style="bold magenta")
@@ -550,6 +551,8 @@ class RingtopApp(App):
     def operations_text(self) -> Text:
         """The header's one line about operations in flight: `◐ checkpoint sharded async: running 3s`."""
         t = Text(no_wrap=True)
+        if self.replay or self.view.is_ended:
+            return t  # a log's unanswered command is not in flight now
         active = self.view.active_commands()
         if not active:
             return t
@@ -753,20 +756,36 @@ class RingtopApp(App):
         width = widget.content_size.width or (self.size.width - 2)
         pipeline = is_pipeline(v)
         self._set_static("#pp-caption", caption_text(v))
-        for sel in ("#pp-legend", "#pp-bubble", "#pp-stages", "#pp-history-caption", "#pp-history"):
-            self.query_one(sel).display = pipeline and ps.latest is not None
-        if not pipeline or ps.latest is None:
-            key = ("idle", v.messages_total, width)
-            if self._shown.get("pp-key") != key:
-                self._shown["pp-key"] = key
-                self._set_static("#pp-timeline", idle_text(idle_rows(v.rows()), width))
-            return
-        key = ("pp", ps.version, width)
-        if self._shown.get("pp-key") == key:
-            return
-        self._shown["pp-key"] = key
         p = ps.latest
-        self._set_static("#pp-timeline", timeline_text(p, width))
+        for sel in ("#pp-legend", "#pp-bubble", "#pp-stages", "#pp-history-caption", "#pp-history"):
+            self.query_one(sel).display = p is not None
+        if not pipeline:
+            # idle per rank; and when the run was a pipeline earlier (a switch), its last step below
+            key = ("idle", v.messages_total, width, ps.version)
+            if self._shown.get("pp-key") == key:
+                return
+            self._shown["pp-key"] = key
+            text = idle_text(idle_rows(v.rows()), width)
+            if p is not None:
+                text.append(f"\n\nthe last pipeline step seen, step {p.step:,} "
+                            f"({p.schedule or '?'}, N={p.stages}, M={p.micro_batches}):\n", style="bold")
+                text.append_text(timeline_text(p, width))
+            self._set_static("#pp-timeline", text)
+        elif p is None:
+            key = ("wait", v.messages_total, width)
+            if self._shown.get("pp-key") == key:
+                return
+            self._shown["pp-key"] = key
+            self._set_static("#pp-timeline", idle_text(idle_rows(v.rows()), width))
+            return
+        else:
+            key = ("pp", ps.version, width)
+            if self._shown.get("pp-key") == key:
+                return
+            self._shown["pp-key"] = key
+            self._set_static("#pp-timeline", timeline_text(p, width))
+        if p is None:
+            return
         self._set_static("#pp-legend", legend_text())
         self._set_static("#pp-bubble", bubble_text(p))
         self._table("#pp-stages").set_rows(stage_rows(p))
@@ -830,7 +849,7 @@ def _op_line(c: CommandState) -> Text:
     if c.status == "error":
         t.append(f"  {c.error}", style="red")
     elif c.status == "done" and c.result:
-        t.append("  " + describe_result(c.cmd, "done", c.result).split("\n")[0], style="")
+        t.append("  " + describe_result(c.cmd, "done", c.result, one_line=True))
     return t
 
 

@@ -143,12 +143,24 @@ class RunFacts:
         if s == "fsdp":
             mode = self.strategy_options.get("sharding")
             return f"fsdp({mode})" if mode else "fsdp"
+        if s == "pp":
+            o = self.strategy_options
+            parts = [str(o["schedule"])] if o.get("schedule") else []
+            if isinstance(o.get("stages"), int):
+                parts.append(f"N={o['stages']}")
+            if isinstance(o.get("micro_batches"), int):
+                parts.append(f"M={o['micro_batches']}")
+            return f"pp({', '.join(parts)})" if parts else "pp"
         return s
 
     @property
     def sharding_text(self) -> str:
         """What is sharded, from Hello.sharding: `params+grads+optim sharded`, or `replicated`."""
         sh = self.sharding
+        if self.strategy == "pp":
+            replicas = self.strategy_options.get("replicas")
+            return "layers split into stages" + (f", {replicas} replicas" if isinstance(replicas, int)
+                                                 and replicas > 1 else "")
         parts = [name for name, on in (("params", sh.params), ("grads", sh.grads), ("optim", sh.optimizer)) if on]
         return "+".join(parts) + " sharded" if parts else "replicated"
 
@@ -489,7 +501,7 @@ class RunView:
         if isinstance(msg, Step):
             self._on_step(row, msg)
         elif isinstance(msg, Timeline):
-            self.pipeline.add(msg)
+            self.pipeline.add(msg, host=row.host)
         elif isinstance(msg, Sample):
             if msg.cpu_percent or not math.isfinite(row.cpu_percent):
                 row.cpu_percent = msg.cpu_percent
@@ -538,8 +550,9 @@ class RunView:
         while len(self.commands) > MAX_COMMANDS:
             del self.commands[next(iter(self.commands))]
         arg_text = " ".join(f"{k}={v}" for k, v in state.args.items())
-        self._add_event("info", None, f"{state.title} [{cmd_id}] sent{' (' + arg_text + ')' if arg_text else ''} → pending",
-                        state.sent_ts, kind="command", cmd_id=cmd_id)
+        sent = f" ({arg_text})" if arg_text else ""
+        self._add_event("info", None, f"{state.title} [{cmd_id}] sent{sent} → pending", state.sent_ts,
+                        kind="command", cmd_id=cmd_id)
         return state
 
     def active_commands(self) -> list[CommandState]:
@@ -1049,8 +1062,9 @@ def _num(d: dict[str, Any], key: str) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
-def describe_result(cmd: str, status: str, result: dict[str, Any]) -> str:
-    """A reply's result in words, for the event log (unknown keys fall back to key=value)."""
+def describe_result(cmd: str, status: str, result: dict[str, Any], one_line: bool = False) -> str:
+    """A reply's result in words, for the event log (unknown keys fall back to key=value);
+    `one_line`: a single short line (the Events tab's operations panel)."""
     r = result if isinstance(result, dict) else {}
     if status == "ack":
         where = r.get("applies_at")
@@ -1071,6 +1085,10 @@ def describe_result(cmd: str, status: str, result: dict[str, Any]) -> str:
     if cmd == "set" and "micro_batches" in r:
         after = f" after step {r['step']}" if isinstance(r.get("step"), int) else ""
         return f"micro-batches now {r['micro_batches']}{after}"
+    if cmd == "profile" and isinstance(r.get("ranks"), list) and one_line:
+        parts = [f"r{d.get('rank', '?')} {fmt.ms(_num(d, 'exposed_comm_ms_per_step_trace'))} vs "
+                 f"{fmt.ms(_num(d, 'exposed_comm_ms_per_step_live'))}" for d in r["ranks"] if isinstance(d, dict)]
+        return "exposed comm ms/step, trace vs live: " + ", ".join(parts)
     if cmd == "profile" and isinstance(r.get("ranks"), list):
         lines = [f"profile of {r.get('steps', '?')} steps, exposed communication per step, trace vs live:"]
         for d in r["ranks"]:

@@ -1,0 +1,106 @@
+"""What the UI's actions need before they send anything: the switch targets with the cost model's
+prediction for each, and the check of a micro-batch count. Pure Python (no Textual).
+
+Predicted memory and traffic mirror the agent's conventions (agent/prediction.py): DeepSpeed ZeRO
+keeps params and grads in the compute dtype plus an fp32 master copy, so K = 12 optimizer bytes per
+parameter; the torch strategies (DDP, FSDP) keep fp32 params and grads (mixed precision casts on
+the fly) and AdamW's 8 bytes per parameter. On the wire parameters travel in the compute dtype;
+DeepSpeed reduces gradients in it, torch in fp32. On gloo a reduce-scatter runs as an all-reduce.
+For the strategy the run uses now, the optimizer bytes per parameter come from its Hello.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ringtop.strategies.cost_model import (
+    DTYPE_BYTES,
+    ModelSpec,
+    comm_per_step,
+    memory_per_rank,
+    sharding_of,
+)
+
+from .memory import current_strategy
+from .view_model import RunView
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchTarget:
+    key: str
+    """The cost model's name: ddp, zero1, zero2, zero3, fsdp-full, fsdp-grad-op, fsdp-no-shard."""
+    label: str
+    args: dict[str, Any]
+    """The `switch` command's arguments."""
+
+
+SWITCH_TARGETS: tuple[SwitchTarget, ...] = (
+    SwitchTarget("ddp", "ddp", {"strategy": "ddp"}),
+    SwitchTarget("zero1", "zero1", {"strategy": "zero1"}),
+    SwitchTarget("zero2", "zero2", {"strategy": "zero2"}),
+    SwitchTarget("zero3", "zero3", {"strategy": "zero3"}),
+    SwitchTarget("fsdp-full", "fsdp full", {"strategy": "fsdp", "fsdp_sharding": "full"}),
+    SwitchTarget("fsdp-grad-op", "fsdp grad-op", {"strategy": "fsdp", "fsdp_sharding": "grad-op"}),
+    SwitchTarget("fsdp-no-shard", "fsdp no-shard", {"strategy": "fsdp", "fsdp_sharding": "no-shard"}),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchRow:
+    target: SwitchTarget
+    sharded: str
+    """What the target shards (`grads+optim`), or `-`."""
+    params_bytes: int | None
+    """None: the run's parameter count is unknown."""
+    grads_bytes: int | None
+    optimizer_bytes: int | None
+    sent_bytes: int | None
+    """Bytes each rank puts on the wire per step (ring algorithms)."""
+    current: bool
+
+    @property
+    def total_bytes(self) -> int | None:
+        if self.params_bytes is None:
+            return None
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes
+
+
+def switch_rows(view: RunView) -> list[SwitchRow]:
+    """One row per switch target with its predicted state per rank and bytes sent per step."""
+    f = view.facts
+    n = f.world_size or len(view.ranks)
+    current = current_strategy(f)
+    compute_bytes = DTYPE_BYTES.get((f.dtype or "fp32").lower(), 4)
+    rows = []
+    for t in SWITCH_TARGETS:
+        sh = sharding_of(t.key)
+        sharded = "+".join(name for name, on in (("params", sh.params), ("grads", sh.grads), ("optim", sh.optimizer))
+                           if on) or "-"
+        params = grads = optim = sent = None
+        if f.param_count > 0 and n >= 1:
+            deepspeed = t.key.startswith("zero")
+            state_bytes = compute_bytes if deepspeed else 4
+            k = 12 if deepspeed else 8
+            if t.key == current and f.optimizer_bytes_per_param > 0:
+                k = f.optimizer_bytes_per_param
+            mem = memory_per_rank(t.key, n, ModelSpec(f.param_count, state_bytes, state_bytes, k))
+            params, grads, optim = mem.params_bytes, mem.grads_bytes, mem.optimizer_bytes
+            wire = ModelSpec(f.param_count, compute_bytes, compute_bytes if deepspeed else 4, k)
+            sent = comm_per_step(t.key, n, wire, gloo_reduce_scatter_as_all_reduce=f.backend == "gloo").sent_bytes
+        rows.append(SwitchRow(t, sharded, params, grads, optim, sent, t.key == current))
+    return rows
+
+
+def parse_micro_batches(text: str) -> tuple[int | None, str]:
+    """(M, "") for a whole number >= 1, else (None, why): what the `m` prompt accepts."""
+    value = text.strip()
+    if not value:
+        return None, "type a whole number ≥ 1"
+    try:
+        m = int(value, 10)
+    except ValueError:
+        return None, f"{value!r} is not a whole number: type one ≥ 1"
+    if m < 1:
+        return None, f"{m} is less than 1: a step needs at least one micro-batch"
+    return m, ""
