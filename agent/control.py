@@ -133,7 +133,7 @@ class ControlServer(threading.Thread):
             self.reply(msg, "error", error=f"{MAX_PENDING_COMMANDS} commands are already waiting; try again",
                        code="busy")
             return
-        self.reply(msg, "ack", result={"applies_at": "next step boundary"})
+        self.reply(msg, "ack", result={"applies_at": "next step boundary", "args": dict(msg.args)})
 
     def _send_outgoing(self) -> None:
         while self._outgoing:

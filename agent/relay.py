@@ -1,8 +1,9 @@
 """Rank 0's relay: every rank publishes into its XSUB, every UI subscribes to its XPUB.
 
 A plain `zmq.proxy` would do the forwarding, but a UI that attaches mid-run would then never see
-the ranks' Hello messages. The relay keeps the latest Hello and Bye of each rank and re-sends them
-whenever a new subscription arrives, so any UI can attach (or re-attach) at any time.
+the ranks' Hello messages. The relay keeps the latest Hello, Bye and pipeline Timeline of each rank
+and re-sends them whenever a new subscription arrives, so any UI can attach (or re-attach) at any
+time and draw at once.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import threading
 
 import zmq
 
-CACHED_TOPICS = (b"hello.", b"bye.")
+CACHED_TOPICS = (b"hello.", b"bye.", b"timeline.")
 
 
 class Relay(threading.Thread):
