@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import random
 import socket
 from urllib.parse import urlsplit
 
@@ -66,8 +67,28 @@ def with_port(address: str, port: int) -> str:
     return f"tcp://{host}:{port}"
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = open("/proc/sys/net/ipv4/ip_local_port_range").read().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_tcp_port(host: str = DEFAULT_HOST) -> int:
-    """A port free right now; callers bind it promptly (there is a small race, as with any such pick)."""
+    """A port free right now, chosen below the kernel's ephemeral range: outgoing connections (gloo,
+    the rendezvous store) take ephemeral ports, and would otherwise grab a port picked here before
+    its owner binds it. A small race remains, as with any such pick."""
+    low, _ = _ephemeral_range()
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12000), low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
