@@ -44,8 +44,8 @@ def detached_copy(state: Any) -> Any:
         return state.detach().clone()
     if isinstance(state, dict):
         return {k: detached_copy(v) for k, v in state.items()}
-    if isinstance(state, list):
-        return [detached_copy(v) for v in state]
+    if isinstance(state, (list, tuple)):
+        return type(state)(detached_copy(v) for v in state)
     return state
 
 

@@ -119,3 +119,16 @@ def test_a_rank_killed_during_a_save_leaves_the_previous_checkpoint_whole(launch
     losses = mean_losses(resumed)
     assert sorted(losses) == [4, 5, 6]
     assert [losses[s] for s in (4, 5, 6)] == pytest.approx(expected[3:6], rel=1e-5, abs=1e-6)
+
+
+def test_a_background_copy_does_not_share_memory_with_training():
+    from ringtop.agent.checkpointing import detached_copy
+
+    weight = torch.ones(3)
+    state = ({"w": weight}, {"state": {"w": {"exp_avg": weight * 2}}, "param_groups": [{"lr": 0.1}]})
+    copy = detached_copy(state)
+    weight.add_(1)
+    state[1]["state"]["w"]["exp_avg"].add_(1)
+    assert isinstance(copy, tuple)
+    assert copy[0]["w"].tolist() == [1.0, 1.0, 1.0]
+    assert copy[1]["state"]["w"]["exp_avg"].tolist() == [2.0, 2.0, 2.0]
