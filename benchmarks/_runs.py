@@ -16,7 +16,7 @@ from typing import Any
 
 from ringtop.cli.ctl import send_command
 from ringtop.cli.launch import stop_ranks
-from ringtop.protocol import Hello, ProtocolError, Step, free_tcp_port, from_json_line
+from ringtop.protocol import Hello, Step, free_tcp_port, read_log
 
 HERE = Path(__file__).resolve().parent
 TIMED_AGENT = HERE / "_timed_agent.py"
@@ -38,16 +38,7 @@ class AgentRun:
         return self.output_path.read_text(errors="replace")
 
     def messages(self, rank: int) -> list:
-        path = self.log_dir / f"rank-{rank}.jsonl"
-        if not path.exists():
-            return []
-        out = []
-        for line in path.read_bytes().splitlines():
-            try:
-                out.append(from_json_line(line))
-            except ProtocolError:
-                pass
-        return out
+        return read_log(self.log_dir / f"rank-{rank}.jsonl")
 
     def steps(self, rank: int = 0) -> list[Step]:
         return [m for m in self.messages(rank) if isinstance(m, Step)]

@@ -23,23 +23,14 @@ from pathlib import Path
 
 from ringtop.cli.ctl import send_command
 from ringtop.cli.launch import stop_ranks
-from ringtop.protocol import ProtocolError, Timeline, free_tcp_port, from_json_line
+from ringtop.protocol import Timeline, free_tcp_port, read_log
 from ringtop.strategies.pipeline_schedule import explain_bubble
 
 MICRO_BATCHES = (1, 2, 4, 8, 16)
 
 
 def timelines(log_dir: Path) -> list[Timeline]:
-    out = []
-    for path in log_dir.glob("rank-*.jsonl"):
-        for line in path.read_bytes().splitlines():
-            try:
-                msg = from_json_line(line)
-            except ProtocolError:
-                continue
-            if isinstance(msg, Timeline):
-                out.append(msg)
-    return out
+    return [m for path in log_dir.glob("rank-*.jsonl") for m in read_log(path) if isinstance(m, Timeline)]
 
 
 def main() -> None:

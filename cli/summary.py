@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from ringtop.protocol import Bye, Event, Hello, ProtocolError, Step, from_json_line
+from ringtop.protocol import Bye, Event, Hello, Step, read_log
 
 
 def summarize(log_dir: Path) -> list[dict]:
@@ -13,11 +13,7 @@ def summarize(log_dir: Path) -> list[dict]:
     for path in sorted(log_dir.glob("rank-*.jsonl")):
         steps: list[Step] = []
         hello = bye = None
-        for line in path.read_bytes().splitlines():
-            try:
-                msg = from_json_line(line)
-            except ProtocolError:
-                continue
+        for msg in read_log(path):
             if isinstance(msg, Step):
                 steps.append(msg)
             elif isinstance(msg, Hello):
@@ -45,18 +41,8 @@ def summarize(log_dir: Path) -> list[dict]:
 
 def diagnosis(log_dir: Path) -> Event | None:
     """Rank 0's end-of-run diagnosis event, if the run got that far."""
-    path = log_dir / "rank-0.jsonl"
-    if not path.exists():
-        return None
-    found = None
-    for line in path.read_bytes().splitlines():
-        try:
-            msg = from_json_line(line)
-        except ProtocolError:
-            continue
-        if isinstance(msg, Event) and msg.kind == "diagnosis":
-            found = msg
-    return found
+    found = [m for m in read_log(log_dir / "rank-0.jsonl") if isinstance(m, Event) and m.kind == "diagnosis"]
+    return found[-1] if found else None
 
 
 def print_summary(log_dir: Path) -> None:

@@ -1,6 +1,6 @@
 """ringtop's wire and disk contract. Imports only the stdlib, msgspec and pyzmq — never torch."""
 
-from .codec import MAX_FRAME_BYTES, decode, encode, from_json_line, to_json_line
+from .codec import MAX_FRAME_BYTES, decode, encode, from_json_line, read_log, to_json_line
 from .commands import COMMANDS, IMMEDIATE_COMMANDS, validate_command
 from .endpoints import (
     DEFAULT_CONTROL_ADDRESS,

@@ -76,3 +76,22 @@ def _diagnose(data: bytes, exc: Exception, header_decoder, fmt: str) -> Exceptio
         known = ", ".join(sorted(MESSAGE_TYPES))
         return UnknownTypeError(f"unknown message type {header.type!r} (known: {known})")
     return InvalidMessageError(f"invalid {header.type!r} message: {exc}")
+
+
+def read_log(path) -> list[Message]:
+    """Every decodable message of a JSON-lines log, in file order; a torn or bad line is skipped
+    (`ringtop replay` reports such lines; this is for tools that only want the data)."""
+    from pathlib import Path
+
+    from .errors import ProtocolError
+
+    path = Path(path)
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_bytes().splitlines():
+        try:
+            out.append(from_json_line(line))
+        except ProtocolError:
+            pass
+    return out

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ringtop.cli.launch import stop_ranks
-from ringtop.protocol import ProtocolError, Step, free_tcp_port, from_json_line
+from ringtop.protocol import Step, free_tcp_port, read_log
 
 TESTS_DIR = Path(__file__).resolve().parent
 
@@ -36,16 +36,7 @@ class AgentRun:
         return self.output_path.read_text(errors="replace")
 
     def messages(self, rank: int) -> list:
-        path = self.log_dir / f"rank-{rank}.jsonl"
-        if not path.exists():
-            return []
-        out = []
-        for line in path.read_bytes().splitlines():
-            try:
-                out.append(from_json_line(line))
-            except ProtocolError:
-                pass
-        return out
+        return read_log(self.log_dir / f"rank-{rank}.jsonl")
 
     def steps(self, rank: int) -> list[Step]:
         return [m for m in self.messages(rank) if isinstance(m, Step)]

@@ -810,3 +810,12 @@ def test_readme_documents_every_type_field_and_code():
     for cmd_name in ("status", "checkpoint", "stop", "switch", "set", "profile"):
         assert f"`{cmd_name}`" in text
     assert "ssh -L 5555:127.0.0.1:5555 -L 5557:127.0.0.1:5557" in text
+
+
+def test_read_log_returns_the_decodable_messages_and_skips_a_torn_line(tmp_path):
+    from ringtop.protocol import read_log
+
+    path = tmp_path / "rank-0.jsonl"
+    path.write_bytes(to_json_line(STEP) + b"not json\n" + to_json_line(HEARTBEAT) + b'{"type":"st')
+    assert read_log(path) == [STEP, HEARTBEAT]
+    assert read_log(tmp_path / "missing.jsonl") == []
