@@ -488,7 +488,8 @@ class Runner:
             self._event("error", "switch", f"{exc}; still training with {old}", {"from": old, "to": args.strategy})
             raise
         self.strategy, self.cfg = new, new_cfg
-        self._count_pipeline_stages(self._build_model())
+        if isinstance(new, PipelineStrategy):
+            self._count_pipeline_stages(self._build_model())
         self._data = self._build_data()  # a pipeline's stages share their replica's batches
         self._timeline_due = True
         if self.tracer is not None:
