@@ -7,7 +7,7 @@ optimizer state after the optimizer step, gradients right after backward.
 from __future__ import annotations
 
 from ringtop.protocol import Prediction
-from ringtop.strategies.cost_model import ModelSpec, comm_per_step, memory_per_rank
+from ringtop.strategies.cost_model import ModelSpec, comm_per_step, implementation_specs, memory_per_rank
 
 ADAM_STEP_BYTES = 4
 """torch's AdamW keeps `step` as a float32 scalar tensor per parameter tensor it updates."""
@@ -17,13 +17,9 @@ def predict(strategy: str, fsdp_sharding: str, world_size: int, param_count: int
             dtype: str, backend: str) -> tuple[Prediction, int]:
     """(prediction, optimizer bytes per parameter the model assumed)."""
     deepspeed = strategy.startswith("zero")
-    compute_bytes = 2 if dtype == "bf16" else 4
-    # DeepSpeed keeps its params and grads in the compute dtype plus an fp32 master partition
-    # (K = 12); torch strategies keep fp32 params and grads (mixed precision casts on the fly).
-    param_bytes = grad_bytes = compute_bytes if deepspeed else 4
-    optimizer_bytes_per_param = 12 if deepspeed else 8
-    spec = ModelSpec(param_count, param_bytes, grad_bytes, optimizer_bytes_per_param)
     canonical = f"fsdp-{fsdp_sharding}" if strategy == "fsdp" else strategy
+    spec, wire = implementation_specs(canonical, param_count, dtype)
+    optimizer_bytes_per_param = spec.optimizer_bytes_per_param
     memory = memory_per_rank(canonical, world_size, spec)
     notes = []
     params_bytes, grads_bytes = memory.params_bytes, memory.grads_bytes
@@ -39,9 +35,6 @@ def predict(strategy: str, fsdp_sharding: str, world_size: int, param_count: int
     notes.append(f"optimizer includes {step_counters} bytes of AdamW step counters")
     if deepspeed:
         notes.append("DeepSpeed: optimizer = fp32 master partition + two moments (12 bytes/param / N)")
-    # On the wire: parameters travel in the compute dtype; torch strategies reduce gradients in fp32
-    # (FSDP's reduce_dtype), DeepSpeed in its compute dtype.
-    wire = ModelSpec(param_count, compute_bytes, compute_bytes if deepspeed else 4, optimizer_bytes_per_param)
     comm = comm_per_step(canonical, world_size, wire, gloo_reduce_scatter_as_all_reduce=backend == "gloo")
     prediction = Prediction(
         params_bytes=params_bytes,

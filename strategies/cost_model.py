@@ -448,3 +448,18 @@ def which_fit(model: ModelSpec, ranks: int, capacity_bytes: int | float, other_b
         need = cost.memory.total_bytes + math.ceil(other_bytes)
         out.append(FitResult(cost.strategy, need, math.floor(capacity_bytes), need <= capacity_bytes, cost))
     return out
+
+
+def implementation_specs(strategy: str, param_count: int, dtype: str = "fp32") -> tuple[ModelSpec, ModelSpec]:
+    """(state, wire) of ringtop's own implementation of a strategy, shared by the agent's
+    prediction, the switch picker and the fit table so they agree.
+
+    State: DeepSpeed keeps params and grads in the compute dtype and an fp32 master partition beside
+    AdamW's two moments (K = 12 bytes/param); the torch strategies keep fp32 params and grads (mixed
+    precision casts on the fly) and K = 8. Wire: parameters travel in the compute dtype; torch
+    strategies reduce gradients in fp32 (FSDP's reduce_dtype), DeepSpeed in the compute dtype.
+    """
+    compute = DTYPE_BYTES.get(dtype.lower(), 4)
+    if canonical_strategy(strategy).startswith("zero"):
+        return ModelSpec(param_count, compute, compute, 12), ModelSpec(param_count, compute, compute, 12)
+    return ModelSpec(param_count, 4, 4, 8), ModelSpec(param_count, compute, 4, 8)

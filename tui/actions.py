@@ -11,12 +11,12 @@ For the strategy the run uses now, the optimizer bytes per parameter come from i
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from ringtop.strategies.cost_model import (
-    DTYPE_BYTES,
-    ModelSpec,
+    implementation_specs,
     comm_per_step,
     memory_per_rank,
     sharding_of,
@@ -71,7 +71,6 @@ def switch_rows(view: RunView) -> list[SwitchRow]:
     f = view.facts
     n = f.world_size or len(view.ranks)
     current = current_strategy(f)
-    compute_bytes = DTYPE_BYTES.get((f.dtype or "fp32").lower(), 4)
     rows = []
     for t in SWITCH_TARGETS:
         sh = sharding_of(t.key)
@@ -79,14 +78,11 @@ def switch_rows(view: RunView) -> list[SwitchRow]:
                            if on) or "-"
         params = grads = optim = sent = None
         if f.param_count > 0 and n >= 1:
-            deepspeed = t.key.startswith("zero")
-            state_bytes = compute_bytes if deepspeed else 4
-            k = 12 if deepspeed else 8
+            state, wire = implementation_specs(t.key, f.param_count, f.dtype or "fp32")
             if t.key == current and f.optimizer_bytes_per_param > 0:
-                k = f.optimizer_bytes_per_param
-            mem = memory_per_rank(t.key, n, ModelSpec(f.param_count, state_bytes, state_bytes, k))
+                state = dataclasses.replace(state, optimizer_bytes_per_param=f.optimizer_bytes_per_param)
+            mem = memory_per_rank(t.key, n, state)
             params, grads, optim = mem.params_bytes, mem.grads_bytes, mem.optimizer_bytes
-            wire = ModelSpec(f.param_count, compute_bytes, compute_bytes if deepspeed else 4, k)
             sent = comm_per_step(t.key, n, wire, gloo_reduce_scatter_as_all_reduce=f.backend == "gloo").sent_bytes
         rows.append(SwitchRow(t, sharded, params, grads, optim, sent, t.key == current))
     return rows
