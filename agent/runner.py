@@ -31,6 +31,7 @@ from . import checkpoint as ckpt
 from .config import BUILTIN_DATA, BUILTIN_MODEL, AgentConfig
 from .checkpointing import CheckpointManager
 from .diagnostician import Diagnostician
+from .prewarm import Prewarm
 from .profiling import ProfileSession, gather_results
 from .switching import SwitchError, switch_strategy
 from .control import ControlServer, PendingCommand, StepSync, broadcast_bytes
@@ -92,6 +93,7 @@ class Runner:
         self.diagnostician: Diagnostician | None = None
         self.profiling: ProfileSession | None = None
         self.sync: StepSync | None = None
+        self.prewarm: Prewarm | None = None
         self.control_group = dist.new_group(backend="gloo") if ctx.world_size > 1 else None
         self.io_group = dist.new_group(backend="gloo") if ctx.world_size > 1 else None
         self.checkpoints = CheckpointManager(cfg.checkpoint_dir, ctx.rank, self.control_group, self.io_group,
@@ -223,15 +225,18 @@ class Runner:
             self._count_pipeline_stages(model)
             if self.cfg.telemetry:
                 comm_tracing.install()  # before the strategy's libraries look up (and keep) the functions
+            self.strategy.weights_identical = resumed is not None
             self.strategy.setup(model.to(self.ctx.device), self._make_optimizer, self.ctx, self._settings())
             if resumed is not None:
-                self.strategy.load_full_state_dict(model_state, optim_state)
+                self.strategy.load_full_state_dict(model_state, optim_state, weights_loaded=True)
             if self.cfg.telemetry:
                 self._start_telemetry()
                 self.strategy.attach_comm_recorder(self.tracer)
                 self.telemetry.emit(self._hello())
                 self.telemetry.step = self.step
                 self.sampler.start()
+                self.prewarm = Prewarm()
+                self.prewarm.start()
             if resumed is not None:
                 self._event("info", "resume", f"resumed from {resumed_from} at step {self.step}",
                             {"path": str(resumed_from), "samples_seen": self.samples_seen})
@@ -311,6 +316,8 @@ class Runner:
                 self._periodic_checkpoint()
             if self.diagnostician is not None and self.diagnostician.due(self.step):
                 self.diagnostician.run_rules()
+            if self.prewarm is not None and self.prewarm.done:
+                self._report_prewarm()
         self._publish_ready_steps(wait=True)
         if step_ends is not None:
             Path(cfg.step_times_file).write_text(json.dumps(step_ends))
@@ -556,6 +563,17 @@ class Runner:
         result = self._saved(saved)
         if command is not None and self.control is not None:
             self.control.reply(command, "done", result=result)
+
+    def _report_prewarm(self) -> None:
+        warm, self.prewarm = self.prewarm, None
+        if self.ctx.rank != 0:
+            return
+        if warm.error:
+            self._event("warn", "prewarm", f"background warm-up for switching failed ({warm.error}); "
+                        "a switch will pay its imports itself")
+        else:
+            self._event("info", "prewarm", f"warmed up for switching in the background in {warm.seconds:.1f} s",
+                        {"seconds": round(warm.seconds, 3)})
 
     def _event(self, level: str, kind: str, text: str, data: dict[str, Any] | None = None) -> None:
         if self.telemetry is not None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from ringtop.cli.ctl import send_command
 from ringtop.cli.launch import stop_ranks
-from ringtop.protocol import Hello, Step, free_tcp_port, read_log
+from ringtop.protocol import Event, Hello, Step, free_tcp_port, read_log
 
 HERE = Path(__file__).resolve().parent
 TIMED_AGENT = HERE / "_timed_agent.py"
@@ -46,6 +46,18 @@ class AgentRun:
     def hello_ts(self, rank: int = 0) -> float | None:
         hellos = [m.ts for m in self.messages(rank) if isinstance(m, Hello)]
         return hellos[0] if hellos else None
+
+    def wait_for_event(self, kind: str, timeout_s: float = 120, poll_s: float = 0.1) -> Event:
+        """Until rank 0 has logged an event of `kind`."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            hits = [m for m in self.messages(0) if isinstance(m, Event) and m.kind == kind]
+            if hits:
+                return hits[0]
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"run exited ({self.proc.returncode}) before a {kind} event:\n{self.output()[-3000:]}")
+            time.sleep(poll_s)
+        raise TimeoutError(f"no {kind} event within {timeout_s}s:\n{self.output()[-3000:]}")
 
     def last_step(self, rank: int = 0) -> int:
         steps = self.steps(rank)

@@ -2,8 +2,9 @@
 
 For each model size, 2 gloo ranks on CPU, each round runs two chains in alternating order:
 
-- switch chain: one run started in ddp, then live `switch` commands ddp -> fsdp(full) -> ddp -> zero2
-  (a couple of steps after each). A switch's time is the done reply's `seconds` (what the agent
+- switch chain: one run started in ddp, then, once the agent has said that its background
+  warm-up for switching is done (a few seconds after start; see agent/prewarm.py), live `switch`
+  commands ddp -> fsdp(full) -> ddp -> zero2 (a couple of steps after each). A switch's time is the done reply's `seconds` (what the agent
   reports) and the wall time from sending the command to the done reply (which adds the wait for
   the next step boundary).
 - relaunch chain: the same transitions the way one does them without ringtop: a full checkpoint
@@ -59,11 +60,13 @@ def switch_chain(work: Path, common: list[str]) -> dict[str, dict]:
     out = {}
     try:
         run.wait_for_step(WARMUP_STEP)
+        prewarm_s = run.wait_for_event("prewarm").data.get("seconds")
         for old, new in pairwise(CHAIN):
             t = time.time()
             r = command(run, "switch", TARGETS[new])
             out[f"{old}->{new}"] = {
                 "reply_seconds": r.result["seconds"], "wall_seconds": round(r.done_s, 4), "step": r.result["step"],
+                "prewarm_seconds": prewarm_s,
                 "phases_rank0": phase_sums(run.phases(0, since=t)), "phases_rank1": phase_sums(run.phases(1, since=t)),
             }
             run.wait_for_step(r.result["step"] + STEPS_AFTER)

@@ -93,6 +93,9 @@ class Strategy(ABC):
         self._measure_next = True
         self._held = HeldBytes()
         self._grads_bytes = 0
+        self.weights_identical = False
+        """Set by a caller that loaded one full state into the model on every rank: wrappers may
+        skip their start-up broadcast of the weights (DDP's 0.5 GB for the 125m model)."""
 
     @classmethod
     def unavailable_reason(cls, device: torch.device) -> str | None:
@@ -138,6 +141,10 @@ class Strategy(ABC):
 
     traces_torch_collectives: ClassVar[bool] = True
 
+    takes_meta_model: ClassVar[bool] = False
+    """`setup` accepts a model on the meta device and allocates only what this rank holds; its
+    values then come from `load_full_state_dict` (parameters and persistent buffers)."""
+
     def held_bytes(self) -> HeldBytes:
         """Bytes measured on the last step that was asked to measure (`measure_next_step`):
         gradients right after backward, parameters and optimizer state right after the step."""
@@ -180,9 +187,19 @@ class Strategy(ABC):
         write in parallel. Default: the full state, which must then be complete on every rank."""
         return self.full_state_dict()
 
+    def full_state_dict_on_every_rank(self) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """The full state complete on every rank, for strategies that can produce it without
+        going through rank 0 (replicated state costs nothing); None: use `full_state_dict` and
+        send rank 0's copy. Tensors may alias the live state: read them, never write them."""
+        return None
+
     @abstractmethod
-    def load_full_state_dict(self, model_state: dict[str, Any], optim_state: dict[str, Any]) -> None:
-        """Inverse of `full_state_dict`; every rank passes the same full state."""
+    def load_full_state_dict(self, model_state: dict[str, Any], optim_state: dict[str, Any], *,
+                             weights_loaded: bool = False) -> None:
+        """Inverse of `full_state_dict`; every rank passes the same full state, which the strategy
+        may keep (its tensors can become the optimizer state): pass a copy to keep using it.
+        `weights_loaded`: the module given to `setup` already held these weights (a strategy may
+        then skip them)."""
 
     @abstractmethod
     def teardown(self) -> None: ...

@@ -40,27 +40,36 @@ class DDPStrategy(TorchNativeStrategy):
         if self.options.get("bucket_cap_mb") is not None:
             kwargs["bucket_cap_mb"] = float(self.options["bucket_cap_mb"])
         device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-        self.model = DistributedDataParallel(model, device_ids=device_ids, **kwargs)
+        self.model = DistributedDataParallel(model, device_ids=device_ids, init_sync=not self.weights_identical, **kwargs)
         self.optimizer = make_optimizer(self.model.parameters())
 
     def attach_comm_recorder(self, recorder: CommRecorder) -> None:
         """Wrap the default all-reduce hook so each bucket's bytes and completion time are recorded.
 
-        On gloo the future completes when the all-reduce has finished; on NCCL it completes once the
-        work is enqueued, so GPU timings here are issue-side only.
+        On gloo the future completes when the all-reduce has finished: its host time is the
+        completion. On NCCL it completes once the work is enqueued, so for CUDA buckets (when the
+        recorder takes device records) a CUDA event recorded before the issue and one recorded in
+        the future's callback, whose stream c10 makes wait for the all-reduce, time it on the device
+        (`comm_tracing.device_start` / `device_end`), read later without synchronising.
         """
         group = dist.group.WORLD
         group_size = dist.get_world_size()
+        lane = comm_tracing.lane_of(group)
+        device = getattr(recorder, "end_device", None) is not None
 
         def traced_allreduce(state, bucket):  # DDP rejects string annotations (this module has postponed ones)
             buffer = bucket.buffer()
             handle = recorder.begin("all_reduce", buffer.numel() * buffer.element_size(), group_size)
+            start = comm_tracing.device_start(buffer) if device else None
             fut = default_hooks.allreduce_hook(group, bucket)
 
             def finished(f):
-                if comm_tracing.comm_delay_s:
-                    time.sleep(comm_tracing.comm_delay_s)
-                recorder.end(handle)
+                if start is not None:
+                    comm_tracing.device_end(recorder, handle, start, lane)
+                else:
+                    if comm_tracing.comm_delay_s:
+                        time.sleep(comm_tracing.comm_delay_s)
+                    recorder.end(handle)
                 return f.value()
 
             return fut.then(finished)

@@ -30,6 +30,7 @@ def transformer_blocks(model: nn.Module) -> list[nn.Module]:
 @dataclass
 class FSDPStrategy(TorchNativeStrategy):
     name = "fsdp"
+    takes_meta_model = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -64,5 +65,7 @@ class FSDPStrategy(TorchNativeStrategy):
         for block in transformer_blocks(model):
             fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
         fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+        if any(t.device.type == "meta" for t in (*model.parameters(), *model.buffers())):
+            model.to_empty(device=ctx.device)  # only this rank's shards are allocated
         self.model = model
         self.optimizer = make_optimizer(model.parameters())

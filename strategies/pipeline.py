@@ -561,7 +561,8 @@ class PipelineStrategy(Strategy):
         optim_state = {k: optim_state[k] for k in self._param_fqns if k in optim_state}
         return model_state, {"state": optim_state, "param_groups": groups}
 
-    def load_full_state_dict(self, model_state: dict[str, Any], optim_state: dict[str, Any]) -> None:
+    def load_full_state_dict(self, model_state: dict[str, Any], optim_state: dict[str, Any], *,
+                             weights_loaded: bool = False) -> None:
         """Inverse of `full_state_dict`; every rank passes the same full state. Each stage takes its
         own names; the last stage's copy of the tied weight takes `tok_emb.weight`'s value and state."""
         own = self.module.state_dict()

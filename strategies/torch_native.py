@@ -1,5 +1,6 @@
 """What DDP and FSDP share: a torch module and optimizer, clipping, byte counts, and the full
-state moved through `torch.distributed.checkpoint.state_dict` (so checkpoints are portable)."""
+state read through `torch.distributed.checkpoint.state_dict` (so checkpoints are portable) and
+written back by each rank copying its own part of it."""
 
 from __future__ import annotations
 
@@ -8,18 +9,16 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
 )
 
-from .base import ModelCall, Strategy, optimizer_state_tensors, tensor_bytes, unique_parameters
+from .base import ModelCall, Strategy, StrategyError, optimizer_state_tensors, tensor_bytes, unique_parameters
 
 _FULL_OUT = StateDictOptions(full_state_dict=True, cpu_offload=True)
-_FULL_IN = StateDictOptions(full_state_dict=True)
 
 
 @dataclass
@@ -61,11 +60,45 @@ class TorchNativeStrategy(Strategy):
     def sharded_state_dict(self) -> tuple[dict[str, Any], dict[str, Any]]:
         return get_model_state_dict(self.model), get_optimizer_state_dict(self.model, self.optimizer)
 
-    def load_full_state_dict(self, model_state: dict[str, Any], optim_state: dict[str, Any]) -> None:
-        # Separate calls (a combined set_state_dict hangs with broadcast_from_rank0); copies,
-        # because the setters mutate what they are given.
-        set_model_state_dict(self.model, dict(model_state), options=_FULL_IN)
-        set_optimizer_state_dict(self.model, self.optimizer, _copy_optim(optim_state), options=_FULL_IN)
+    def full_state_dict_on_every_rank(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Each rank's own state with sharded tensors all-gathered: nothing is sent for replicated
+        state (DDP), and nothing is funnelled through rank 0. Replicated tensors are returned as
+        they are (no copy); gathered ones land on the CPU when they live on a GPU."""
+        def full(value: Any) -> Any:
+            if isinstance(value, DTensor):
+                gathered = value.full_tensor()
+                return gathered.cpu() if gathered.is_cuda else gathered
+            if isinstance(value, torch.Tensor):
+                return value.detach()
+            if isinstance(value, dict):
+                return {k: full(v) for k, v in value.items()}
+            if isinstance(value, list):
+                return [full(v) for v in value]
+            return value
+
+        return (full(get_model_state_dict(self.model)),
+                full(get_optimizer_state_dict(self.model, self.optimizer)))
+
+    def load_full_state_dict(self, model_state: dict[str, Any], optim_state: dict[str, Any], *,
+                             weights_loaded: bool = False) -> None:
+        """Each rank copies its own part of every full tensor (its shard of a DTensor, all of a
+        replicated one) without communication, and builds the optimizer state directly instead
+        of priming it with a throw-away step: several times faster than the state-dict API's
+        scatter from rank 0 for the 125m model."""
+        module = self._unwrapped()
+        if not weights_loaded:
+            targets = module.state_dict(keep_vars=True)
+            missing = [name for name in targets if name not in model_state]
+            if missing:
+                raise StrategyError(f"the state lacks {len(missing)} tensor(s) of this model, e.g. {missing[:5]}")
+            with torch.no_grad():
+                for name, target in targets.items():
+                    _local_part(target).copy_(_local_part(_laid_out_like(model_state[name], target)))
+        self.optimizer.load_state_dict(_native_optimizer_state(module, self.optimizer, optim_state))
+
+    def _unwrapped(self) -> nn.Module:
+        return self.model.module if hasattr(self.model, "module") and isinstance(self.model.module, nn.Module) \
+            else self.model
 
     def teardown(self) -> None:
         if self.model is not None:
@@ -75,11 +108,46 @@ class TorchNativeStrategy(Strategy):
         self.optimizer = None
 
 
-def _copy_optim(optim_state: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "state": {k: dict(v) for k, v in optim_state.get("state", {}).items()},
-        "param_groups": [dict(g) for g in optim_state.get("param_groups", [])],
-    }
+def _local_part(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def _laid_out_like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """`full` distributed as `like` is (each rank keeping its own shard, with no communication),
+    or `full` itself on `like`'s device when `like` is a plain tensor."""
+    full = full.to(like.device)
+    if isinstance(like, DTensor):
+        return distribute_tensor(full, like.device_mesh, like.placements, src_data_rank=None)
+    return full
+
+
+def _native_optimizer_state(module: nn.Module, optimizer: torch.optim.Optimizer,
+                            optim_state: dict[str, Any]) -> dict[str, Any]:
+    """The full, name-keyed optimizer state turned into `optimizer.state_dict()`'s own layout
+    (parameters by position), each per-parameter tensor laid out like its parameter."""
+    name_of = {id(p): name for name, p in module.named_parameters()}
+    full_state = optim_state.get("state", {})
+    saved_group_of = {name: g for g in optim_state.get("param_groups", []) for name in g.get("params", [])}
+    state: dict[int, dict[str, Any]] = {}
+    groups: list[dict[str, Any]] = []
+    index = 0
+    for group in optimizer.param_groups:
+        saved_group: dict[str, Any] | None = None
+        positions = []
+        for param in group["params"]:
+            name = name_of.get(id(param))
+            if name is None:
+                raise StrategyError("the optimizer holds a parameter that is not in the model")
+            if name in full_state:
+                state[index] = {key: _laid_out_like(value, param)
+                                if isinstance(value, torch.Tensor) and value.shape == param.shape else value
+                                for key, value in full_state[name].items()}
+            saved_group = saved_group or saved_group_of.get(name)
+            positions.append(index)
+            index += 1
+        hyper = {k: v for k, v in (saved_group or group).items() if k not in ("params", "param_names")}
+        groups.append({**hyper, "params": positions})
+    return {"state": state, "param_groups": groups}
 
 
 def full_optimizer_template(model: nn.Module, make_optimizer) -> dict[str, Any]:

@@ -109,7 +109,13 @@ class ZeroStrategy(Strategy):
         group["params"] = [fqns[0] for _, fqns in names]
         return model_state, {"state": optim_state, "param_groups": [group]}
 
-    def load_full_state_dict(self, model_state: dict[str, Any], optim_state: dict[str, Any]) -> None:
+    def full_state_dict_on_every_rank(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        return self.full_state_dict()  # DeepSpeed's safe_get_full_* gather to every rank
+
+    def load_full_state_dict(self, model_state: dict[str, Any], optim_state: dict[str, Any], *,
+                             weights_loaded: bool = False) -> None:
+        """With `weights_loaded` in fp32 the engine's master copy was taken from those weights at
+        initialisation; in bf16 it was taken from the rounded copy, so it is written again."""
         from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 
         names = _names_by_param(self.engine.module)
@@ -119,11 +125,21 @@ class ZeroStrategy(Strategy):
         state = optim_state.get("state", {})
         step = max((float(s["step"]) for s in state.values() if "step" in s), default=0.0)
         self._create_optimizer_state(step)
+        write_weights = not weights_loaded or self.settings.dtype != "fp32"
         for param, fqns in names:
-            safe_set_full_fp32_param(param, model_state[fqns[0]].to(torch.float32))
+            if write_weights:
+                value = model_state[fqns[0]]
+                safe_set_full_fp32_param(param, value.to(torch.float32))
+                with torch.no_grad():
+                    self._write_working_weights(param, value)
             for key in ("exp_avg", "exp_avg_sq"):
                 if fqns[0] in state and key in state[fqns[0]]:
                     safe_set_full_optimizer_state(param, state[fqns[0]][key].to(torch.float32), key)
+
+    @abstractmethod
+    def _write_working_weights(self, param: nn.Parameter, value: torch.Tensor) -> None:
+        """Set the copy forward uses: DeepSpeed writes only the fp32 master, and refreshes the
+        working copy from it only after the next optimizer step."""
 
     @abstractmethod
     def _master_partitions(self) -> list[torch.Tensor]:
@@ -172,6 +188,9 @@ class Zero1Strategy(ZeroStrategy):
     def _master_partitions(self) -> list[torch.Tensor]:
         return list(self.ds_optimizer.single_partition_of_fp32_groups)
 
+    def _write_working_weights(self, param: nn.Parameter, value: torch.Tensor) -> None:
+        param.data.copy_(value.to(param.dtype))  # every rank holds the whole working copy
+
     def _link_optimizer_state(self) -> None:
         # Stages 1/2 map each parameter onto slices of the partition's optimizer state lazily, at
         # the first step; link them now so safe_set_full_optimizer_state can write through.
@@ -200,6 +219,12 @@ class Zero3Strategy(ZeroStrategy):
 
     def _master_partitions(self) -> list[torch.Tensor]:
         return list(self.ds_optimizer.fp32_partitioned_groups_flat)
+
+    def _write_working_weights(self, param: nn.Parameter, value: torch.Tensor) -> None:
+        part = param.ds_tensor  # this rank's slice of the flattened parameter, padded at the end
+        start = part.numel() * self.ds_optimizer.dp_process_group.rank()
+        real = max(0, min(part.numel(), value.numel() - start))
+        part.data[:real].copy_(value.flatten()[start:start + real].to(part.dtype))
 
     def _count_params(self) -> int:
         params = list(self.engine.module.parameters())

@@ -1,0 +1,205 @@
+"""The pieces that make a live switch fast, checked on their own: the full state taken on every
+rank without going through rank 0, each rank loading its own part of a full state, and a new model
+built on the meta device and filled from a state (tied weights kept tied).
+
+The multi-rank part runs this file as a script under `torch.distributed.run` (2 gloo ranks); each
+rank writes what it found to a JSON file that pytest reads.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from ringtop.agent.model import build_tiny_gpt
+from ringtop.agent.switching import model_holding
+
+TESTS_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS_DIR))
+
+from conftest import agent_env, stop_process_group  # noqa: E402
+
+HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
+STRATEGIES = [("ddp", {}), ("fsdp", {"sharding": "full"}), ("fsdp", {"sharding": "grad-op"}),
+              ("fsdp", {"sharding": "no-shard"})]
+if HAS_DEEPSPEED:
+    STRATEGIES += [("zero1", {}), ("zero2", {}), ("zero3", {})]
+
+
+# ---------------------------------------------------------------- the worker (runs under torchrun)
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    """Largest absolute difference between two nested states of the same structure; inf when the
+    structures or shapes differ."""
+    if isinstance(a, dict):
+        if not isinstance(b, dict) or set(a) != set(b):
+            return float("inf")
+        return max((_max_diff(a[k], b[k]) for k in a), default=0.0)
+    if isinstance(a, (list, tuple)):
+        if not isinstance(b, (list, tuple)) or len(a) != len(b):
+            return float("inf")
+        return max((_max_diff(x, y) for x, y in zip(a, b)), default=0.0)
+    if isinstance(a, torch.Tensor):
+        if not isinstance(b, torch.Tensor) or a.shape != b.shape:
+            return float("inf")
+        return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
+    return 0.0 if a == b else float("inf")
+
+
+def _cloned(state):
+    if isinstance(state, dict):
+        return {k: _cloned(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(_cloned(v) for v in state)
+    return state.clone() if isinstance(state, torch.Tensor) else state
+
+
+def _worker(out_dir: str) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    from ringtop.agent.switching import broadcast_state
+    from ringtop.strategies.base import DistContext, TrainSettings
+    from ringtop.strategies.registry import build_strategy
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ctx = DistContext(rank, world, int(os.environ["LOCAL_RANK"]), torch.device("cpu"), "gloo")
+    group = dist.new_group(backend="gloo")
+    settings = TrainSettings(batch_size=2)
+
+    class NoPhases:
+        def mark(self, phase: str) -> None:
+            pass
+
+    def adamw(params):
+        return torch.optim.AdamW(params, lr=1e-3)
+
+    def full(strategy):
+        """Rank 0's full state on both ranks (full_state_dict is collective, complete on rank 0)."""
+        state = strategy.full_state_dict()
+        return _cloned(broadcast_state(state if rank == 0 else None, rank, group))
+
+    def step(strategy, seed: int) -> float:
+        g = torch.Generator().manual_seed(seed * 10 + rank)
+        batch = torch.randint(0, 1024, (2, 17), generator=g)
+        loss = strategy.run_step(batch, lambda m, b: m(b[:, :-1], b[:, 1:]), NoPhases())
+        return float(loss)
+
+    found = {}
+    for name, options in STRATEGIES:
+        label = f"{name}{options.get('sharding', '')}"
+        source = build_strategy(name, dict(options), ctx.device)
+        source.setup(build_tiny_gpt("1m", 0), adamw, ctx, settings)
+        for i in range(2):
+            step(source, i)
+        via_rank0 = full(source)
+        everywhere = _cloned(source.full_state_dict_on_every_rank())  # it may alias live tensors
+        every_rank_vs_rank0 = _max_diff(everywhere, via_rank0)
+        # Load rank 0's full state into a fresh wrapping of the same kind, whose own weights differ
+        # (another seed), then read it back and train both one more step on the same batch. The
+        # loaded strategy may keep the tensors it is given: it gets a copy.
+        target = build_strategy(name, dict(options), ctx.device)
+        target.setup(build_tiny_gpt("1m", 1), adamw, ctx, settings)
+        target.load_full_state_dict(*_cloned(via_rank0))
+        loaded_reread_vs_loaded = _max_diff(full(target), via_rank0)
+        source_loss, target_loss = step(source, 7), step(target, 7)
+        found[label] = {
+            "every_rank_vs_rank0": every_rank_vs_rank0,
+            "loaded_reread_vs_loaded": loaded_reread_vs_loaded,
+            "next_loss_source": source_loss, "next_loss_target": target_loss,
+            "after_next_step_diff": _max_diff(full(target), full(source)),
+        }
+        source.teardown()
+        target.teardown()
+    Path(out_dir, f"rank-{rank}.json").write_text(json.dumps(found))
+    dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------- the tests
+
+
+def _launch(out: Path, timeout_s: float) -> list[dict]:
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(Path(__file__).resolve()), str(out)]
+    log = out / "output.txt"
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=agent_env(), start_new_session=True)
+    try:
+        rc = proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        rc = None
+    finally:
+        stop_process_group(proc)
+    assert rc == 0, f"worker exited with {rc}:\n{log.read_text(errors='replace')[-4000:]}"
+    return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.mark.timeout(300)
+def test_every_rank_state_and_direct_load_match_the_rank0_path(tmp_path):
+    """Every strategy's state taken on every rank equals rank 0's gathered one exactly; loading a
+    full state reproduces it exactly and the next step is the same as the source's."""
+    ranks = _launch(tmp_path / "state", timeout_s=280)
+    assert set(ranks[0]) == {f"{n}{o.get('sharding', '')}" for n, o in STRATEGIES}
+    for rank, found in enumerate(ranks):
+        for label, f in found.items():
+            where = f"{label} on rank {rank}"
+            assert f["every_rank_vs_rank0"] == 0.0, where
+            assert f["loaded_reread_vs_loaded"] == 0.0, where
+            tolerance = 1e-6 if label == "zero3" else 0.0
+            assert abs(f["next_loss_target"] - f["next_loss_source"]) <= tolerance * abs(f["next_loss_source"]), where
+            assert f["after_next_step_diff"] <= tolerance, where
+
+
+def test_a_model_built_on_meta_holds_the_state_with_its_tied_weights_tied():
+    state = build_tiny_gpt("1m", 3).state_dict()
+    model = model_holding(lambda: build_tiny_gpt("1m", 0), state, torch.device("cpu"))
+    assert model.head.weight is model.tok_emb.weight
+    assert len(list(model.parameters())) == len(list(build_tiny_gpt("1m", 0).parameters()))
+    for name, value in model.state_dict().items():
+        assert value.device.type == "cpu"
+        assert value.data_ptr() == state[name].data_ptr(), f"{name} was copied"
+
+
+class _WithScratchBuffer(nn.Module):
+    """A model with a non-persistent buffer: no state dict carries it, so a meta build would
+    leave it uninitialised."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("scale", torch.full((4,), 2.0), persistent=False)
+
+
+class _MetaRefusing(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        if self.lin.weight.is_meta:
+            raise RuntimeError("this factory reads something from real tensors")
+
+
+@pytest.mark.parametrize("factory", [_WithScratchBuffer, _MetaRefusing])
+def test_models_that_cannot_be_built_on_meta_are_built_for_real(factory):
+    torch.manual_seed(5)
+    state = factory().state_dict()
+    model = model_holding(factory, state, torch.device("cpu"))
+    assert not any(t.is_meta for t in [*model.parameters(), *model.buffers()])
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, state[name]), name
+    if isinstance(model, _WithScratchBuffer):
+        assert torch.equal(model.scale, torch.full((4,), 2.0))
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1])
