@@ -49,6 +49,49 @@ def detached_copy(state: Any) -> Any:
     return state
 
 
+def this_ranks_share(state: dict[str, Any], rank: int, group: dist.ProcessGroup | None) -> dict[str, Any]:
+    """`state` without the replicated tensors other ranks write: a tensor every rank holds alike
+    (DDP and DeepSpeed state, on every rank) goes to one rank, balanced by bytes. DCP would write
+    each only once anyway, but a background save stages (copies) what it is given, so each rank
+    copies only its share. Sharded tensors (DTensors) and non-tensors stay as they are."""
+    if group is None:
+        return state
+    specs = {path: (tuple(t.shape), str(t.dtype)) for path, t in _plain_tensors(state)}
+    everyone: list[dict] = [{} for _ in range(dist.get_world_size(group))]
+    dist.all_gather_object(everyone, specs, group=group)
+    common = [path for path, spec in specs.items() if all(other.get(path) == spec for other in everyone)]
+    loads = [0] * len(everyone)
+    owner: dict[tuple, int] = {}
+    for path in sorted(common, key=lambda p: (-_numel(specs[p][0]), p)):
+        owner[path] = loads.index(min(loads))
+        loads[owner[path]] += _numel(specs[path][0])
+    return _without(state, lambda path: owner.get(path, rank) != rank)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _plain_tensors(state: Any, path: tuple = ()) -> list[tuple[tuple, torch.Tensor]]:
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(state, torch.Tensor):
+        return [] if isinstance(state, DTensor) else [(path, state)]
+    if isinstance(state, dict):
+        return [hit for k, v in state.items() for hit in _plain_tensors(v, (*path, str(k)))]
+    return []
+
+
+def _without(state: Any, drop: Callable[[tuple], bool], path: tuple = ()) -> Any:
+    if isinstance(state, dict):
+        return {k: _without(v, drop, (*path, str(k))) for k, v in state.items()
+                if not (isinstance(v, torch.Tensor) and drop((*path, str(k))))}
+    return state
+
+
 class CheckpointManager:
     def __init__(self, directory: str, rank: int, group: dist.ProcessGroup | None,
                  io_group: dist.ProcessGroup | None, keep: int = 0, delay_s: float = 0.0):
@@ -92,7 +135,7 @@ class CheckpointManager:
             model_state, optim_state = strategy.sharded_state_dict()
             sharded = {"model": model_state, "optim": optim_state}
             if background:
-                sharded = detached_copy(sharded)
+                sharded = detached_copy(this_ranks_share(sharded, self.rank, self.io_group))
             write = lambda: dcp.save(sharded, checkpoint_id=str(tmp), process_group=self.io_group)  # noqa: E731
         flight = _InFlight(kind, step, tmp, final, meta, t0)
         work = self._run_catching(flight, write)

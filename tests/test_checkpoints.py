@@ -121,6 +121,72 @@ def test_a_rank_killed_during_a_save_leaves_the_previous_checkpoint_whole(launch
     assert [losses[s] for s in (4, 5, 6)] == pytest.approx(expected[3:6], rel=1e-5, abs=1e-6)
 
 
+@pytest.mark.timeout(300)
+def test_a_background_sharded_save_of_replicated_state_resumes_exactly(launch_agents):
+    """DDP holds the whole state on every rank; in a background save each rank stages and writes
+    only its share of it (see the next test), and the checkpoint still resumes exactly."""
+    run = launch_agents(2, "--steps", "0", "--strategy", "ddp", *COMMON)
+    run.wait_for_step(2)
+    done = list(send_command(run.control, "checkpoint", {"kind": "sharded", "async": True}, timeout_s=120))[-1]
+    assert done.status == "done", done.error
+    assert command(run, "stop")[-1].status == "done"
+    assert run.wait(60) == 0, run.output()[-3000:]
+    path, step = Path(done.result["path"]), done.result["step"]
+    parts = sorted(f.stat().st_size for f in path.glob("*.distcp"))
+    assert len(parts) == 2 and parts[0] > 0.4 * sum(parts), parts
+
+    resumed = launch_agents(0, "--steps", str(step + 3), "--strategy", "ddp", "--batch-size", str(2 * BATCH),
+                            "--seq-len", str(SEQ), "--lr", str(LR), "--resume", str(path), name="resumed")
+    assert resumed.wait(120) == 0, resumed.output()[-3000:]
+    expected, _ = reference_run(step + 3, 2 * BATCH, SEQ, LR)
+    losses = {s.step: s.loss for s in resumed.steps(0)}
+    assert sorted(losses) == [step + 1, step + 2, step + 3]
+    assert [losses[s] for s in sorted(losses)] == pytest.approx(expected[step:step + 3], rel=1e-5, abs=1e-6)
+
+
+def _share_worker(rank: int, port: int, out: str) -> None:
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from ringtop.agent.checkpointing import this_ranks_share
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    mesh = init_device_mesh("cpu", (2,))
+    state = {
+        "model": {"big": torch.ones(100, 10), "small": torch.ones(3), "mid": torch.ones(40, 10),
+                  "sharded": distribute_tensor(torch.ones(4, 4), mesh, [Shard(0)]),
+                  f"only-on-rank-{rank}": torch.ones(50)},
+        "optim": {"state": {"big": {"exp_avg": torch.zeros(100, 10), "step": torch.tensor(3.0)}},
+                  "param_groups": [{"lr": 0.1, "params": ["big"]}]},
+    }
+    share = this_ranks_share(state, rank, dist.group.WORLD)
+    kept = {f"{part}/{k}" for part in ("model",) for k in share["model"]}
+    kept |= {f"optim/{k}" for k in share["optim"]["state"].get("big", {})}
+    torch.save({"kept": sorted(kept), "param_groups": share["optim"]["param_groups"]}, f"{out}/rank-{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.mark.timeout(120)
+def test_each_rank_stages_only_its_share_of_the_replicated_state(tmp_path):
+    from ringtop.protocol import free_tcp_port
+
+    torch.multiprocessing.spawn(_share_worker, args=(free_tcp_port(), str(tmp_path)), nprocs=2)
+    kept = [set(torch.load(tmp_path / f"rank-{r}.pt")["kept"]) for r in range(2)]
+    replicated = {"model/big", "model/small", "model/mid", "optim/exp_avg", "optim/step"}
+    assert kept[0] & kept[1] & replicated == set(), "a replicated tensor is staged twice"
+    assert (kept[0] | kept[1]) & replicated == replicated, "a replicated tensor is staged by nobody"
+    for r in range(2):  # what only this rank has, and its shards, it always keeps
+        assert {"model/sharded", f"model/only-on-rank-{r}"} <= kept[r]
+        assert torch.load(tmp_path / f"rank-{r}.pt")["param_groups"] == [{"lr": 0.1, "params": ["big"]}]
+    sizes = {"model/big": 1000, "model/small": 3, "model/mid": 400, "optim/exp_avg": 1000, "optim/step": 1}
+    loads = [sum(sizes[k] for k in kept[r] & replicated) for r in range(2)]
+    assert min(loads) >= 0.4 * sum(loads), loads
+
+
 def test_a_background_copy_does_not_share_memory_with_training():
     from ringtop.agent.checkpointing import detached_copy
 
