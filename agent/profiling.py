@@ -1,6 +1,11 @@
 """`profile STEPS`: every rank records the next STEPS steps with the PyTorch profiler, writes a
 Chrome trace, and reports the exposed communication read from the trace (communication minus its
-overlap with compute) beside the live estimate the tracer gave for the same steps."""
+overlap with compute) beside the live estimate the tracer gave for the same steps.
+
+Each profiled training step (the strategy's `run_step`, entered through `comm_tracing.active`) is
+marked in the trace as a `ProfilerStep#N` span, so the analysis counts step by step and leaves out
+what the agent does between steps (data loading, the control channel's broadcast). Point-to-point
+waits (a pipeline's send/recv) are reported apart from exposed collective communication."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from ringtop.strategies import comm_tracing
 
 from .trace_analysis import analyze_trace
 
@@ -29,6 +35,10 @@ class ProfileSession:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         self.profiler = torch.profiler.profile(activities=activities)
         self.profiler.__enter__()
+        comm_tracing.step_annotation = self._step_span
+
+    def _step_span(self) -> torch.profiler.record_function:
+        return torch.profiler.record_function(f"ProfilerStep#{self.first_step + len(self.live_blocked_ms)}")
 
     def step_done(self, live_blocked_ms: float) -> bool:
         """Called after each profiled step; True once the last one is recorded."""
@@ -37,6 +47,8 @@ class ProfileSession:
         return len(self.live_blocked_ms) >= self.steps
 
     def finish(self) -> dict[str, Any]:
+        if comm_tracing.step_annotation == self._step_span:
+            comm_tracing.step_annotation = None
         self.profiler.__exit__(None, None, None)
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / f"step-{self.first_step:08d}-rank-{self.rank}.json"
@@ -44,10 +56,12 @@ class ProfileSession:
         analysis = analyze_trace(path)
         steps = max(len(analysis.steps), 1)
         return {
-            "rank": self.rank, "trace": str(path), "steps": self.steps,
+            "rank": self.rank, "trace": str(path), "steps": self.steps, "first_step": self.first_step,
             "exposed_comm_ms_per_step_trace": round(analysis.exposed_comm_ms / steps, 3),
             "comm_ms_per_step_trace": round(analysis.comm_ms / steps, 3),
             "overlap_pct_trace": round(analysis.overlap_pct, 1),
+            "p2p_wait_ms_per_step_trace": round(analysis.p2p_wait_ms / steps, 3),
+            "step_ms_trace": round(analysis.wall_ms / steps, 3),
             "exposed_comm_ms_per_step_live": round(sum(self.live_blocked_ms) / len(self.live_blocked_ms), 3),
         }
 

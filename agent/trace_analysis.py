@@ -37,13 +37,26 @@ Hence two timelines (`timeline="auto"` picks "gpu" when the trace has any `kerne
 - "gpu": comm = NCCL kernels (and `gloo:*` spans, if any CPU collective ran); compute = the other
   kernels. Host-side launch spans are left out: they are not device time.
 
+Point-to-point transfers (`gloo:send` / `gloo:recv`, `c10d::send` / `c10d::recv_`, NCCL's
+`SendRecv` kernels, `nccl:send` / `nccl:recv`) are not collective communication: on a pipeline a
+stage's send or receive lasts until the other stage is ready for it, so its span is mostly waiting
+for the other stage's compute — bubble, which the pipeline measures on its own. They are kept apart:
+`p2p_ms` is their union and `p2p_wait_ms` the part of it with neither compute nor a collective
+running (what a p2p-as-comm reading would have added to the exposed communication). Their spans are
+still subtracted from the same thread's compute (a blocking send is waiting, not computing), and
+their events are still counted per kind (`send`, `recv`, `send_recv`). (NCCL runs an all-to-all as
+grouped sends and receives, so on the "gpu" timeline its kernels read as `send_recv` too; no ringtop
+strategy issues all-to-all.)
+
 Steps: with `ProfilerStep#N` spans, on the "cpu" timeline a step is its span's window (intervals
 are cut at its edges: a gloo span that ends after the step's span does is counted up to the edge);
 on the "gpu" timeline a kernel belongs to the step that launched it (the runtime call with the same
 `correlation` starts inside the step's span), wherever it runs. A collective is counted in the step
 where it starts (is launched). What lies outside every step is left out, and the totals are the
 sums over the steps. Without steps, the whole trace
-is one step (`step=None`). Collective counts per kind come from the execution events (`gloo:*`,
+is one step (`step=None`). ringtop's `profile STEPS` marks each training step (`run_step`) as a
+`ProfilerStep#N` span, so its data loading and control broadcast are outside. Collective counts
+per kind come from the execution events (`gloo:*`,
 NCCL kernels); only when a trace has none are the host spans counted (`record_param_comms` first,
 else `c10d::*`, else `nccl:*`), so one collective is counted once.
 """
@@ -71,6 +84,7 @@ _KIND_PREFIXES = (("allreduce", "all_reduce"), ("allgather", "all_gather"), ("re
                   ("send", "send"), ("recv", "recv"), ("barrier", "barrier"), ("reduce", "reduce"),
                   ("gather", "gather"), ("scatter", "scatter"), ("wait", "wait"))
 _COMPUTE_CATS = ("cpu_op", "operator")
+P2P_KINDS = frozenset({"send", "recv", "send_recv"})
 
 
 # ---------------------------------------------------------------- results
@@ -87,16 +101,20 @@ class StepAnalysis:
     exposed_comm_ms: float
     overlap_pct: float
     per_kind: tuple[tuple[str, int], ...] = ()
+    p2p_ms: float = 0.0
+    p2p_wait_ms: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
 class TraceAnalysis:
     """Communication against computation in one rank's trace.
 
-    comm_ms: union of communication intervals; compute_ms: union of computation intervals;
-    exposed_comm_ms: comm_ms minus the part of it overlapped by computation (<= comm_ms);
+    comm_ms: union of collective communication intervals; compute_ms: union of computation
+    intervals; exposed_comm_ms: comm_ms minus the part of it overlapped by computation (<= comm_ms);
     overlap_pct: 100 x (comm - exposed) / comm (0 when there is no communication);
-    wall_ms: the steps' spans summed (or the trace's span); per_kind: (kind, collectives) pairs.
+    wall_ms: the steps' spans summed (or the trace's span); per_kind: (kind, events) pairs;
+    p2p_ms: union of point-to-point intervals; p2p_wait_ms: the part of p2p_ms overlapped by
+    neither compute nor a collective (on a pipeline: mostly waiting for the other stage).
     """
 
     comm_ms: float
@@ -108,6 +126,8 @@ class TraceAnalysis:
     per_kind: tuple[tuple[str, int], ...]
     timeline: str
     rank: int | None = None
+    p2p_ms: float = 0.0
+    p2p_wait_ms: float = 0.0
 
     def kind_counts(self) -> dict[str, int]:
         return dict(self.per_kind)
@@ -199,6 +219,11 @@ def _is_host_comm(e: Mapping[str, Any]) -> bool:
     return e.get("_cat") != "kernel" and (name == "record_param_comms" or name.startswith(_HOST_COMM_PREFIXES))
 
 
+def _is_p2p(e: Mapping[str, Any]) -> bool:
+    """A point-to-point transfer (send / recv), given that `e` is a communication event."""
+    return collective_kind(e["name"], e.get("args")) in P2P_KINDS
+
+
 # ---------------------------------------------------------------- loading
 
 
@@ -246,13 +271,15 @@ def _counts(comm_events: list[dict]) -> Counter:
 
 
 def _one(step: int | None, wall_us: float, comm: list[Interval], compute: list[Interval],
-         comm_events: list[dict]) -> StepAnalysis:
-    c, k = merge(comm), merge(compute)
+         comm_events: list[dict], p2p: Sequence[Interval] = ()) -> StepAnalysis:
+    c, k, p = merge(comm), merge(compute), merge(p2p)
     comm_us = total(c)
     exposed_us = comm_us - total(intersect(c, k))
+    p2p_wait_us = total(subtract(subtract(p, k), c))
     return StepAnalysis(step=step, wall_ms=wall_us / 1e3, comm_ms=comm_us / 1e3, compute_ms=total(k) / 1e3,
                         exposed_comm_ms=exposed_us / 1e3, overlap_pct=_overlap_pct(comm_us, exposed_us),
-                        per_kind=tuple(sorted(_counts(comm_events).items())))
+                        per_kind=tuple(sorted(_counts(comm_events).items())),
+                        p2p_ms=total(p) / 1e3, p2p_wait_ms=p2p_wait_us / 1e3)
 
 
 def _overlap_pct(comm: float, exposed: float) -> float:
@@ -288,7 +315,7 @@ def analyze_trace(trace: str | os.PathLike | Mapping | Sequence, *, timeline: st
         ops_by_thread: dict[tuple, list[Interval]] = defaultdict(list)
         for e in events:
             thread = (e.get("pid"), e.get("tid"))
-            if _is_exec_comm(e) or _is_host_comm(e):
+            if _is_exec_comm(e) or _is_host_comm(e):  # collectives and p2p: both are waiting, not compute
                 comm.append((e["_start"], (e["_start"], e["_end"]), e))
                 comm_by_thread[thread].append((e["_start"], e["_end"]))
             elif e["_cat"] in _COMPUTE_CATS and not _STEP_RE.match(e["name"]):
@@ -296,6 +323,11 @@ def analyze_trace(trace: str | os.PathLike | Mapping | Sequence, *, timeline: st
         for thread, ops in ops_by_thread.items():
             for iv in subtract(merge(ops), merge(comm_by_thread.get(thread, []))):
                 compute.append((iv[0], iv))
+
+    # point-to-point transfers apart from the collectives (see the module docstring)
+    p2p = [c for c in comm if _is_p2p(c[2])]
+    if p2p:
+        comm = [c for c in comm if not _is_p2p(c[2])]
 
     # the host's step spans (kineto also mirrors them on the GPU timeline as gpu_user_annotation)
     by_number: dict[int, tuple[int, float, float]] = {}
@@ -319,24 +351,31 @@ def analyze_trace(trace: str | os.PathLike | Mapping | Sequence, *, timeline: st
             return idx if idx is not None and t < steps[idx][2] else None
 
         per_comm: dict[int, list] = defaultdict(list)
+        per_p2p: dict[int, list] = defaultdict(list)
         per_compute: dict[int, list] = defaultdict(list)
-        for anchor, iv, e in comm:
-            if (i := which(anchor)) is not None:
-                per_comm[i].append((iv, e))
+        for items, per in ((comm, per_comm), (p2p, per_p2p)):
+            for anchor, iv, e in items:
+                if (i := which(anchor)) is not None:
+                    per[i].append((iv, e))
         for anchor, iv in compute:
             if (i := which(anchor)) is not None:
                 per_compute[i].append(iv)
         all_comm, all_compute = merge(iv for _, iv, _ in comm), merge(iv for _, iv in compute)
+        all_p2p = merge(iv for _, iv, _ in p2p)
         for i, (num, s, e) in enumerate(steps):
             if timeline == "cpu":  # the step's window: a collective's tail past it is not this step's
-                comm_iv, compute_iv = intersect(all_comm, [(s, e)]), intersect(all_compute, [(s, e)])
+                window = [(s, e)]
+                comm_iv, compute_iv = intersect(all_comm, window), intersect(all_compute, window)
+                p2p_iv = intersect(all_p2p, window)
             else:  # kernels run after their launch: they belong to the step that launched them
                 comm_iv, compute_iv = [iv for iv, _ in per_comm[i]], per_compute[i]
-            results.append(_one(num, e - s, comm_iv, compute_iv, [ev for _, ev in per_comm[i]]))
+                p2p_iv = [iv for iv, _ in per_p2p[i]]
+            results.append(_one(num, e - s, comm_iv, compute_iv, [ev for _, ev in per_comm[i] + per_p2p[i]], p2p_iv))
     else:
         span = [e["_start"] for e in events] + [e["_end"] for e in events]
         wall = (max(span) - min(span)) if span else 0.0
-        results.append(_one(None, wall, [iv for _, iv, _ in comm], [iv for _, iv in compute], [e for *_, e in comm]))
+        results.append(_one(None, wall, [iv for _, iv, _ in comm], [iv for _, iv in compute],
+                            [e for *_, e in comm + p2p], [iv for _, iv, _ in p2p]))
 
     comm_ms = sum(r.comm_ms for r in results)
     exposed_ms = sum(r.exposed_comm_ms for r in results)
@@ -347,4 +386,5 @@ def analyze_trace(trace: str | os.PathLike | Mapping | Sequence, *, timeline: st
         comm_ms=comm_ms, compute_ms=sum(r.compute_ms for r in results), exposed_comm_ms=exposed_ms,
         overlap_pct=_overlap_pct(comm_ms, exposed_ms), wall_ms=sum(r.wall_ms for r in results),
         steps=tuple(results), per_kind=tuple(sorted(kinds.items())), timeline=timeline,
-        rank=rank if isinstance(rank, int) else None)
+        rank=rank if isinstance(rank, int) else None, p2p_ms=sum(r.p2p_ms for r in results),
+        p2p_wait_ms=sum(r.p2p_wait_ms for r in results))

@@ -2,8 +2,10 @@
 # Exercises ringtop's GPU-only paths on one GPU in under 5 minutes and writes the findings to
 # ${OUT:-.}/gpu_check.txt: NCCL process group, CUDA events for phase timing (no added sync),
 # CUDA memory stats in the step records beside the cost model's prediction for DDP, FSDP2
-# (full, grad-op, bf16) and DeepSpeed ZeRO-1/2/3 (when DeepSpeed imports), NVML samples.
-# On a machine without a GPU it says so and exits 0.
+# (full, grad-op, bf16) and DeepSpeed ZeRO-1/2/3 (when DeepSpeed imports), NVML samples, and the
+# device timing of NCCL collectives (CUDA events read lazily, held against NCCL's own timing with
+# TORCH_NCCL_ENABLE_TIMING=1 and Work._get_duration(); per-kind busy ms beside the step time in the
+# agent runs). On a machine without a GPU it says so and exits 0.
 set -u
 cd "$(dirname "$0")/.."
 out_dir=${OUT:-.}
@@ -58,12 +60,80 @@ print(f"steps={len(steps)} last: step_ms={s.step_ms:.2f} fwd={s.forward_ms:.2f} 
 print(f"cuda allocated={s.mem.cuda_allocated_bytes} reserved={s.mem.cuda_reserved_bytes} peak={s.mem.cuda_peak_bytes} "
       f"params={s.mem.params_bytes} grads={s.mem.grads_bytes} optim={s.mem.optimizer_bytes}")
 print(f"comm={[(c.kind, c.count, c.bytes) for c in s.comm]}")
+# collective time from the CUDA-event path (steps resolve a step or two late: the host runs ahead)
+tail = steps[-10:]
+mean = lambda xs: sum(xs) / max(len(xs), 1)  # noqa: E731
+kinds = sorted({c.kind for t in tail for c in t.comm})
+per_kind = {k: (mean([sum(c.count for c in t.comm if c.kind == k) for t in tail]),
+                mean([sum(c.busy_ms for c in t.comm if c.kind == k) for t in tail])) for k in kinds}
+step_ms, busy_ms, blocked_ms = (mean([getattr(t, f) for t in tail]) for f in ("step_ms", "comm_busy_ms", "comm_blocked_ms"))
+print(f"last {len(tail)} steps, mean: step_ms={step_ms:.2f} comm_busy_ms={busy_ms:.3f} exposed(comm_blocked_ms)={blocked_ms:.3f} "
+      + " ".join(f"{k}: {n:.1f}/step {ms:.3f} ms busy" for k, (n, ms) in per_kind.items()))
+plausible = all(ms > 0 for n, ms in per_kind.values() if n > 0) and busy_ms <= step_ms and blocked_ms <= busy_ms + 1e-6
+print("comm timing plausibility: " + ("ok (busy > 0 per kind with collectives, exposed <= busy <= step)" if plausible
+      else "CHECK (a kind with collectives but 0 ms, or busy above the step time): read the numbers above"))
 print(f"nvml samples={len(samples)}" + (f" last={samples[-1].gpu}" if samples else " (none: NVML missing?)"))
 assert hello.backend == "nccl" and s.mem.cuda_allocated_bytes > 0 and s.forward_ms > 0
 PY
   [ $? -eq 0 ] || status=1
 }
 
+nccl_timing() {  # CUDA-event timing of NCCL collectives against NCCL's own (Work._get_duration)
+  echo; echo "## nccl collective timing: CUDA events (ringtop) vs TORCH_NCCL_ENABLE_TIMING (NCCL)"
+  cat > "$work/nccl_timing.py" <<'PY'
+import datetime, time
+import torch, torch.distributed as dist
+from ringtop.strategies import comm_tracing
+from ringtop.agent.instruments.comm_tracer import CommTracer
+
+torch.cuda.set_device(0)
+dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=60), device_id=torch.device("cuda", 0))
+n = dist.get_world_size()
+big = torch.randn(64 << 20, device="cuda")                          # 256 MiB
+gathered, shard = torch.empty_like(big), torch.randn(big.numel() // n, device="cuda")
+scattered = torch.empty(big.numel() // n, device="cuda")
+a = torch.randn(4096, 4096, device="cuda")
+ops = {"all_reduce": lambda: dist.all_reduce(big, async_op=True),
+       "all_gather": lambda: dist.all_gather_into_tensor(gathered, shard, async_op=True),
+       "reduce_scatter": lambda: dist.reduce_scatter_tensor(scattered, big, async_op=True)}
+for op in ops.values():                                               # warm-up, not traced
+    op().wait()
+torch.cuda.synchronize()
+bad = 0
+for kind, op in ops.items():
+    tracer, works, issue_s = CommTracer(), [], 0.0
+    with comm_tracing.active(tracer):
+        for _ in range(8):
+            a @ a                                                     # compute queued before each
+            t0 = time.perf_counter()
+            works.append(op())
+            issue_s += time.perf_counter() - t0
+        for w in works:
+            w.wait()
+    early = tracer.drain()                                            # the tracer never synchronises
+    torch.cuda.synchronize()                                          # only this check waits for the device
+    late = tracer.drain()
+    got = [k for s in (early, late) for k in s.kinds if k.kind == kind]
+    count, ours = sum(k.count for k in got), sum(k.busy_ms for k in got)
+    nccl = sum(w._get_duration() for w in works)
+    agree = abs(ours - nccl) <= max(0.05 * count, 0.25 * nccl)
+    print(f"{kind:15s} n={count} ringtop(CUDA events)={ours:8.3f} ms  NCCL(_get_duration)={nccl:8.3f} ms  "
+          f"ratio={ours / nccl if nccl else float('nan'):5.2f}  host issue only={issue_s * 1e3:7.3f} ms  "
+          f"pending right after issue={early.pending}/{count}  late pending={late.pending}  "
+          f"{'agree' if agree else 'DIFFER'}")
+    bad += count != len(works) or late.pending != 0 or ours <= 0
+print("nccl timing:", "ok" if not bad else "FAIL (a collective missing, never resolved, or 0 ms)")
+dist.destroy_process_group()
+raise SystemExit(1 if bad else 0)
+PY
+  TORCH_NCCL_ENABLE_TIMING=1 timeout 120 $py -m torch.distributed.run --standalone --nproc_per_node=1 \
+      "$work/nccl_timing.py" > "$work/nccl_timing.out" 2>&1
+  local rc=$?
+  grep -v -e Warning -e "return func" "$work/nccl_timing.out" | tail -12
+  echo "exit code: $rc"; [ $rc -eq 0 ] || status=1
+}
+
+nccl_timing
 run_agent ddp-10m --steps 40 --model-size 10m --batch-size 16 --seq-len 256
 run_agent ddp-125m --steps 20 --model-size 125m --batch-size 8 --seq-len 512
 run_agent fsdp-full --strategy fsdp --fsdp-sharding full --steps 20 --model-size 125m --batch-size 8 --seq-len 512

@@ -2,17 +2,40 @@
 
 FSDP2 and DeepSpeed call `torch.distributed.<op>` by attribute at call time, so wrapping those
 attributes sees every collective they issue: kind, payload bytes (the full logical tensor, as
-nccl-tests counts it), group size, issue time and completion time. Completion of an async op is
-taken from its work's future (no device synchronisation); a blocking op completes on return.
-Recording happens only while a recorder is active (`active(recorder)`), so ringtop's own control
-broadcasts and checkpoint gathers are not counted as training traffic.
+nccl-tests counts it), group size, issue time and completion time. Recording happens only while a
+recorder is active (`active(recorder)`), so ringtop's own control broadcasts and checkpoint gathers
+are not counted as training traffic.
+
+Completion, host path (CPU tensors, gloo): an async op completes when its work's future does (gloo
+marks it when the collective has finished); a blocking op completes on return. No device involved.
+
+Completion, GPU path (CUDA tensors, when the recorder has `end_device`): NCCL marks a work's future
+complete when the collective is *enqueued*, so host times would only measure the issue. Instead a
+CUDA event (timing enabled) is recorded on the issuing stream just before the issue (NCCL's stream
+waits on that stream, so the collective cannot start earlier) and another in a callback chained on
+the work's future: c10's `Future.then` runs the callback with current streams from the pool made to
+wait on the future's CUDA events, which NCCL records on its own stream after the collective, so the
+end event completes when the collective has. A blocking op's end event goes on the issuing stream
+after the call (c10d's internal `wait()` made that stream wait for the collective). The events go to
+the recorder, which reads them lazily with `query()` at the step boundary (never a synchronize).
+Chosen over NCCL's own timing (`TORCH_NCCL_ENABLE_TIMING` + `Work._get_duration()`): that gives a
+duration without a position on a timeline (so no union, overlap or exposed time), only for NCCL, and
+only once the work has completed, which means holding every `Work` (and through it the collective's
+output tensors, e.g. FSDP's unsharded parameters) past the step.
 
 Exposed communication is the time the training thread itself is blocked: inside a blocking
 collective, or inside `Work.wait()` (wrapped on the class, since FSDP2 and DeepSpeed wait on the
-works they issued asynchronously).
+works they issued asynchronously). On GPU neither blocks the host: `Work.wait()` makes the current
+stream wait, so when that stream is the training thread's compute stream (the current stream when
+the step began) the stall is measured on the device, between events recorded just before and just
+after the wait. Waits on point-to-point works (a pipeline's send/recv: mostly waiting for the other
+stage, i.e. bubble) are reported apart, as p2p waits, not as exposed collective communication.
 
 `comm_delay_s` injects a delay into every traced collective's completion (fault injection for tests
 and demos: a slow link).
+
+`step_annotation`, when set (by `profile STEPS`), opens a context around each training step, so the
+profiler's trace marks where each step's work begins and ends.
 """
 
 from __future__ import annotations
@@ -21,7 +44,9 @@ import contextlib
 import functools
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -36,6 +61,16 @@ def _nbytes(t: Any) -> int:
     if isinstance(t, (list, tuple)):
         return sum(_nbytes(x) for x in t)
     return 0
+
+
+def _first_tensor(t: Any) -> torch.Tensor | None:
+    if isinstance(t, torch.Tensor):
+        return t
+    if isinstance(t, (list, tuple)):
+        for x in t:
+            if (found := _first_tensor(x)) is not None:
+                return found
+    return None
 
 
 def _arg(args: tuple, kwargs: dict, index: int, *names: str) -> Any:
@@ -65,12 +100,36 @@ _OPS: dict[str, tuple[str, Callable[[tuple, dict], Any]]] = {
     "batch_isend_irecv": ("p2p", lambda a, k: [op.tensor for op in (_arg(a, k, 0, "p2p_op_list") or [])]),
 }
 
+
+class CudaTiming:
+    """The GPU path's clock: CUDA events on CUDA streams (tests substitute a stand-in)."""
+
+    def is_device_tensor(self, t: torch.Tensor) -> bool:
+        return t.is_cuda
+
+    def in_use(self) -> bool:
+        return torch.cuda.is_initialized()
+
+    def current_stream(self, device: Any = None) -> Any:
+        return torch.cuda.current_stream(device)
+
+    def event(self) -> Any:
+        return torch.cuda.Event(enable_timing=True)
+
+
+device_timing = CudaTiming()
+
 _state = threading.local()
 _recorder: CommRecorder | None = None
 _training_thread: int | None = None
+_compute_stream: Any = None
+# id(work) -> (weak reference, device or None for the host path, point-to-point?) for the works
+# whose wait needs telling apart: GPU works and point-to-point works. Cleared after each step.
+_issued: dict[int, tuple[Any, Any, bool]] = {}
 _installed = False
 _install_lock = threading.Lock()
 comm_delay_s = 0.0
+step_annotation: Callable[[], AbstractContextManager[Any]] | None = None
 
 
 def _on_training_thread() -> bool:
@@ -83,6 +142,35 @@ def _finish(recorder: CommRecorder, handle: int) -> None:
     recorder.end(handle)
 
 
+def lane_of(group: Any) -> Any:
+    """What a collective queues behind on the device: its process group's stream."""
+    return "default" if group is None else id(group)
+
+
+def device_start(tensor: torch.Tensor) -> Any:
+    """A start event recorded on `tensor`'s current stream, or None on the host path."""
+    if not device_timing.is_device_tensor(tensor):
+        return None
+    start = device_timing.event()
+    start.record(device_timing.current_stream(tensor.device))
+    return start
+
+
+def device_end(recorder: CommRecorder, handle: int, start: Any, lane: Any) -> None:
+    """In a callback chained on the work's future: record the end event on the callback's stream,
+    which c10 made wait for the work, and hand both events to the recorder."""
+    if comm_delay_s:
+        time.sleep(comm_delay_s)
+    end = device_timing.event()
+    end.record()
+    recorder.end_device(handle, start, end, lane)
+
+
+def _remember(works: list, device: Any, p2p: bool) -> None:
+    for w in works:
+        _issued[id(w)] = (weakref.ref(w), device, p2p)
+
+
 def _wrap(name: str, fn: Callable[..., Any], kind: str, payload: Callable[[tuple, dict], Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def traced(*args: Any, **kwargs: Any) -> Any:
@@ -92,9 +180,14 @@ def _wrap(name: str, fn: Callable[..., Any], kind: str, payload: Callable[[tuple
         group = kwargs.get("group")
         try:
             group_size = dist.get_world_size(group)
-        except Exception:
+        except Exception:  # noqa: BLE001 - not a member, or no default group: size unknown
             group_size = 0
-        handle = recorder.begin(kind, _nbytes(payload(args, kwargs)), group_size)
+        tensors = payload(args, kwargs)
+        handle = recorder.begin(kind, _nbytes(tensors), group_size)
+        if getattr(recorder, "end_device", None) is not None:
+            tensor = _first_tensor(tensors)
+            if tensor is not None and device_timing.is_device_tensor(tensor):
+                return _traced_on_device(fn, args, kwargs, recorder, handle, kind, group, tensor)
         t0 = time.perf_counter_ns()
         _state.inside = True
         try:
@@ -106,9 +199,11 @@ def _wrap(name: str, fn: Callable[..., Any], kind: str, payload: Callable[[tuple
             _state.inside = False
         works = result if isinstance(result, list) else [result]
         if works and all(isinstance(w, dist.Work) for w in works):
+            if kind == "p2p":
+                _remember(works, None, True)
             try:
                 works[-1].get_future().then(lambda _f: _finish(recorder, handle))
-            except Exception:  # a backend without futures: count it as done when issued
+            except Exception:  # noqa: BLE001 - a backend without futures: count it as done when issued
                 recorder.end(handle)
         else:
             _finish(recorder, handle)
@@ -120,17 +215,73 @@ def _wrap(name: str, fn: Callable[..., Any], kind: str, payload: Callable[[tuple
     return traced
 
 
+def _traced_on_device(fn: Callable[..., Any], args: tuple, kwargs: dict, recorder: Any, handle: int, kind: str,
+                      group: Any, tensor: torch.Tensor) -> Any:
+    """The GPU path of `_wrap` (see the module docstring)."""
+    stream = device_timing.current_stream(tensor.device)
+    start = device_timing.event()
+    start.record(stream)
+    lane = None if kind == "p2p" else lane_of(group)  # NCCL runs p2p on per-peer streams
+    _state.inside = True
+    try:
+        result = fn(*args, **kwargs)
+    except BaseException:
+        recorder.end(handle)
+        raise
+    finally:
+        _state.inside = False
+    works = result if isinstance(result, list) else [result]
+    if works and all(isinstance(w, dist.Work) for w in works):
+        _remember(works, tensor.device, kind == "p2p")
+        try:
+            works[-1].get_future().then(functools.partial(_device_done, recorder, handle, start, lane))
+        except Exception:  # noqa: BLE001 - a backend without futures: only the issue is known
+            recorder.end(handle)
+    else:  # blocking: the issuing stream now waits for the collective
+        if comm_delay_s:
+            time.sleep(comm_delay_s)
+        end = device_timing.event()
+        end.record(stream)
+        recorder.end_device(handle, start, end, lane)
+        if _on_training_thread() and _compute_stream is not None and stream == _compute_stream:
+            recorder.blocked_device(start, end, kind == "p2p")
+    return result
+
+
+def _device_done(recorder: Any, handle: int, start: Any, lane: Any, _fut: Any) -> None:
+    device_end(recorder, handle, start, lane)
+
+
 def _wrap_wait(wait: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(wait)
     def traced_wait(self: Any, *args: Any, **kwargs: Any) -> Any:
         recorder = _recorder
         if recorder is None or not _on_training_thread():
             return wait(self, *args, **kwargs)
+        issued = _issued.get(id(self)) if _issued else None
+        if issued is not None and issued[0]() is not self:
+            issued = None
+        if issued is not None and issued[1] is not None:  # a GPU work: wait() only makes the stream wait
+            stream = device_timing.current_stream(issued[1])
+            if _compute_stream is None or stream != _compute_stream:
+                return wait(self, *args, **kwargs)  # a side stream waits: not the compute's stall
+            before = device_timing.event()
+            before.record(stream)
+            try:
+                return wait(self, *args, **kwargs)
+            finally:
+                after = device_timing.event()
+                after.record(stream)
+                recorder.blocked_device(before, after, issued[2])
         t0 = time.perf_counter_ns()
         try:
             return wait(self, *args, **kwargs)
         finally:
-            recorder.blocked(t0, time.perf_counter_ns())
+            t1 = time.perf_counter_ns()
+            if issued is not None and issued[2] and hasattr(recorder, "blocked_p2p"):
+                recorder.blocked_p2p(t0, t1)
+            else:
+                recorder.blocked(t0, t1)
 
     traced_wait.__ringtop_traced__ = True
     return traced_wait
@@ -168,14 +319,21 @@ def _install_pipeline_p2p() -> None:
 @contextlib.contextmanager
 def active(recorder: CommRecorder | None) -> Iterator[None]:
     """Record into `recorder` for the duration (typically one training step)."""
-    global _recorder, _training_thread
-    if recorder is None:
-        yield
-        return
-    install()
-    previous, _recorder = _recorder, recorder
-    previous_thread, _training_thread = _training_thread, threading.get_ident()
-    try:
-        yield
-    finally:
-        _recorder, _training_thread = previous, previous_thread
+    global _recorder, _training_thread, _compute_stream
+    annotate = step_annotation
+    with annotate() if annotate is not None else contextlib.nullcontext():
+        if recorder is None:
+            yield
+            return
+        install()
+        previous, _recorder = _recorder, recorder
+        previous_thread, _training_thread = _training_thread, threading.get_ident()
+        previous_stream = _compute_stream
+        if previous is None:
+            _compute_stream = device_timing.current_stream() if device_timing.in_use() else None
+        try:
+            yield
+        finally:
+            _recorder, _training_thread, _compute_stream = previous, previous_thread, previous_stream
+            if previous is None:
+                _issued.clear()

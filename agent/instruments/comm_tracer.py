@@ -2,6 +2,32 @@
 
 `begin` runs on the training thread (inside a comm hook), `end` on the backend's completion thread.
 Both only append to lists; `drain` at the step boundary turns them into per-kind totals.
+
+Two clocks. Host records (`end`, `blocked`, `blocked_p2p`) carry `perf_counter_ns` times: that is
+the CPU / gloo path, where a work's future completes when the collective has finished. Device
+records (`end_device`, `blocked_device`) carry two CUDA events each (see `strategies/comm_tracing`
+for where they are recorded): on NCCL the future completes when the work is *enqueued*, so only
+the device knows when it ran. `drain` never synchronises: it polls each pending device record's
+events with `query()`, turns the completed ones into intervals, and carries the rest to the next
+drain. On GPU a step's totals are therefore those of the collectives that had finished on the
+device by the step's end, usually the previous step's (the host runs ahead of the device).
+
+How the device intervals become the summary (all in device time, on one timeline per drain:
+`anchor.elapsed_time(event)` from the first completed record's start event):
+
+- A collective's interval runs from its start event (recorded on the issuing stream just before
+  the issue: the point from which NCCL's stream may start it) to its end event (recorded on a
+  stream made to wait for the work). Collectives of one process group run in issue order on that
+  group's NCCL stream, so a collective's start is moved up to the previous one's end in the same
+  `lane`: queueing behind an earlier collective is not counted as this one's time.
+  `KindTotals.busy_ms` sums these intervals per kind; `CommSummary.busy_ms` is their union.
+- Exposed time is what the training (compute) stream spent stalled on communication: between an
+  event recorded on it just before a `Work.wait()` (or a blocking collective issued on it) and one
+  just after. When a step has no such stall (DDP's reducer and FSDP2 make the compute stream wait
+  in C++ or through stream events, which ringtop does not see), the tail from the last collective
+  becoming ready to the last completion stands in, as it does on the host.
+- Point-to-point stalls (a pipeline waiting for the other stage) are `p2p_wait_ms`, not exposed
+  collective communication.
 """
 
 from __future__ import annotations
@@ -10,6 +36,10 @@ import itertools
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
+
+MAX_PENDING_DEVICE = 4096
+"""Device records whose events have not completed are kept at most this many (oldest dropped)."""
 
 
 @dataclass(frozen=True)
@@ -27,9 +57,27 @@ class CommSummary:
     blocked_ms: float
     """Exposed communication: the training thread's measured waits when the strategy reports them;
     for DDP (whose reducer waits in C++) the time from the last bucket's issue to the last
-    completion, since after the last bucket is issued backward has no compute left to hide behind."""
+    completion, since after the last bucket is issued backward has no compute left to hide behind.
+    On GPU, the compute stream's measured stalls (see the module docstring). Point-to-point waits
+    are not in it."""
     busy_ms: float
     """Union of the collectives' in-flight intervals."""
+    p2p_wait_ms: float = 0.0
+    """Time the training thread (or, on GPU, the compute stream) waited on point-to-point
+    transfers: on a pipeline mostly the other stage's compute, i.e. bubble."""
+    pending: int = 0
+    """Device records carried to the next drain because their events had not completed."""
+
+
+@dataclass
+class _DeviceRecord:
+    handle: int
+    kind: str
+    nbytes: int
+    group_size: int
+    start: Any
+    end: Any
+    lane: Any
 
 
 class CommTracer:
@@ -39,6 +87,10 @@ class CommTracer:
         self._open: dict[int, tuple[str, int, int, int]] = {}
         self._done: list[tuple[str, int, int, int, int]] = []
         self._blocked: list[tuple[int, int]] = []
+        self._p2p_blocked: list[tuple[int, int]] = []
+        self._device: list[_DeviceRecord] = []
+        self._stalls: list[tuple[Any, Any, bool]] = []
+        self.device_dropped = 0
 
     def begin(self, kind: str, nbytes: int, group_size: int) -> int:
         handle = next(self._ids)
@@ -58,28 +110,139 @@ class CommTracer:
         with self._lock:
             self._blocked.append((start_ns, end_ns))
 
+    def blocked_p2p(self, start_ns: int, end_ns: int) -> None:
+        """The training thread waited on a point-to-point transfer (host clock)."""
+        with self._lock:
+            self._p2p_blocked.append((start_ns, end_ns))
+
+    def end_device(self, handle: int, start_event: Any, end_event: Any, lane: Any = None) -> None:
+        """The collective `handle` runs on the device between two CUDA events (timing enabled);
+        `lane`: what it queues behind in issue order (its process group's stream), or None."""
+        with self._lock:
+            opened = self._open.pop(handle, None)
+            if opened is not None:
+                kind, nbytes, group_size, _ = opened
+                self._device.append(_DeviceRecord(handle, kind, nbytes, group_size, start_event, end_event, lane))
+                self._trim()
+
+    def blocked_device(self, start_event: Any, end_event: Any, p2p: bool = False) -> None:
+        """The compute stream stalled on communication between two CUDA events."""
+        with self._lock:
+            self._stalls.append((start_event, end_event, p2p))
+            self._trim()
+
+    def _trim(self) -> None:
+        for pending in (self._device, self._stalls):
+            if len(pending) > MAX_PENDING_DEVICE:
+                extra = len(pending) - MAX_PENDING_DEVICE
+                del pending[:extra]
+                self.device_dropped += extra
+
     def drain(self) -> CommSummary:
         with self._lock:
             done, self._done = self._done, []
             blocked, self._blocked = self._blocked, []
+            p2p_blocked, self._p2p_blocked = self._p2p_blocked, []
+            device, self._device = self._device, []
+            stalls, self._stalls = self._stalls, []
         totals: dict[str, list[float]] = {}
         for kind, nbytes, group_size, t0, t1 in done:
-            agg = totals.setdefault(kind, [0, 0, 0.0, group_size])
-            agg[0] += 1
-            agg[1] += nbytes
-            agg[2] += (t1 - t0) / 1e6
+            _add(totals, kind, nbytes, group_size, (t1 - t0) / 1e6)
+        collective = [d for d in done if d[0] != "p2p"]
         if blocked:
             blocked_ms = union_ns(blocked) / 1e6
-        elif done:
-            blocked_ms = max(0.0, (max(d[4] for d in done) - max(d[3] for d in done)) / 1e6)
+        elif collective:
+            blocked_ms = max(0.0, (max(d[4] for d in collective) - max(d[3] for d in collective)) / 1e6)
         else:
             blocked_ms = 0.0
         busy_ms = union_ns([(d[3], d[4]) for d in done]) / 1e6
+        if done:
+            blocked_ms = min(blocked_ms, busy_ms)
+        p2p_wait_ms = union_ns(p2p_blocked) / 1e6
+        pending = 0
+        if device or stalls:
+            d_busy, d_blocked, d_p2p, pending = self._resolve_device(device, stalls, totals)
+            busy_ms += d_busy
+            blocked_ms += d_blocked
+            p2p_wait_ms += d_p2p
         kinds = [KindTotals(k, int(v[0]), int(v[1]), float(v[2]), int(v[3])) for k, v in totals.items()]
-        return CommSummary(kinds=kinds, blocked_ms=min(blocked_ms, busy_ms) if done else blocked_ms, busy_ms=busy_ms)
+        return CommSummary(kinds=kinds, blocked_ms=blocked_ms, busy_ms=busy_ms, p2p_wait_ms=p2p_wait_ms,
+                           pending=pending)
+
+    def _resolve_device(self, device: list[_DeviceRecord], stalls: list[tuple[Any, Any, bool]],
+                        totals: dict[str, list[float]]) -> tuple[float, float, float, int]:
+        """(busy, exposed, p2p wait) ms of the device records whose events have completed; the
+        others go back to the pending lists. Only `Event.query()` and `elapsed_time` on completed
+        events: nothing here waits for the device."""
+        ready, carry = _split(device, lambda r: r.end.query() and r.start.query())
+        ready_stalls, carry_stalls = _split(stalls, lambda s: s[1].query() and s[0].query())
+        with self._lock:
+            self._device[:0] = carry
+            self._stalls[:0] = carry_stalls
+            self._trim()
+            pending = len(self._device)
+        if not ready and not ready_stalls:
+            return 0.0, 0.0, 0.0, pending
+        ready.sort(key=lambda r: r.handle)
+        anchor = ready[0].start if ready else ready_stalls[0][0]
+
+        def at(event: Any) -> float:  # ns on this drain's device timeline
+            return anchor.elapsed_time(event) * 1e6
+
+        def span(start: Any, end: Any) -> tuple[float, float] | None:
+            try:
+                return at(start), at(end)
+            except RuntimeError:  # an event CUDA cannot time (another device?): drop, never stop training
+                self.device_dropped += 1
+                return None
+
+        collective: list[tuple[float, float]] = []
+        intervals: list[tuple[float, float]] = []
+        lane_end: dict[Any, float] = {}
+        for r in ready:
+            if (iv := span(r.start, r.end)) is None:
+                continue
+            s, e = iv
+            if r.lane is not None:
+                prev = lane_end.get(r.lane)
+                if prev is not None:
+                    s = min(max(s, prev), e)
+                lane_end[r.lane] = e if prev is None else max(prev, e)
+            intervals.append((s, e))
+            if r.kind != "p2p":
+                collective.append((s, e))
+            _add(totals, r.kind, r.nbytes, r.group_size, (e - s) / 1e6)
+        busy_ms = union_ns(intervals) / 1e6
+        stall_iv, p2p_iv = [], []
+        for a, b, p2p in ready_stalls:
+            if (iv := span(a, b)) is not None:
+                (p2p_iv if p2p else stall_iv).append(iv)
+        if stall_iv:
+            blocked_ms = union_ns(stall_iv) / 1e6
+        elif collective:
+            blocked_ms = max(0.0, (max(e for _, e in collective) - max(s for s, _ in collective)) / 1e6)
+        else:
+            blocked_ms = 0.0
+        if intervals:
+            blocked_ms = min(blocked_ms, busy_ms)
+        return busy_ms, blocked_ms, union_ns(p2p_iv) / 1e6, pending
 
 
-def union_ns(intervals: list[tuple[int, int]]) -> int:
+def _split(items: list, complete: Any) -> tuple[list, list]:
+    done, waiting = [], []
+    for item in items:
+        (done if complete(item) else waiting).append(item)
+    return done, waiting
+
+
+def _add(totals: dict[str, list[float]], kind: str, nbytes: int, group_size: int, ms: float) -> None:
+    agg = totals.setdefault(kind, [0, 0, 0.0, group_size])
+    agg[0] += 1
+    agg[1] += nbytes
+    agg[2] += ms
+
+
+def union_ns(intervals: list[tuple[float, float]]) -> float:
     """Total length covered by possibly overlapping intervals."""
     total, end = 0, None
     for start, stop in sorted(intervals):
