@@ -49,7 +49,8 @@ def full_state_everywhere(strategy: Strategy, rank: int, group: dist.ProcessGrou
     state = strategy.full_state_dict_on_every_rank()
     if state is not None:
         return state
-    return broadcast_state(strategy.full_state_dict() if rank == 0 else None, rank, group)
+    state = strategy.full_state_dict()  # collective; complete on rank 0
+    return broadcast_state(state if rank == 0 else None, rank, group)
 
 
 def broadcast_state(state: Any, rank: int, group: dist.ProcessGroup) -> Any:
