@@ -28,6 +28,7 @@ class ProfileSession:
     rank: int
     command: Any = None
     live_blocked_ms: list[float] = field(default_factory=list)
+    live_p2p_wait_ms: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         activities = [torch.profiler.ProfilerActivity.CPU]
@@ -40,10 +41,11 @@ class ProfileSession:
     def _step_span(self) -> torch.profiler.record_function:
         return torch.profiler.record_function(f"ProfilerStep#{self.first_step + len(self.live_blocked_ms)}")
 
-    def step_done(self, live_blocked_ms: float) -> bool:
+    def step_done(self, live_blocked_ms: float, live_p2p_wait_ms: float = 0.0) -> bool:
         """Called after each profiled step; True once the last one is recorded."""
         self.profiler.step()
         self.live_blocked_ms.append(live_blocked_ms)
+        self.live_p2p_wait_ms.append(live_p2p_wait_ms)
         return len(self.live_blocked_ms) >= self.steps
 
     def finish(self) -> dict[str, Any]:
@@ -63,6 +65,7 @@ class ProfileSession:
             "p2p_wait_ms_per_step_trace": round(analysis.p2p_wait_ms / steps, 3),
             "step_ms_trace": round(analysis.wall_ms / steps, 3),
             "exposed_comm_ms_per_step_live": round(sum(self.live_blocked_ms) / len(self.live_blocked_ms), 3),
+            "p2p_wait_ms_per_step_live": round(sum(self.live_p2p_wait_ms) / len(self.live_p2p_wait_ms), 3),
         }
 
 

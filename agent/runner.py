@@ -309,7 +309,7 @@ class Runner:
                 self._pending.append(self._pending_step(loss, timing, marks, comm, batch))
                 self._publish_ready_steps()
                 if self.profiling is not None:
-                    self._profile_step(comm.blocked_ms)
+                    self._profile_step(comm.blocked_ms, comm.p2p_wait_ms)
             if self.checkpoints.busy:
                 self._poll_checkpoint()
             if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
@@ -457,9 +457,9 @@ class Runner:
             self.telemetry.emit(self._hello())
         return {"micro_batches": micro_batches, "step": self.step}
 
-    def _profile_step(self, live_blocked_ms: float) -> None:
+    def _profile_step(self, live_blocked_ms: float, live_p2p_wait_ms: float) -> None:
         session = self.profiling
-        if not session.step_done(live_blocked_ms):
+        if not session.step_done(live_blocked_ms, live_p2p_wait_ms):
             return
         self.profiling = None
         try:
@@ -477,7 +477,10 @@ class Runner:
             return
         result = {"ranks": results, "steps": session.steps}
         text = "; ".join(f"rank {r['rank']}: exposed comm {r['exposed_comm_ms_per_step_trace']:.1f} ms/step "
-                         f"from the trace vs {r['exposed_comm_ms_per_step_live']:.1f} live" for r in results)
+                         f"from the trace vs {r['exposed_comm_ms_per_step_live']:.1f} live"
+                         + (f", p2p wait {r['p2p_wait_ms_per_step_trace']:.1f} vs {r['p2p_wait_ms_per_step_live']:.1f}"
+                            if r["p2p_wait_ms_per_step_trace"] or r["p2p_wait_ms_per_step_live"] else "")
+                         for r in results)
         self._event("info", "profile", f"profile of {session.steps} steps: {text}", result)
         if self.control is not None:
             self.control.reply(session.command, "done", result=result)
