@@ -5,9 +5,11 @@ the full training state from the old wrapping onto every rank (as it is where it
 all-gathered where it is sharded, else rank 0's copy broadcast over the gloo control group);
 build the model anew on the meta device and give it that state's tensors (or let the strategy
 allocate its own shards and copy them in), wrap it, load the optimizer state; agree that all ranks
-succeeded. The new model may share tensors with the old wrapping (from DDP nothing is copied):
-nothing writes to them until the switch has succeeded, and the old wrapping is dropped then. Only then is the old wrapping torn down. If any rank fails at any point, every
-rank discards the new wrapping and keeps training with the old one, whose state was never touched.
+succeeded. Only then is the old wrapping torn down. If any rank fails at any point, every rank
+discards the new wrapping and keeps training with the old one, whose state was never changed. The
+new model may share tensors with the old wrapping (from DDP nothing is copied); no training step
+writes to them before the switch has succeeded (DeepSpeed's start-up broadcast rewrites them with
+rank 0's values, which DDP keeps equal on every rank).
 The data position is the step counter and the RNG is the process's own, so both carry over as is.
 """
 
@@ -166,6 +168,7 @@ def switch_strategy(
     if not all_ranks_ok(new is not None, group):
         raise SwitchError(f"cannot switch to {name}: {reason or 'another rank could not build it'}")
     model_state, optim_state = full_state_everywhere(current, ctx.rank, group)
+    current.release_gradients()
     ok = True
     try:
         if inject_fail == name:

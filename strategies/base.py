@@ -210,6 +210,10 @@ class Strategy(ABC):
         `weights_loaded`: the module given to `setup` already held these weights (a strategy may
         then skip them)."""
 
+    def release_gradients(self) -> None:
+        """Drop the last step's gradients (the next step recomputes them): a switch then builds the
+        new wrapping in memory the old one no longer needs."""
+
     @abstractmethod
     def teardown(self) -> None: ...
 

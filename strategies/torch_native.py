@@ -100,10 +100,13 @@ class TorchNativeStrategy(Strategy):
         return self.model.module if hasattr(self.model, "module") and isinstance(self.model.module, nn.Module) \
             else self.model
 
-    def teardown(self) -> None:
+    def release_gradients(self) -> None:
         if self.model is not None:
             for p in self.model.parameters():
                 p.grad = None
+
+    def teardown(self) -> None:
+        self.release_gradients()
         self.model = None
         self.optimizer = None
 
