@@ -133,7 +133,7 @@ class ControlServer(threading.Thread):
             self.reply(msg, "error", error=f"{MAX_PENDING_COMMANDS} commands are already waiting; try again",
                        code="busy")
             return
-        self.reply(msg, "ack", result={"applies_at": "next step boundary", "args": dict(msg.args)})
+        self.reply(msg, "ack", result={"applies_at": "the step boundary after next", "args": dict(msg.args)})
 
     def _send_outgoing(self) -> None:
         while self._outgoing:
@@ -174,19 +174,59 @@ def broadcast_bytes(payload: bytes, rank: int, group: dist.ProcessGroup) -> byte
 
 
 class StepSync:
-    """Every rank calls `commands_for_step` at the same step boundary and gets the same commands."""
+    """Every rank calls `commands_for_step` at the same step boundary and gets the same commands.
+
+    Pipelined so that agreeing costs no step any waiting: at each boundary rank 0 takes the
+    commands that have arrived and starts an asynchronous broadcast of their size; the next
+    boundary completes it (by then long done, while the step computed) and hands out those
+    commands, sending their bytes only when there are any. A command thus applies one step after it
+    arrives. A blocking broadcast at every boundary instead made each step wait for the slowest
+    rank there and cost the 1m model 3% of its step time."""
 
     def __init__(self, rank: int, server: ControlServer | None, group: dist.ProcessGroup | None):
         self._rank = rank
         self._server = server
         self._group = group
+        self._announced: tuple[Any, torch.Tensor, list[PendingCommand]] | None = None
+
+    def _take(self) -> list[PendingCommand]:
+        return self._server.take_pending() if (self._rank == 0 and self._server) else []
+
+    def _announce(self) -> None:
+        taken = self._take()
+        payload_bytes = len(msgspec.msgpack.encode([p.command for p in taken])) if taken else 0
+        length = torch.tensor([payload_bytes], dtype=torch.int64)
+        work = dist.broadcast(length, src=0, group=self._group, async_op=True)
+        self._announced = (work, length, taken)
 
     def commands_for_step(self) -> list[PendingCommand]:
-        pending = self._server.take_pending() if (self._rank == 0 and self._server) else []
         if self._group is None:
-            return pending
-        payload = msgspec.msgpack.encode([p.command for p in pending]) if pending else b""
-        received = broadcast_bytes(payload, self._rank, self._group)
-        if self._rank == 0 or not received:
-            return pending
-        return [PendingCommand(c, validate_command(c)) for c in _commands_decoder.decode(received)]
+            return self._take()
+        if self._announced is None:
+            self._announce()
+        work, length, taken = self._announced
+        work.wait()
+        n = int(length[0])
+        self._announced = None
+        if n:
+            payload = msgspec.msgpack.encode([p.command for p in taken]) if self._rank == 0 else b""
+            buffer = (torch.frombuffer(bytearray(payload), dtype=torch.uint8) if self._rank == 0
+                      else torch.empty(n, dtype=torch.uint8))
+            dist.broadcast(buffer, src=0, group=self._group)
+            if self._rank != 0:
+                taken = [PendingCommand(c, validate_command(c)) for c in _commands_decoder.decode(bytes(buffer.tolist()))]
+        self._announce()
+        return taken
+
+    def close(self) -> None:
+        """At the end of the loop (same point on every rank): finish the outstanding broadcast and
+        tell the senders of commands taken but never applied."""
+        if self._announced is None:
+            return
+        work, _, taken = self._announced
+        self._announced = None
+        work.wait()
+        if self._server is not None:
+            for pending in taken:
+                self._server.reply(pending.command, "error", error="the run ended before this command was applied",
+                                   code="ended")

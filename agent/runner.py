@@ -318,6 +318,8 @@ class Runner:
                 self.diagnostician.run_rules()
             if self.prewarm is not None and self.prewarm.done:
                 self._report_prewarm()
+        if self.sync is not None:
+            self.sync.close()
         self._publish_ready_steps(wait=True)
         if step_ends is not None:
             Path(cfg.step_times_file).write_text(json.dumps(step_ends))

@@ -58,7 +58,7 @@ def run_ctl(address: str, cmd: str, raw_args: list[str], timeout_s: float, as_js
             if as_json:
                 print(msgspec.json.encode(reply).decode(), flush=True)
             elif reply.status == "ack":
-                print(f"{cmd}: accepted, applies at the next step boundary", flush=True)
+                print(f"{cmd}: accepted, applies at the step boundary after next", flush=True)
             elif reply.status == "done":
                 print(f"{cmd}: done", flush=True)
                 for key, value in reply.result.items():
