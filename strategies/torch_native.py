@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.nn.parallel import DistributedDataParallel
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -97,8 +98,8 @@ class TorchNativeStrategy(Strategy):
         self.optimizer.load_state_dict(_native_optimizer_state(module, self.optimizer, optim_state))
 
     def _unwrapped(self) -> nn.Module:
-        return self.model.module if hasattr(self.model, "module") and isinstance(self.model.module, nn.Module) \
-            else self.model
+        """The module whose names the full state uses (DDP's wrapper adds `module.`)."""
+        return self.model.module if isinstance(self.model, DistributedDataParallel) else self.model
 
     def release_gradients(self) -> None:
         if self.model is not None:
