@@ -37,15 +37,22 @@ class _InFlight:
     error: BaseException | None = None
 
 
-def detached_copy(state: Any) -> Any:
+def detached_copy(state: Any, _copies: dict | None = None) -> Any:
     """A copy that training cannot change under a background writer (DTensors stay DTensors:
-    DCP needs their sharding)."""
+    DCP needs their sharding). Tensors that are the same view of the same memory (a tied weight
+    under both its names) stay one tensor, so the writer still stores it once."""
+    copies = {} if _copies is None else _copies
     if isinstance(state, torch.Tensor):
-        return state.detach().clone()
+        local = state.to_local() if hasattr(state, "to_local") else state
+        key = (local.untyped_storage().data_ptr(), local.storage_offset(), tuple(local.shape), local.stride(),
+               local.dtype, type(state))
+        if key not in copies or local.numel() == 0:
+            copies[key] = state.detach().clone()
+        return copies[key]
     if isinstance(state, dict):
-        return {k: detached_copy(v) for k, v in state.items()}
+        return {k: detached_copy(v, copies) for k, v in state.items()}
     if isinstance(state, (list, tuple)):
-        return type(state)(detached_copy(v) for v in state)
+        return type(state)(detached_copy(v, copies) for v in state)
     return state
 
 

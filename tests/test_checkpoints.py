@@ -198,3 +198,15 @@ def test_a_background_copy_does_not_share_memory_with_training():
     assert isinstance(copy, tuple)
     assert copy[0]["w"].tolist() == [1.0, 1.0, 1.0]
     assert copy[1]["state"]["w"]["exp_avg"].tolist() == [2.0, 2.0, 2.0]
+
+
+def test_a_background_copy_keeps_a_tied_weight_one_tensor():
+    from ringtop.agent.checkpointing import detached_copy
+
+    embedding = torch.ones(4, 2)
+    state = {"tok_emb.weight": embedding, "head.weight": embedding.view(4, 2), "other": embedding[1:]}
+    copy = detached_copy(state)
+    assert copy["tok_emb.weight"] is copy["head.weight"]  # safetensors then writes it once
+    assert copy["other"].data_ptr() != copy["tok_emb.weight"].data_ptr()
+    embedding.add_(1)
+    assert copy["tok_emb.weight"].tolist() == [[1.0, 1.0]] * 4 and copy["other"].tolist() == [[1.0, 1.0]] * 3
