@@ -65,6 +65,27 @@ def stop_process_group(proc: subprocess.Popen) -> None:
     stop_ranks(proc)
 
 
+def run_worker_script(script: Path, args: list[str], out: Path, nproc: int, timeout_s: float) -> list[dict]:
+    """`script ARGS... OUT` on `nproc` ranks under torch's elastic launcher; each rank writes
+    OUT/rank-R.json, returned in rank order. The launcher's output goes to OUT/output.txt."""
+    import json
+
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           str(script), *args, str(out)]
+    log = out / "output.txt"
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=agent_env(), start_new_session=True)
+    try:
+        rc = proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        rc = None
+    finally:
+        stop_process_group(proc)
+    assert rc == 0, f"{script.name} {' '.join(args)} exited with {rc}:\n{log.read_text(errors='replace')[-4000:]}"
+    return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(nproc)]
+
+
 def start_agents(workdir: Path, nproc: int, *agent_args: str, entry: str | None = None) -> AgentRun:
     """`nproc` ranks through torch's elastic launcher (nproc=0: one process without the launcher),
     with free loopback ports and a private log dir under `workdir`. `entry`: a script to run

@@ -14,7 +14,6 @@ import datetime
 import json
 import math
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from ringtop.strategies.registry import build_strategy
 TESTS_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS_DIR))
 
-from conftest import agent_env, stop_process_group  # noqa: E402
+from conftest import run_worker_script  # noqa: E402
 from reference import reference_run  # noqa: E402
 
 STEPS, BATCH, SEQ, LR = 8, 8, 32, 1e-3
@@ -229,21 +228,7 @@ def _worker(scenario: str, out: str) -> None:
 
 
 def _launch(tmp_path: Path, scenario: str, nproc: int, timeout_s: float) -> list[dict]:
-    out = tmp_path / scenario
-    out.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(Path(__file__).resolve()), scenario, str(out)]
-    log = out / "output.txt"
-    with open(log, "wb") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=agent_env(), start_new_session=True)
-    try:
-        rc = proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        rc = None
-    finally:
-        stop_process_group(proc)
-    assert rc == 0, f"{scenario} exited with {rc}:\n{log.read_text(errors='replace')[-4000:]}"
-    return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(nproc)]
+    return run_worker_script(Path(__file__).resolve(), [scenario], tmp_path / scenario, nproc, timeout_s)
 
 
 @pytest.fixture(scope="module")

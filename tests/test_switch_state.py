@@ -24,7 +24,7 @@ from ringtop.agent.switching import model_holding
 TESTS_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS_DIR))
 
-from conftest import agent_env, stop_process_group  # noqa: E402
+from conftest import agent_env, run_worker_script  # noqa: E402
 
 HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 STRATEGIES = [("ddp", {}), ("fsdp", {"sharding": "full"}), ("fsdp", {"sharding": "grad-op"}),
@@ -128,28 +128,11 @@ def _worker(out_dir: str) -> None:
 # ---------------------------------------------------------------- the tests
 
 
-def _launch(out: Path, timeout_s: float) -> list[dict]:
-    out.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(Path(__file__).resolve()), str(out)]
-    log = out / "output.txt"
-    with open(log, "wb") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=agent_env(), start_new_session=True)
-    try:
-        rc = proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        rc = None
-    finally:
-        stop_process_group(proc)
-    assert rc == 0, f"worker exited with {rc}:\n{log.read_text(errors='replace')[-4000:]}"
-    return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(2)]
-
-
 @pytest.mark.timeout(300)
 def test_every_rank_state_and_direct_load_match_the_rank0_path(tmp_path):
     """Every strategy's state taken on every rank equals rank 0's gathered one exactly; loading a
     full state reproduces it exactly and the next step is the same as the source's."""
-    ranks = _launch(tmp_path / "state", timeout_s=280)
+    ranks = run_worker_script(Path(__file__).resolve(), [], tmp_path / "state", nproc=2, timeout_s=280)
     assert set(ranks[0]) == {f"{n}{o.get('sharding', '')}" for n, o in STRATEGIES}
     for rank, found in enumerate(ranks):
         for label, f in found.items():
