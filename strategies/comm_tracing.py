@@ -189,16 +189,8 @@ def _wrap(name: str, fn: Callable[..., Any], kind: str, payload: Callable[[tuple
             if tensor is not None and device_timing.is_device_tensor(tensor):
                 return _traced_on_device(fn, args, kwargs, recorder, handle, kind, group, tensor)
         t0 = time.perf_counter_ns()
-        _state.inside = True
-        try:
-            result = fn(*args, **kwargs)
-        except BaseException:
-            recorder.end(handle)
-            raise
-        finally:
-            _state.inside = False
-        works = result if isinstance(result, list) else [result]
-        if works and all(isinstance(w, dist.Work) for w in works):
+        result, works = _issue(fn, args, kwargs, recorder, handle)
+        if works:
             if kind == "p2p":
                 _remember(works, None, True)
             try:
@@ -215,13 +207,9 @@ def _wrap(name: str, fn: Callable[..., Any], kind: str, payload: Callable[[tuple
     return traced
 
 
-def _traced_on_device(fn: Callable[..., Any], args: tuple, kwargs: dict, recorder: Any, handle: int, kind: str,
-                      group: Any, tensor: torch.Tensor) -> Any:
-    """The GPU path of `_wrap` (see the module docstring)."""
-    stream = device_timing.current_stream(tensor.device)
-    start = device_timing.event()
-    start.record(stream)
-    lane = None if kind == "p2p" else lane_of(group)  # NCCL runs p2p on per-peer streams
+def _issue(fn: Callable[..., Any], args: tuple, kwargs: dict, recorder: Any, handle: int) -> tuple[Any, list]:
+    """(fn's result, its works when it was issued asynchronously, else []); the collective is
+    closed in the recorder if it raises."""
     _state.inside = True
     try:
         result = fn(*args, **kwargs)
@@ -231,7 +219,18 @@ def _traced_on_device(fn: Callable[..., Any], args: tuple, kwargs: dict, recorde
     finally:
         _state.inside = False
     works = result if isinstance(result, list) else [result]
-    if works and all(isinstance(w, dist.Work) for w in works):
+    return result, works if works and all(isinstance(w, dist.Work) for w in works) else []
+
+
+def _traced_on_device(fn: Callable[..., Any], args: tuple, kwargs: dict, recorder: Any, handle: int, kind: str,
+                      group: Any, tensor: torch.Tensor) -> Any:
+    """The GPU path of `_wrap` (see the module docstring)."""
+    stream = device_timing.current_stream(tensor.device)
+    start = device_timing.event()
+    start.record(stream)
+    lane = None if kind == "p2p" else lane_of(group)  # NCCL runs p2p on per-peer streams
+    result, works = _issue(fn, args, kwargs, recorder, handle)
+    if works:
         _remember(works, tensor.device, kind == "p2p")
         try:
             works[-1].get_future().then(functools.partial(_device_done, recorder, handle, start, lane))
