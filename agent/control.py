@@ -187,29 +187,28 @@ class StepSync:
         self._rank = rank
         self._server = server
         self._group = group
-        self._announced: tuple[Any, torch.Tensor, list[PendingCommand]] | None = None
+        self._announced: tuple[Any, torch.Tensor, list[PendingCommand], bytes] | None = None
 
     def _take(self) -> list[PendingCommand]:
         return self._server.take_pending() if (self._rank == 0 and self._server) else []
 
     def _announce(self) -> None:
         taken = self._take()
-        payload_bytes = len(msgspec.msgpack.encode([p.command for p in taken])) if taken else 0
-        length = torch.tensor([payload_bytes], dtype=torch.int64)
+        payload = msgspec.msgpack.encode([p.command for p in taken]) if taken else b""
+        length = torch.tensor([len(payload)], dtype=torch.int64)
         work = dist.broadcast(length, src=0, group=self._group, async_op=True)
-        self._announced = (work, length, taken)
+        self._announced = (work, length, taken, payload)
 
     def commands_for_step(self) -> list[PendingCommand]:
         if self._group is None:
             return self._take()
         if self._announced is None:
             self._announce()
-        work, length, taken = self._announced
+        work, length, taken, payload = self._announced
         work.wait()
         n = int(length[0])
         self._announced = None
         if n:
-            payload = msgspec.msgpack.encode([p.command for p in taken]) if self._rank == 0 else b""
             buffer = (torch.frombuffer(bytearray(payload), dtype=torch.uint8) if self._rank == 0
                       else torch.empty(n, dtype=torch.uint8))
             dist.broadcast(buffer, src=0, group=self._group)
@@ -223,7 +222,7 @@ class StepSync:
         tell the senders of commands taken but never applied."""
         if self._announced is None:
             return
-        work, _, taken = self._announced
+        work, _, taken, _ = self._announced
         self._announced = None
         work.wait()
         if self._server is not None:
