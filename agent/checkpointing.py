@@ -9,6 +9,7 @@ decision about the next command. Only one save runs at a time.
 
 from __future__ import annotations
 
+import math
 import shutil
 import threading
 import time
@@ -69,17 +70,10 @@ def this_ranks_share(state: dict[str, Any], rank: int, group: dist.ProcessGroup 
     common = [path for path, spec in specs.items() if all(other.get(path) == spec for other in everyone)]
     loads = [0] * len(everyone)
     owner: dict[tuple, int] = {}
-    for path in sorted(common, key=lambda p: (-_numel(specs[p][0]), p)):
+    for path in sorted(common, key=lambda p: (-math.prod(specs[p][0]), p)):
         owner[path] = loads.index(min(loads))
-        loads[owner[path]] += _numel(specs[path][0])
+        loads[owner[path]] += math.prod(specs[path][0])
     return _without(state, lambda path: owner.get(path, rank) != rank)
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def _plain_tensors(state: Any, path: tuple = ()) -> list[tuple[tuple, torch.Tensor]]:
