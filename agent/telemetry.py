@@ -48,6 +48,9 @@ class Telemetry:
         self._queue: collections.deque[Message] = collections.deque(maxlen=capacity)
         self._wake = threading.Event()
         self._closing = threading.Event()
+        self._sealed = False
+        """Set with the Bye: a reader relies on the Bye being a rank's last message."""
+        self._emit_lock = threading.Lock()
         self._socket: zmq.Socket | None = None
         self._subscribed = relay_address is None
         self._connected_at = time.monotonic()
@@ -65,13 +68,17 @@ class Telemetry:
         self._thread.start()
 
     def emit(self, msg: Message) -> None:
-        """Non-blocking; safe from any thread."""
-        msg.rank = self.rank
-        msg.seq = next(self._seq)
-        msg.ts = time.time()
-        if len(self._queue) == self._queue.maxlen:
-            self.drops += 1
-        self._queue.append(msg)
+        """Non-blocking; safe from any thread. After the Bye nothing more is sent."""
+        with self._emit_lock:
+            if self._sealed:
+                return
+            self._sealed = isinstance(msg, Bye)
+            msg.rank = self.rank
+            msg.seq = next(self._seq)
+            msg.ts = time.time()
+            if len(self._queue) == self._queue.maxlen:
+                self.drops += 1
+            self._queue.append(msg)
         self._wake.set()
 
     @property

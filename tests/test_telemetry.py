@@ -1,0 +1,34 @@
+"""The per-rank telemetry sender on its own: real files, a real thread."""
+
+from __future__ import annotations
+
+import pytest
+
+from ringtop.agent import telemetry as telemetry_module
+from ringtop.agent.telemetry import Telemetry
+from ringtop.protocol import Bye, Heartbeat, read_log
+
+
+@pytest.mark.timeout(60)
+def test_bye_is_the_last_line_even_when_a_heartbeat_is_due_at_close(tmp_path, monkeypatch):
+    """A heartbeat decided just before close used to land after the Bye (seen once in CI)."""
+    monkeypatch.setattr(telemetry_module, "HEARTBEAT_INTERVAL_S", 0.0)  # a beat is due on every turn
+    for attempt in range(40):
+        log_dir = tmp_path / str(attempt)
+        sender = Telemetry(rank=0, relay_address=None, log_dir=str(log_dir))
+        sender.step = 3
+        for _ in range(5):
+            sender.emit(Heartbeat(step=3))
+        sender.close(Bye(reason="", ok=True))
+        messages = list(read_log(log_dir / "rank-0.jsonl"))
+        assert isinstance(messages[-1], Bye), f"attempt {attempt}: {type(messages[-1]).__name__} after the Bye"
+        assert sum(isinstance(m, Bye) for m in messages) == 1
+
+
+def test_nothing_is_emitted_after_the_bye(tmp_path):
+    sender = Telemetry(rank=1, relay_address=None, log_dir=str(tmp_path))
+    sender.close(Bye(reason="stopped", ok=True))
+    sender.emit(Heartbeat(step=9))
+    messages = list(read_log(tmp_path / "rank-1.jsonl"))
+    assert [type(m) for m in messages] == [Bye]
+    assert messages[0].rank == 1 and messages[0].reason == "stopped"
