@@ -62,6 +62,7 @@ class ZeroStrategy(Strategy):
         except DSConfigError as exc:
             raise StrategyError(str(exc)) from None
         self.settings = settings
+        _skip_inference_shm_kernel()
         optimizer = make_optimizer(model.parameters())
         self.engine, self.ds_optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=self.ds_config, dist_init_required=False)
@@ -169,6 +170,17 @@ class ZeroStrategy(Strategy):
             self.engine.destroy()
         self.engine = None
         self.ds_optimizer = None
+
+
+def _skip_inference_shm_kernel() -> None:
+    """On CPU, DeepSpeed's first communication set-up compiles a shared-memory all-reduce kernel
+    with the system C++ compiler (50 s on 2 cores, again whenever another environment rebuilt the
+    shared extension cache, and a failure where no compiler is installed). Only
+    `inference_all_reduce` uses it; training never does, so ringtop does not build it."""
+    import importlib
+
+    # not `import deepspeed.comm.torch as ...`: deepspeed.comm's attribute `torch` is torch itself
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
 
 
 def _names_by_param(module: nn.Module) -> list[tuple[nn.Parameter, list[str]]]:
