@@ -7,6 +7,7 @@ moments, so its optimizer state is 12 bytes per parameter / N (the ZeRO paper's 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from abc import abstractmethod
 from dataclasses import dataclass
@@ -64,8 +65,9 @@ class ZeroStrategy(Strategy):
         self.settings = settings
         _skip_inference_shm_kernel()
         optimizer = make_optimizer(model.parameters())
-        self.engine, self.ds_optimizer, _, _ = deepspeed.initialize(
-            model=model, optimizer=optimizer, config=self.ds_config, dist_init_required=False)
+        with _without_startup_waste(skip_weight_broadcast=self.weights_identical):
+            self.engine, self.ds_optimizer, _, _ = deepspeed.initialize(
+                model=model, optimizer=optimizer, config=self.ds_config, dist_init_required=False)
 
     def _zero_grad(self) -> None:
         pass  # the engine clears gradients at the end of its step
@@ -181,6 +183,33 @@ def _skip_inference_shm_kernel() -> None:
 
     # not `import deepspeed.comm.torch as ...`: deepspeed.comm's attribute `torch` is torch itself
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+
+
+@contextlib.contextmanager
+def _without_startup_waste(skip_weight_broadcast: bool):
+    """Two things `deepspeed.initialize` does that leave nothing behind here, each paid in fresh
+    memory or traffic on a switch's critical path (125m, 2 ranks: 0.25 GB, 0.8 s; 0.5 GB, 0.3 s):
+    ZeRO-1/2 allocate a zero gradient for every partition and drop it again unless the optimizer
+    is offloaded or Adagrad; and the engine broadcasts rank 0's weights, which a caller that loaded
+    one state on every rank (`weights_identical`) already has."""
+    from deepspeed.runtime.engine import DeepSpeedEngine
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    init_states = DeepSpeedZeroOptimizer.initialize_optimizer_states
+    broadcast = DeepSpeedEngine._broadcast_model
+
+    def initialize_optimizer_states(optimizer) -> None:
+        if optimizer.cpu_offload or isinstance(optimizer.optimizer, torch.optim.Adagrad):
+            init_states(optimizer)
+
+    DeepSpeedZeroOptimizer.initialize_optimizer_states = initialize_optimizer_states
+    if skip_weight_broadcast:
+        DeepSpeedEngine._broadcast_model = lambda engine: None
+    try:
+        yield
+    finally:
+        DeepSpeedZeroOptimizer.initialize_optimizer_states = init_states
+        DeepSpeedEngine._broadcast_model = broadcast
 
 
 def _names_by_param(module: nn.Module) -> list[tuple[nn.Parameter, list[str]]]:
