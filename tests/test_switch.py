@@ -8,7 +8,7 @@ import importlib.util
 import pytest
 
 from ringtop.cli.ctl import send_command
-from ringtop.protocol import Event
+from ringtop.protocol import Event, Hello, Step
 
 from conftest import TESTS_DIR
 from reference import reference_run
@@ -113,6 +113,14 @@ def test_failed_switches_roll_back_and_training_goes_on(launch_agents):
 
     errors = [e for e in run.messages(0) if isinstance(e, Event) and e.kind == "switch" and e.level == "error"]
     assert len(errors) == 3 and all("still training with ddp" in e.text for e in errors)
+    # A switch drops DDP's wrapper (its gradient buckets) before wrapping anew; after the rollback
+    # the next step wraps the module again, comm hook included: every step still all-reduces
+    # every gradient once, and is recorded.
+    hello = next(m for m in run.messages(0) if isinstance(m, Hello))
+    rolled_back_at = max(e.step for e in errors)
+    after = [s for s in run.messages(0) if isinstance(s, Step) and s.step > rolled_back_at]
+    assert after and all([(c.kind, c.bytes) for c in s.comm] == [("all_reduce", 4 * hello.param_count)]
+                         for s in after)
     losses = mean_losses(run)
     expected, _ = reference_run(max(losses), 2 * BATCH, SEQ, LR)
     assert list(losses.values()) == pytest.approx(expected, rel=1e-5, abs=1e-6)
