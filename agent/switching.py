@@ -8,8 +8,10 @@ allocate its own shards and copy them in), wrap it, load the optimizer state; ag
 succeeded. Only then is the old wrapping torn down. If any rank fails at any point, every rank
 discards the new wrapping and keeps training with the old one, whose state was never changed. The
 new model may share tensors with the old wrapping (from DDP nothing is copied); no training step
-writes to them before the switch has succeeded (DeepSpeed's start-up broadcast rewrites them with
-rank 0's values, which DDP keeps equal on every rank).
+writes to them before the switch has succeeded, and no start-up broadcast does either (every rank
+holds the same state, so wrappers are told to skip it: `weights_identical`). DDP gives up its
+wrapper (the gradient buckets) before the new one is built and wraps its module again if the
+switch is rolled back.
 The data position is the step counter and the RNG is the process's own, so both carry over as is.
 """
 
