@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 import torch
-from conftest import agent_env
+from conftest import agent_env, run_worker_script
 from ringtop.agent.instruments.comm_tracer import CommTracer
 
 
@@ -194,11 +194,7 @@ def test_gpu_timing_with_fake_cuda_events_on_real_gloo_collectives(tmp_path):
     compute stream become stalls (p2p ones apart), and unfinished events are carried, not waited on."""
     script = tmp_path / "fake_clock.py"
     script.write_text(GLOO_WITH_FAKE_CLOCK)
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                          str(script), str(tmp_path)], check=False, capture_output=True, text=True, timeout=100, env=agent_env())
-    assert res.returncode == 0, res.stderr[-3000:]
-    for rank in (0, 1):
-        out = json.loads((tmp_path / f"rank-{rank}.json").read_text())
+    for rank, out in enumerate(run_worker_script(script, [], tmp_path, nproc=2, timeout_s=100)):
         first = out["first"]
         assert first["kinds"]["all_reduce"][:2] == [1, 4000]
         assert first["kinds"]["all_gather"][:2] == [1, 32]

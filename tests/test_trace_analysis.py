@@ -11,7 +11,7 @@ import sys
 import textwrap
 
 import pytest
-from conftest import agent_env
+from conftest import run_worker_script
 from ringtop.agent.trace_analysis import (
     analyze_trace,
     collective_kind,
@@ -239,9 +239,7 @@ PROFILE_DDP = textwrap.dedent("""
 def test_real_two_rank_ddp_profile(tmp_path):
     script = tmp_path / "profile_ddp.py"
     script.write_text(PROFILE_DDP)
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                          str(script), str(tmp_path)], check=False, capture_output=True, text=True, timeout=100, env=agent_env())
-    assert res.returncode == 0, res.stderr[-3000:]
+    run_worker_script(script, [], tmp_path, nproc=2, timeout_s=100)
     for rank in (0, 1):
         path = tmp_path / f"rank-{rank}.json"
         a = analyze_trace(path)
