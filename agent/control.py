@@ -165,12 +165,19 @@ def broadcast_bytes(payload: bytes, rank: int, group: dist.ProcessGroup) -> byte
     """Rank 0's `payload` on every rank; one length broadcast, plus one for the bytes if any."""
     length = torch.tensor([len(payload) if rank == 0 else 0], dtype=torch.int64)
     dist.broadcast(length, src=0, group=group)
-    n = int(length[0])
+    return broadcast_payload(payload, int(length[0]), rank, group)
+
+
+def broadcast_payload(payload: bytes, n: int, rank: int, group: dist.ProcessGroup) -> bytes:
+    """Rank 0's `payload` of `n` bytes (a length every rank already knows) on every rank."""
     if n == 0:
         return b""
-    buffer = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if rank == 0 else torch.empty(n, dtype=torch.uint8)
+    if rank == 0:
+        dist.broadcast(torch.frombuffer(bytearray(payload), dtype=torch.uint8), src=0, group=group)
+        return payload
+    buffer = torch.empty(n, dtype=torch.uint8)
     dist.broadcast(buffer, src=0, group=group)
-    return payload if rank == 0 else bytes(buffer.tolist())
+    return buffer.numpy().tobytes()
 
 
 class StepSync:
@@ -206,14 +213,10 @@ class StepSync:
             self._announce()
         work, length, taken, payload = self._announced
         work.wait()
-        n = int(length[0])
         self._announced = None
-        if n:
-            buffer = (torch.frombuffer(bytearray(payload), dtype=torch.uint8) if self._rank == 0
-                      else torch.empty(n, dtype=torch.uint8))
-            dist.broadcast(buffer, src=0, group=self._group)
-            if self._rank != 0:
-                taken = [PendingCommand(c, validate_command(c)) for c in _commands_decoder.decode(bytes(buffer.tolist()))]
+        received = broadcast_payload(payload, int(length[0]), self._rank, self._group)
+        if self._rank != 0 and received:
+            taken = [PendingCommand(c, validate_command(c)) for c in _commands_decoder.decode(received)]
         self._announce()
         return taken
 
