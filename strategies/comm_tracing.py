@@ -156,14 +156,16 @@ def device_start(tensor: torch.Tensor) -> Any:
     return start
 
 
-def device_end(recorder: CommRecorder, handle: int, start: Any, lane: Any) -> None:
-    """In a callback chained on the work's future: record the end event on the callback's stream,
-    which c10 made wait for the work, and hand both events to the recorder."""
+def device_end(recorder: CommRecorder, handle: int, start: Any, lane: Any, stream: Any = None) -> Any:
+    """Record the end event and hand both events to the recorder; returns the end event. In a
+    callback chained on the work's future it goes on the callback's stream, which c10 made wait
+    for the work; after a blocking op, on the issuing `stream`, which waits for it too."""
     if comm_delay_s:
         time.sleep(comm_delay_s)
     end = device_timing.event()
-    end.record()
+    end.record(stream)
     recorder.end_device(handle, start, end, lane)
+    return end
 
 
 def _remember(works: list, device: Any, p2p: bool) -> None:
@@ -237,11 +239,7 @@ def _traced_on_device(fn: Callable[..., Any], args: tuple, kwargs: dict, recorde
         except Exception:  # noqa: BLE001 - a backend without futures: only the issue is known
             recorder.end(handle)
     else:  # blocking: the issuing stream now waits for the collective
-        if comm_delay_s:
-            time.sleep(comm_delay_s)
-        end = device_timing.event()
-        end.record(stream)
-        recorder.end_device(handle, start, end, lane)
+        end = device_end(recorder, handle, start, lane, stream)
         if _on_training_thread() and _compute_stream is not None and stream == _compute_stream:
             recorder.blocked_device(start, end, kind == "p2p")
     return result
