@@ -33,7 +33,7 @@ from .checkpointing import CheckpointManager
 from .diagnostician import Diagnostician
 from .prewarm import Prewarm
 from .profiling import ProfileSession, gather_results
-from .switching import SwitchError, switch_strategy
+from .switching import SwitchAborted, SwitchError, switch_strategy
 from .control import ControlServer, PendingCommand, StepSync, broadcast_bytes
 from .data import synthetic_batches
 from .factories import BuildContext, batch_to, batch_tokens, call_model, user_data, user_model
@@ -442,6 +442,8 @@ class Runner:
             if self.control is not None:
                 self.control.reply(command, "error", error=f"{type(exc).__name__}: {exc}", code="failed")
             self._event("error", "command", f"{command.cmd} failed: {exc}", {"id": command.id})
+            if isinstance(exc, SwitchAborted):
+                raise  # no strategy is left to train with: the run ends with this error
             return
         if self.control is not None:
             self.control.reply(command, "done", result=result)

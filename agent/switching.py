@@ -6,7 +6,10 @@ all-gathered where it is sharded, else rank 0's copy broadcast over the gloo con
 build the model anew on the meta device and give it that state's tensors (or let the strategy
 allocate its own shards and copy them in), wrap it, load the optimizer state; agree that all ranks
 succeeded. Only then is the old wrapping torn down. If any rank fails at any point, every rank
-discards the new wrapping and keeps training with the old one, whose state was never changed. The
+discards the new wrapping and keeps training with the old one, whose state was never changed.
+What the new strategy has left to write after that agreement (`stage_full_state_dict`) only
+copies into memory it already holds; it runs once the old state has been let go of, so the new
+memory is first touched in pages just freed. The
 new model may share tensors with the old wrapping (from DDP nothing is copied); no training step
 writes to them before the switch has succeeded, and no start-up broadcast does either (every rank
 holds the same state, so wrappers are told to skip it: `weights_identical`). DDP gives up its
@@ -28,9 +31,16 @@ from torch import nn
 from ringtop.strategies.base import DistContext, OptimizerFactory, Strategy, TrainSettings
 from ringtop.strategies.registry import build_strategy
 
+from .heap import trim_heap
+
 
 class SwitchError(RuntimeError):
     """The switch did not happen; training continues with the old strategy, state intact."""
+
+
+class SwitchAborted(RuntimeError):
+    """Writing the state failed after the old strategy was let go: nothing is left to train with.
+    Only a bug gets here; every check and allocation happens before that point."""
 
 
 class InjectedFailure(torch.OutOfMemoryError):
@@ -171,6 +181,7 @@ def switch_strategy(
         raise SwitchError(f"cannot switch to {name}: {reason or 'another rank could not build it'}")
     model_state, optim_state = full_state_everywhere(current, ctx.rank, group)
     current.release_gradients()
+    trim_heap()
     ok = True
     try:
         if inject_fail == name:
@@ -178,7 +189,7 @@ def switch_strategy(
         model, weights_loaded = new_model(new, build_model, model_state, ctx.device)
         new.weights_identical = True
         new.setup(model, make_optimizer, ctx, settings)
-        new.load_full_state_dict(model_state, optim_state, weights_loaded=weights_loaded)
+        finish_load = new.stage_full_state_dict(model_state, optim_state, weights_loaded=weights_loaded)
     except Exception as exc:
         ok, reason = False, f"{type(exc).__name__}: {exc}"
     if not all_ranks_ok(ok, group):
@@ -188,4 +199,11 @@ def switch_strategy(
             pass
         raise SwitchError(f"switch to {name} failed and was rolled back: {reason or 'another rank failed'}")
     current.teardown()
+    del model_state  # the old weights go now, before the rest of the state is written
+    trim_heap()
+    try:
+        finish_load()
+    except Exception as exc:
+        raise SwitchAborted(f"switch to {name} failed after the old strategy was let go "
+                            f"({type(exc).__name__}: {exc}); the state is lost, resume from a checkpoint") from exc
     return new, time.perf_counter() - t0

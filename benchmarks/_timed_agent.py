@@ -75,7 +75,8 @@ def _patch(module_name: str, attr_path: str, label: str | None = None) -> None:
         setattr(module, owner, _timed(label or attr_path, getattr(module, owner)))
 
 
-STRATEGY_METHODS = ("setup", "full_state_dict", "sharded_state_dict", "load_full_state_dict", "teardown")
+STRATEGY_METHODS = ("setup", "full_state_dict", "sharded_state_dict", "load_full_state_dict", "stage_full_state_dict",
+                    "teardown")
 STRATEGY_CLASSES = (
     ("ringtop.strategies.torch_native", "TorchNativeStrategy"),
     ("ringtop.strategies.ddp", "DDPStrategy"),
@@ -95,6 +96,7 @@ def install() -> None:
     _patch("ringtop.agent.switching", "build_strategy", "switch.build_strategy")
     _patch("ringtop.agent.switching", "full_state_everywhere", "switch.full_state_everywhere")
     _patch("ringtop.agent.switching", "all_ranks_ok", "switch.all_ranks_ok")
+    _patch("ringtop.agent.switching", "trim_heap", "switch.trim_heap")
     _patch("ringtop.agent.switching", "switch_strategy", "switch.total")
     _patch("torch.distributed", "broadcast_object_list", "dist.broadcast_object_list")
     # the runner

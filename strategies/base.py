@@ -206,9 +206,19 @@ class Strategy(ABC):
     def load_full_state_dict(self, model_state: dict[str, Any], optim_state: dict[str, Any], *,
                              weights_loaded: bool = False) -> None:
         """Inverse of `full_state_dict`; every rank passes the same full state, which the strategy
-        may keep (its tensors can become the optimizer state): pass a copy to keep using it.
+        may keep (its tensors can become the optimizer state) or consume: pass a copy to keep
+        using it.
         `weights_loaded`: the module given to `setup` already held these weights (a strategy may
         then skip them)."""
+
+    def stage_full_state_dict(self, model_state: dict[str, Any], optim_state: dict[str, Any], *,
+                              weights_loaded: bool = False) -> Callable[[], None]:
+        """`load_full_state_dict` in two parts, for a switch: this call does everything that can
+        fail (checks, allocation); the call it returns only writes, and runs once the old strategy
+        has let go of its state, so a strategy can first touch its new memory then, in pages just
+        freed (fresh pages fault in several times slower on a VM). Default: all of it now."""
+        self.load_full_state_dict(model_state, optim_state, weights_loaded=weights_loaded)
+        return lambda: None
 
     def release_gradients(self) -> None:
         """Drop the last step's gradients (the next step recomputes them): a switch then builds the

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from abc import abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -28,6 +29,8 @@ from .base import (
     tensor_bytes,
 )
 from .ds_config import DSConfigError, Owned, merge_ds_config
+
+_MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
 @dataclass
@@ -102,7 +105,7 @@ class ZeroStrategy(Strategy):
             full = safe_get_full_fp32_param(param).detach().cpu().clone()
             for fqn in fqns:
                 model_state[fqn] = full
-            moments = {key: safe_get_full_optimizer_state(param, key) for key in ("exp_avg", "exp_avg_sq")}
+            moments = {key: safe_get_full_optimizer_state(param, key) for key in _MOMENTS}
             if all(v is not None for v in moments.values()):
                 optim_state[fqns[0]] = {"step": torch.tensor(float(step)),
                                         **{k: v.detach().cpu().clone() for k, v in moments.items()}}
@@ -117,7 +120,13 @@ class ZeroStrategy(Strategy):
 
     def load_full_state_dict(self, model_state: dict[str, Any], optim_state: dict[str, Any], *,
                              weights_loaded: bool = False) -> None:
-        """With `weights_loaded` in fp32 the engine's master copy was taken from those weights at
+        self.stage_full_state_dict(model_state, optim_state, weights_loaded=weights_loaded)()
+
+    def stage_full_state_dict(self, model_state: dict[str, Any], optim_state: dict[str, Any], *,
+                              weights_loaded: bool = False) -> Callable[[], None]:
+        """Checks, the weights, and the moment partitions allocated but not yet touched; the
+        returned call fills the moments, consuming `optim_state`'s entries as it goes. With
+        `weights_loaded` in fp32 the engine's master copy was taken from those weights at
         initialisation; in bf16 it was taken from the rounded copy, so it is written again."""
         from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 
@@ -126,18 +135,30 @@ class ZeroStrategy(Strategy):
         if missing:
             raise StrategyError(f"the checkpoint lacks parameters {missing[:5]}")
         state = optim_state.get("state", {})
-        step = max((float(s["step"]) for s in state.values() if "step" in s), default=0.0)
-        self._create_optimizer_state(step)
-        write_weights = not weights_loaded or self.settings.dtype != "fp32"
         for param, fqns in names:
-            if write_weights:
+            for key, value in state.get(fqns[0], {}).items():
+                shape = tuple(getattr(param, "ds_shape", param.shape))
+                if key in _MOMENTS and tuple(value.shape) != shape:
+                    raise StrategyError(f"{key} of {fqns[0]} has shape {tuple(value.shape)}, the parameter {shape}")
+        step = max((float(s["step"]) for s in state.values() if "step" in s), default=0.0)
+        fresh = self._create_optimizer_state(step)
+        if not weights_loaded or self.settings.dtype != "fp32":
+            for param, fqns in names:
                 value = model_state[fqns[0]]
                 safe_set_full_fp32_param(param, value.to(torch.float32))
                 with torch.no_grad():
                     self._write_working_weights(param, value)
-            for key in ("exp_avg", "exp_avg_sq"):
-                if fqns[0] in state and key in state[fqns[0]]:
-                    safe_set_full_optimizer_state(param, state[fqns[0]][key].to(torch.float32), key)
+
+        def write_moments() -> None:
+            for tensor in fresh:
+                tensor.zero_()
+            for param, fqns in names:
+                entry = state.pop(fqns[0], {})
+                for key in _MOMENTS:
+                    if key in entry:
+                        safe_set_full_optimizer_state(param, entry[key].to(torch.float32), key)
+
+        return write_moments
 
     @abstractmethod
     def _write_working_weights(self, param: nn.Parameter, value: torch.Tensor) -> None:
@@ -148,17 +169,21 @@ class ZeroStrategy(Strategy):
     def _master_partitions(self) -> list[torch.Tensor]:
         """This rank's fp32 master partitions: the tensors DeepSpeed's inner optimizer steps."""
 
-    def _create_optimizer_state(self, step: float) -> None:
+    def _create_optimizer_state(self, step: float) -> list[torch.Tensor]:
         """The torch optimizer creates its state on its first step; a resumed or switched-to run
-        needs it before the state can be written into it."""
+        needs it before the state can be written into it. Returns the moments it allocated, still
+        to be zeroed: their pages are first touched then, not here."""
         inner = self.ds_optimizer.optimizer
+        fresh: list[torch.Tensor] = []
         for p in self._master_partitions():
             if not inner.state.get(p):
-                inner.state[p] = {"step": torch.tensor(step), "exp_avg": torch.zeros_like(p),
-                                  "exp_avg_sq": torch.zeros_like(p)}
+                moments = {key: torch.empty_like(p) for key in _MOMENTS}
+                inner.state[p] = {"step": torch.tensor(step), **moments}
+                fresh.extend(moments.values())
             else:
                 inner.state[p]["step"] = torch.tensor(step)
         self._link_optimizer_state()
+        return fresh
 
     def _link_optimizer_state(self) -> None:
         pass

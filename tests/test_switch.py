@@ -8,7 +8,7 @@ import importlib.util
 import pytest
 
 from ringtop.cli.ctl import send_command
-from ringtop.protocol import Event, Hello, Step
+from ringtop.protocol import Bye, Event, Hello, Step
 
 from conftest import TESTS_DIR
 from reference import reference_run
@@ -124,3 +124,21 @@ def test_failed_switches_roll_back_and_training_goes_on(launch_agents):
     losses = mean_losses(run)
     expected, _ = reference_run(max(losses), 2 * BATCH, SEQ, LR)
     assert list(losses.values()) == pytest.approx(expected, rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.timeout(180)
+def test_a_switch_that_fails_after_the_old_strategy_is_let_go_ends_the_run_with_the_reason(launch_agents):
+    """Past the ranks' agreement the old state is freed as the new one is written (forced failure
+    there): no strategy is left to train with, so the run must not take another step on a half-
+    written state; the user gets the reason and a failed run, not a hang or silent garbage."""
+    run = launch_agents(2, *COMMON, entry=str(TESTS_DIR / "agent_failing_after_commit.py"))
+    run.wait_for_step(2)
+    reply = switch(run, strategy="fsdp")
+    assert reply.status == "error" and "the state is lost" in reply.error
+    assert "forced failure while writing the state" in reply.error
+    assert run.wait(60) != 0, run.output()[-3000:]
+    for rank in (0, 1):
+        messages = run.messages(rank)
+        bye = messages[-1]
+        assert isinstance(bye, Bye) and not bye.ok and "the state is lost" in bye.reason, bye
+        assert max(s.step for s in messages if isinstance(s, Step)) == bye.step  # none after the switch
