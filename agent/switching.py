@@ -5,12 +5,12 @@ the full training state from the old wrapping onto every rank (as it is where it
 all-gathered where it is sharded, else rank 0's copy broadcast over the gloo control group);
 build the model anew on the meta device and give it that state's tensors (or let the strategy
 allocate its own shards and copy them in), wrap it, load the optimizer state; agree that all ranks
-succeeded. Only then is the old wrapping torn down. If any rank fails at any point, every rank
+succeeded. Only then is the old wrapping torn down. If any rank fails before then, every rank
 discards the new wrapping and keeps training with the old one, whose state was never changed.
 What the new strategy has left to write after that agreement (`stage_full_state_dict`) only
-copies into memory it already holds; it runs once the old state has been let go of, so the new
-memory is first touched in pages just freed. The
-new model may share tensors with the old wrapping (from DDP nothing is copied); no training step
+copies into memory it already holds; it runs once the old state has been let go of (and the heap
+trimmed), so the new memory is first touched in pages just freed. The new model may share
+tensors with the old wrapping (from DDP nothing is copied); no training step
 writes to them before the switch has succeeded, and no start-up broadcast does either (every rank
 holds the same state, so wrappers are told to skip it: `weights_identical`). DDP gives up its
 wrapper (the gradient buckets) before the new one is built and wraps its module again if the
