@@ -21,8 +21,7 @@ SCRIPT = textwrap.dedent("""
 
     torch.ones(4 << 20)  # a freed 16 MB block raises glibc's mmap threshold: smaller ones go to the heap
     blocks = [torch.ones(1 << 20) for _ in range(128)]  # 4 MB each, 512 MB in all
-    pin = [torch.ones(16) for _ in range(64)]  # above them, so freeing them cannot shrink the heap's top
-    del blocks
+    del blocks[::2]  # holes between live blocks: free() alone cannot hand them back
     held = rss_bytes()
     trimmed = trim_heap()
     print(trimmed, held - rss_bytes())
@@ -37,4 +36,4 @@ def test_memory_freed_into_the_heap_goes_back_to_the_kernel():
     trimmed, released = out.stdout.split()
     if trimmed == "False":
         pytest.skip("not glibc: there is no malloc_trim to call")
-    assert int(released) >= 400 << 20
+    assert int(released) >= 200 << 20  # of the 256 MB freed
