@@ -10,11 +10,10 @@ discards the new wrapping and keeps training with the old one, whose state was n
 What the new strategy has left to write after that agreement (`stage_full_state_dict`) only
 copies into memory it already holds; it runs once the old state has been let go of (and the heap
 trimmed), so the new memory is first touched in pages just freed. The new model may share
-tensors with the old wrapping (from DDP nothing is copied); no training step
-writes to them before the switch has succeeded, and no start-up broadcast does either (every rank
-holds the same state, so wrappers are told to skip it: `weights_identical`). DDP gives up its
-wrapper (the gradient buckets) before the new one is built and wraps its module again if the
-switch is rolled back.
+tensors with the old wrapping (from DDP nothing is copied); no training step writes to them before
+the switch has succeeded, and no start-up broadcast does either (every rank holds the same state,
+so wrappers are told to skip it: `weights_identical`). DDP gives up its wrapper (the gradient
+buckets) before the new one is built and wraps its module again if the switch is rolled back.
 The data position is the step counter and the RNG is the process's own, so both carry over as is.
 """
 

@@ -136,8 +136,8 @@ class ZeroStrategy(Strategy):
             raise StrategyError(f"the checkpoint lacks parameters {missing[:5]}")
         state = optim_state.get("state", {})
         for param, fqns in names:
+            shape = tuple(getattr(param, "ds_shape", param.shape))  # ZeRO-3 keeps only a shard in param
             for key, value in state.get(fqns[0], {}).items():
-                shape = tuple(getattr(param, "ds_shape", param.shape))
                 if key in _MOMENTS and tuple(value.shape) != shape:
                     raise StrategyError(f"{key} of {fqns[0]} has shape {tuple(value.shape)}, the parameter {shape}")
         step = max((float(s["step"]) for s in state.values() if "step" in s), default=0.0)
