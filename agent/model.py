@@ -31,7 +31,10 @@ class Block(nn.Module):
         super().__init__()
         self.n_head = cfg.n_head
         self.ln1 = nn.LayerNorm(cfg.d_model)
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        # No bias on q, k, v (as in LLaMA): the key third of one would have no true gradient (a
+        # vector added to every key shifts a softmax row by a constant, which softmax ignores), so
+        # Adam would move it by ~lr a step on rounding noise alone, differently on every CPU.
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.ln2 = nn.LayerNorm(cfg.d_model)
         self.fc = nn.Linear(cfg.d_model, 4 * cfg.d_model)

@@ -63,6 +63,8 @@ class _PendingStep:
     marks: Any
     comm: CommSummary
     tokens: int
+    grad_norm: Any = None
+    """The strategy's norm of this step (a tensor read when the step is published)."""
     bubble: Any = None
     """A pipeline stage's StageBubble of this step."""
     timeline: list | None = None
@@ -338,7 +340,8 @@ class Runner:
     def _pending_step(self, loss, timing, marks, comm, batch) -> _PendingStep:
         tokens = batch_tokens(batch)
         if not isinstance(self.strategy, PipelineStrategy):
-            return _PendingStep(self.step, loss.detach(), timing, marks, comm, tokens)
+            return _PendingStep(self.step, loss.detach(), timing, marks, comm, tokens,
+                                self.strategy.last_grad_norm())
         bubble = self.strategy.last_bubble()
         sampled = bubble is not None and not bubble.warmup and (
             self.step % TIMELINE_EVERY == 0 or self._timeline_due)
@@ -350,7 +353,7 @@ class Runner:
                         for e in self.strategy.last_timeline()]
         # Each stage does its share of the work on its replica's tokens.
         return _PendingStep(self.step, loss.detach(), timing, marks, comm, tokens // self.strategy.num_stages,
-                            bubble, timeline, start / 1e6)
+                            self.strategy.last_grad_norm(), bubble, timeline, start / 1e6)
 
     def _publish_ready_steps(self, wait: bool = False) -> None:
         while self._pending and (wait or device_phases_ready(self._pending[0].marks)):
@@ -362,6 +365,7 @@ class Runner:
 
     def _emit_step(self, p: _PendingStep, timing: StepTiming) -> None:
         loss = float(p.loss)
+        grad_norm = None if p.grad_norm is None else float(p.grad_norm)
         if not math.isfinite(loss) and self._loss_was_finite:
             self._event("warn", "loss", f"loss is {loss} at step {p.step}")
         self._loss_was_finite = math.isfinite(loss)
@@ -394,7 +398,9 @@ class Runner:
                                   sum(k.bytes for k in p.comm.kinds), mem.cuda_reserved_bytes,
                                   mem.cuda_alloc_retries)
         self.telemetry.emit(Step(
-            step=p.step, loss=loss if math.isfinite(loss) else None, step_ms=timing.step_ms, data_ms=ph.get("data", 0.0),
+            step=p.step, loss=loss if math.isfinite(loss) else None, step_ms=timing.step_ms,
+            grad_norm=grad_norm if grad_norm is not None and math.isfinite(grad_norm) else None,
+            data_ms=ph.get("data", 0.0),
             forward_ms=ph.get("forward", 0.0), backward_ms=ph.get("backward", 0.0),
             optimizer_ms=ph.get("optimizer", 0.0), comm_blocked_ms=p.comm.blocked_ms,
             comm_busy_ms=p.comm.busy_ms, tokens=p.tokens,

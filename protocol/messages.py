@@ -115,6 +115,9 @@ class Step(Envelope, tag="step", kw_only=True):
     loss: float | None
     """None (null) when the loss was not finite: JSON has no NaN, and wire and disk share one schema."""
     step_ms: float
+    grad_norm: float | None = None
+    """Global gradient norm before clipping (over all ranks, the tied weight once); None when not
+    finite or not known."""
     data_ms: float = 0.0
     forward_ms: float = 0.0
     backward_ms: float = 0.0

@@ -102,6 +102,7 @@ class Strategy(ABC):
         self._measure_next = True
         self._held = HeldBytes()
         self._grads_bytes = 0
+        self._grad_norm: Any = None
         self.weights_identical = False
         """Set by a caller that loaded one full state into the model on every rank: wrappers may
         skip their start-up broadcast of the weights (DDP's 0.5 GB for the 125m model)."""
@@ -154,6 +155,12 @@ class Strategy(ABC):
     """`setup` accepts a model on the meta device and allocates only what this rank holds; its
     values then come from `load_full_state_dict` (parameters and persistent buffers)."""
 
+    def last_grad_norm(self) -> Any:
+        """The last step's global gradient norm before clipping (the tied weight once), as the
+        strategy computed it: a tensor the caller reads once the step's work is done (no device
+        synchronisation here), a float, or None where the strategy does not know it."""
+        return self._grad_norm
+
     def held_bytes(self) -> HeldBytes:
         """Bytes measured on the last step that was asked to measure (`measure_next_step`):
         gradients right after backward, parameters and optimizer state right after the step."""
@@ -173,7 +180,8 @@ class Strategy(ABC):
 
     @abstractmethod
     def _optimizer_step(self) -> None:
-        """Clip to `settings.grad_clip` (if set) by the global norm, then step."""
+        """Clip to `settings.grad_clip` (if set) by the global norm, then step; keep the norm for
+        `last_grad_norm`."""
 
     @abstractmethod
     def _count_params(self) -> int: ...

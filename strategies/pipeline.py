@@ -445,13 +445,16 @@ class PipelineStrategy(Strategy):
                     offset += g.numel()
 
     def _optimizer_step(self) -> None:
+        params = [p for p in unique_parameters(self.module) if p.grad is not None]
+        norm = self._global_grad_norm(params)
         if self.settings.grad_clip > 0:
-            self._clip_global_norm(self.settings.grad_clip)
+            torch.nn.utils.clip_grads_with_norm_(params, self.settings.grad_clip, norm)
+        self._grad_norm = norm
         self.optimizer.step()
 
-    def _clip_global_norm(self, max_norm: float) -> None:
-        """torch's clip_grad_norm_ over the whole model: the norm over every stage, tied weight once."""
-        params = [p for p in unique_parameters(self.module) if p.grad is not None]
+    def _global_grad_norm(self, params: list[nn.Parameter]) -> torch.Tensor:
+        """The norm over every stage's gradients, the tied weight once (the last stage leaves its
+        copy out), as torch's clip_grad_norm_ would compute it over the whole model."""
         counted = [p for p in params if not (self.num_stages > 1 and self.stage_index == self.num_stages - 1
                                              and p is self.module.head.weight)]
         sq = torch.zeros((), dtype=torch.float32, device=self.ctx.device)
@@ -459,9 +462,7 @@ class PipelineStrategy(Strategy):
             sq += p.grad.detach().float().pow(2).sum()
         if self.num_stages > 1:
             dist.all_reduce(sq, group=self.pp_group)
-        coef = torch.clamp(max_norm / (sq.sqrt() + 1e-6), max=1.0)
-        for p in params:
-            p.grad.detach().mul_(coef.to(p.grad.dtype))
+        return sq.sqrt()
 
     # ------------------------------------------------------------------ bubble
 

@@ -39,8 +39,13 @@ class TorchNativeStrategy(Strategy):
         loss.backward()
 
     def _optimizer_step(self) -> None:
+        params = unique_parameters(self.model)
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        if isinstance(norm, DTensor):  # FSDP: a partial sum of the shards' norms until reduced
+            norm = norm.full_tensor()
         if self.settings.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip)
+            torch.nn.utils.clip_grads_with_norm_(params, self.settings.grad_clip, norm)
+        self._grad_norm = norm.detach()
         self.optimizer.step()
 
     def _count_params(self) -> int:

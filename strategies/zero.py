@@ -83,6 +83,7 @@ class ZeroStrategy(Strategy):
 
     def _optimizer_step(self) -> None:
         self.engine.step()  # clips to gradient_clipping (= --grad-clip) by the global norm first
+        self._grad_norm = self.engine.get_global_grad_norm()
 
     def _count_grads(self) -> int:
         grads = self.ds_optimizer.averaged_gradients

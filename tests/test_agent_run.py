@@ -10,6 +10,7 @@ import zmq
 from ringtop.agent.model import build_tiny_gpt, count_params
 from ringtop.protocol import Bye, Hello, ProtocolError, Step, decode
 
+from numerics import GRAD_NORM_RTOL, LOSS_RTOL, assert_series_close
 from reference import reference_run
 
 pytestmark = pytest.mark.timeout(150)
@@ -90,11 +91,12 @@ def test_two_ranks_train_exactly_like_one_process_with_the_whole_batch(launch_ag
                         "--lr", str(lr), name="one")
     assert two.wait(120) == 0, two.output()[-3000:]
     assert one.wait(120) == 0, one.output()[-3000:]
-    expected, _ = reference_run(steps, 2 * batch, seq_len, lr)
+    expected = reference_run(steps, 2 * batch, seq_len, lr)
 
-    single = [s.loss for s in one.steps(0)]
-    assert single == pytest.approx(expected, rel=1e-5, abs=1e-6)
+    assert_series_close([s.loss for s in one.steps(0)], expected.losses, rtol=LOSS_RTOL, what="one process's loss")
     # Equal shards: the full-batch loss is the mean of the two ranks' losses.
     mean_of_ranks = [(a.loss + b.loss) / 2 for a, b in zip(two.steps(0), two.steps(1))]
-    assert len(mean_of_ranks) == steps
-    assert mean_of_ranks == pytest.approx(expected, rel=1e-5, abs=1e-6)
+    assert_series_close(mean_of_ranks, expected.losses, rtol=LOSS_RTOL, what="mean of the ranks' loss")
+    for run in (one, two):
+        assert_series_close([s.grad_norm for s in run.steps(0)], expected.grad_norms, rtol=GRAD_NORM_RTOL,
+                            what="gradient norm")

@@ -18,6 +18,7 @@ from ringtop.cli.launch import descendants, kill_all
 from ringtop.protocol import Event
 
 from conftest import agent_env
+from numerics import LOSS_RTOL, assert_series_close
 from reference import reference_run
 
 BATCH, SEQ, LR = 4, 32, 1e-3
@@ -89,10 +90,11 @@ def test_resume_into_another_strategy_and_world_size(launch_agents, kind, target
     second = launch_agents(0, "--steps", "9", *target, "--batch-size", str(2 * BATCH), "--seq-len", str(SEQ),
                            "--lr", str(LR), "--resume", str(first.checkpoint_dir), name="second")
     assert second.wait(120) == 0, second.output()[-3000:]
-    expected, _ = reference_run(9, 2 * BATCH, SEQ, LR)
+    expected = reference_run(9, 2 * BATCH, SEQ, LR)
     continued = {s.step: s.loss for s in second.steps(0)}
     assert sorted(continued) == [7, 8, 9]
-    assert [continued[s] for s in (7, 8, 9)] == pytest.approx(expected[6:9], rel=1e-5, abs=1e-6)
+    assert_series_close([continued[s] for s in (7, 8, 9)], expected.losses[6:9], rtol=LOSS_RTOL, what="loss",
+                        first_step=7)
     assert any(isinstance(m, Event) and m.kind == "resume" for m in second.messages(0))
 
 
@@ -115,10 +117,11 @@ def test_a_rank_killed_during_a_save_leaves_the_previous_checkpoint_whole(launch
     resumed = launch_agents(2, "--steps", "6", *COMMON, "--resume", "latest", "--checkpoint-dir",
                             str(run.checkpoint_dir), name="resumed")
     assert resumed.wait(120) == 0, resumed.output()[-3000:]
-    expected, _ = reference_run(6, 2 * BATCH, SEQ, LR)
+    expected = reference_run(6, 2 * BATCH, SEQ, LR)
     losses = mean_losses(resumed)
     assert sorted(losses) == [4, 5, 6]
-    assert [losses[s] for s in (4, 5, 6)] == pytest.approx(expected[3:6], rel=1e-5, abs=1e-6)
+    assert_series_close([losses[s] for s in (4, 5, 6)], expected.losses[3:6], rtol=LOSS_RTOL, what="loss",
+                        first_step=4)
 
 
 @pytest.mark.timeout(300)
@@ -138,10 +141,11 @@ def test_a_background_sharded_save_of_replicated_state_resumes_exactly(launch_ag
     resumed = launch_agents(0, "--steps", str(step + 3), "--strategy", "ddp", "--batch-size", str(2 * BATCH),
                             "--seq-len", str(SEQ), "--lr", str(LR), "--resume", str(path), name="resumed")
     assert resumed.wait(120) == 0, resumed.output()[-3000:]
-    expected, _ = reference_run(step + 3, 2 * BATCH, SEQ, LR)
+    expected = reference_run(step + 3, 2 * BATCH, SEQ, LR)
     losses = {s.step: s.loss for s in resumed.steps(0)}
     assert sorted(losses) == [step + 1, step + 2, step + 3]
-    assert [losses[s] for s in sorted(losses)] == pytest.approx(expected[step:step + 3], rel=1e-5, abs=1e-6)
+    assert_series_close([losses[s] for s in sorted(losses)], expected.losses[step:step + 3], rtol=LOSS_RTOL,
+                        what="loss", first_step=step + 1)
 
 
 def _share_worker(rank: int, port: int, out: str) -> None:

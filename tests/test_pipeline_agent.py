@@ -8,6 +8,7 @@ import pytest
 from ringtop.cli.ctl import send_command
 from ringtop.protocol import Event, Hello, Timeline
 
+from numerics import LOSS_RTOL, assert_series_close
 from reference import reference_run
 
 pytestmark = pytest.mark.timeout(240)
@@ -45,8 +46,8 @@ def test_a_two_stage_pipeline_publishes_timelines_and_changes_micro_batches_live
     # One replica: every rank reports its replica's loss, which equals one process on the same batch.
     losses = [s.loss for s in run.steps(0)]
     assert losses == [s.loss for s in run.steps(1)]
-    expected, _ = reference_run(len(losses), BATCH, SEQ, LR)
-    assert losses == pytest.approx(expected, rel=1e-5, abs=1e-5)
+    expected = reference_run(len(losses), BATCH, SEQ, LR)
+    assert_series_close(losses, expected.losses, rtol=LOSS_RTOL, what="loss")
 
 
 def test_switching_into_and_out_of_the_pipeline_keeps_training(launch_agents):
@@ -72,6 +73,6 @@ def test_switching_into_and_out_of_the_pipeline_keeps_training(launch_agents):
 
     in_pipeline = {step: strategy_at(step) in (1, 3) for step in range(1, last + 1)}
     batches = [BATCH if in_pipeline[step] else 2 * BATCH for step in range(1, last + 1)]
-    expected, _ = reference_run(last, batches, SEQ, LR)
+    expected = reference_run(last, batches, SEQ, LR)
     losses = [a[step] if in_pipeline[step] else (a[step] + b[step]) / 2 for step in range(1, last + 1)]
-    assert losses == pytest.approx(expected, rel=1e-5, abs=1e-5)
+    assert_series_close(losses, expected.losses, rtol=LOSS_RTOL, what="loss")
