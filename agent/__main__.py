@@ -11,7 +11,7 @@ from ringtop.strategies.base import StrategyError
 
 from .checkpoint import CheckpointError
 from .config import ConfigError, parse_agent_args
-from .distributed import DeviceError, init_distributed
+from .distributed import DeviceError, exit_rank, init_distributed
 from .factories import FactoryError
 from .runner import Interrupted, Runner
 
@@ -43,4 +43,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_rank(main())

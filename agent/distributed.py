@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime
+import gc
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -41,3 +43,61 @@ def init_distributed(device_choice: str, timeout_s: float = DEFAULT_TIMEOUT_S) -
             init_method = f"tcp://127.0.0.1:{free_tcp_port()}"
             dist.init_process_group(backend, init_method=init_method, rank=0, world_size=1, timeout=timeout)
     return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device, backend=backend)
+
+
+_COLLECTIVE_WORKER_THREADS = frozenset({"pt_gloo_runloop"})
+"""Native threads that run a gloo process group's collectives (named so by PyTorch)."""
+
+
+def collective_worker_threads() -> int:
+    """How many gloo worker threads are alive in this process (Linux; 0 where /proc is absent)."""
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return 0
+    alive = 0
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                alive += f.read().strip() in _COLLECTIVE_WORKER_THREADS
+        except OSError:
+            continue  # the thread ended while we looked
+    return alive
+
+
+def exit_rank(code: int) -> None:
+    """End a rank without the abort PyTorch's gloo can cause at interpreter exit.
+
+    A gloo worker thread drops its reference to a finished collective's tensors only after the
+    waiting thread was released; those tensors belong to Python objects, so dropping them takes
+    the GIL. If the interpreter is finalizing by then, CPython ends the thread inside that C++
+    destructor and the process dies with SIGABRT ("terminate called without an active
+    exception"). `destroy_process_group` joins these threads only when nothing else holds the
+    group, and DTensor / FSDP / DeepSpeed keep it in C++ state of their own. So: destroy the
+    groups, and if worker threads outlive that, flush what this process wrote and leave without
+    finalizing. Everything of ringtop's (telemetry, logs, checkpoints) is closed before this."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    gc.collect()
+    if collective_worker_threads() == 0:
+        sys.exit(code)
+    _flush_messaging(timeout_s=3.0)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def _flush_messaging(timeout_s: float) -> None:
+    """Let ZeroMQ send what closed sockets still hold (their linger), at most `timeout_s`."""
+    import threading
+
+    import zmq
+
+    if zmq.Context._instance is None:
+        return
+    done = threading.Thread(target=zmq.Context.instance().term, daemon=True)
+    done.start()
+    done.join(timeout_s)

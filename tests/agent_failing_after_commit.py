@@ -2,7 +2,6 @@
 the old strategy was let go of (the call `stage_full_state_dict` returns): only a bug could fail
 there, so nothing short of a forced failure reaches that path."""
 
-import sys
 
 from ringtop.strategies.base import Strategy
 
@@ -16,5 +15,6 @@ def _stage_that_fails_later(self, model_state, optim_state, *, weights_loaded=Fa
 Strategy.stage_full_state_dict = _stage_that_fails_later
 
 from ringtop.agent.__main__ import main  # noqa: E402
+from ringtop.agent.distributed import exit_rank  # noqa: E402
 
-sys.exit(main())
+exit_rank(main())

@@ -65,5 +65,6 @@ else:
     raise SystemExit(f"unknown mutation {MUTATION!r}")
 
 from ringtop.agent.__main__ import main  # noqa: E402
+from ringtop.agent.distributed import exit_rank  # noqa: E402
 
-sys.exit(main())
+exit_rank(main())

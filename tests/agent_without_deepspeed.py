@@ -5,5 +5,6 @@ import sys
 sys.modules["deepspeed"] = None
 
 from ringtop.agent.__main__ import main  # noqa: E402
+from ringtop.agent.distributed import exit_rank  # noqa: E402
 
-sys.exit(main())
+exit_rank(main())

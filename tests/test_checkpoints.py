@@ -156,6 +156,7 @@ def _share_worker(rank: int, port: int, out: str) -> None:
     from torch.distributed.tensor import Shard, distribute_tensor
 
     from ringtop.agent.checkpointing import this_ranks_share
+    from ringtop.agent.distributed import exit_rank
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -171,7 +172,7 @@ def _share_worker(rank: int, port: int, out: str) -> None:
     kept = {f"{part}/{k}" for part in ("model",) for k in share["model"]}
     kept |= {f"optim/{k}" for k in share["optim"]["state"].get("big", {})}
     torch.save({"kept": sorted(kept), "param_groups": share["optim"]["param_groups"]}, f"{out}/rank-{rank}.pt")
-    dist.destroy_process_group()
+    exit_rank(0)  # DTensor keeps the group alive past destroy_process_group: see exit_rank
 
 
 @pytest.mark.timeout(120)

@@ -131,6 +131,13 @@ GLOO_WITH_FAKE_CLOCK = textwrap.dedent("""
         def event(self): return FakeCudaEvent()
 
     ALL = []
+
+    def ends_recorded(tracer):
+        # gloo runs a collective's completion callback on its own thread, after wait() returned
+        deadline = time.monotonic() + 20
+        while tracer.in_flight and time.monotonic() < deadline:
+            time.sleep(0.002)
+
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank, out = dist.get_rank(), {}
     comm_tracing.device_timing = FakeCudaTiming()
@@ -151,7 +158,7 @@ GLOO_WITH_FAKE_CLOCK = textwrap.dedent("""
             ops = [dist.P2POp(dist.irecv, t, 0)]
         for work in dist.batch_isend_irecv(ops):
             work.wait()
-    time.sleep(0.05)  # let gloo's completion callbacks run
+    ends_recorded(tracer)
     s = tracer.drain()
     out["first"] = dict(kinds={k.kind: [k.count, k.bytes, k.busy_ms] for k in s.kinds}, blocked=s.blocked_ms,
                         p2p=s.p2p_wait_ms, pending=s.pending, busy=s.busy_ms)
@@ -178,12 +185,13 @@ GLOO_WITH_FAKE_CLOCK = textwrap.dedent("""
         def mark(self, phase): pass
     before = len(ALL)
     ddp.run_step(torch.randn(4, 64), lambda m, x: m(x).sum(), Marks())
-    time.sleep(0.05)
+    ends_recorded(tracer)
     s = tracer.drain()
     out["ddp"] = dict(kinds={k.kind: [k.count, k.bytes, k.busy_ms] for k in s.kinds}, events=len(ALL) - before,
                       blocked=s.blocked_ms, busy=s.busy_ms, pending=s.pending)
     open(f"{sys.argv[1]}/rank-{rank}.json", "w").write(json.dumps(out))
-    dist.destroy_process_group()
+    from ringtop.agent.distributed import exit_rank
+    exit_rank(0)  # destroys the group; see its docstring for why not a plain exit
 """)
 
 
@@ -245,7 +253,8 @@ REAL_CUDA = textwrap.dedent("""
         early_pending=early.pending, late_pending=late.pending, nccl_ms=nccl,
         count=sum(k.count for s in (early, late) for k in s.kinds),
         busy=sum(k.busy_ms for s in (early, late) for k in s.kinds))), flush=True)
-    dist.destroy_process_group()
+    from ringtop.agent.distributed import exit_rank
+    exit_rank(0)  # destroys the group; see its docstring for why not a plain exit
 """)
 
 

@@ -9,6 +9,7 @@ from textual.widgets import DataTable, TabbedContent
 
 from ringtop.protocol import Event
 from ringtop.tui.app import RingtopApp, TelemetryBatch
+from ui_waits import eventually
 
 SIZE = (120, 50)
 
@@ -27,8 +28,9 @@ async def open_comm(app: RingtopApp, pilot) -> None:
     await wait_until(pilot, lambda: app.replay_loaded, what="replay to load")
     await pilot.press("3")
     await wait_until(pilot, lambda: app.query_one("#comm-kinds", DataTable).row_count >= 2, what="the kinds table")
-    await pilot.pause(0.3)
-    assert app.query_one(TabbedContent).active == "comm"
+    def _shown_1():
+        assert app.query_one(TabbedContent).active == "comm"
+    await eventually(pilot, _shown_1)
 
 
 async def test_comm_tab_per_kind_rows_bandwidth_overlap_and_prediction():
@@ -92,22 +94,25 @@ async def test_comm_tab_one_rank_at_a_time_and_the_slowest_rank():
         assert (table_cell(app, "#comm-ranks", "r3", "compute"), table_cell(app, "#comm-ranks", "r3", "idle")) \
             == ("142.0", "5.3")
         await pilot.press("r")
-        await pilot.pause(0.3)
-        assert app.comm_rank == 0 and "— rank 0, steps 1–3" in static_text(app, "#comm-caption")
-        assert table_cell(app, "#comm-ranks", "r0", "rank") == "▶ 0"
+        def _shown_2():
+            assert app.comm_rank == 0 and "— rank 0, steps 1–3" in static_text(app, "#comm-caption")
+            assert table_cell(app, "#comm-ranks", "r0", "rank") == "▶ 0"
+        await eventually(pilot, _shown_2)
         for expected in (1, 2, 3, None):
             await pilot.press("r")
             assert app.comm_rank == expected
-        await pilot.pause(0.3)
-        assert "all 4 ranks" in static_text(app, "#comm-caption")
+        def _shown_3():
+            assert "all 4 ranks" in static_text(app, "#comm-caption")
+        await eventually(pilot, _shown_3)
 
 
 async def test_verdict_panel_and_overview_alert_follow_verdicts_until_cleared():
     app = RingtopApp(messages=hsdp_run(), source="hsdp")
     async with app.run_test(size=SIZE) as pilot:
         await wait_until(pilot, lambda: app.replay_loaded, what="replay to load")
-        await pilot.pause(0.3)
-        assert "⚠" not in static_text(app, "#alert")
+        def _shown_4():
+            assert "⚠" not in static_text(app, "#alert")
+        await eventually(pilot, _shown_4)
         # rank 0 publishes a straggler verdict about rank 3, the way the live client delivers it
         app.post_message(TelemetryBatch([verdict(3, text="rank 3 is a straggler: compute 145 ms per step, "
                                                          "+52 % over the others' median 95 ms")], []))
@@ -128,8 +133,9 @@ async def test_verdict_panel_and_overview_alert_follow_verdicts_until_cleared():
         assert "rank 3 is a straggler" not in panel and "cleared: straggler (rank 3, step 40)" in panel
         assert table_cell(app, "#comm-ranks", "r3", "note") == "slowest"
         await pilot.press("1")
-        await pilot.pause(0.3)
-        assert "straggler" not in static_text(app, "#alert")
+        def _shown_5():
+            assert "straggler" not in static_text(app, "#alert")
+        await eventually(pilot, _shown_5)
 
         # the end-of-run summary lists what was seen
         app.post_message(TelemetryBatch([Event(
@@ -139,8 +145,9 @@ async def test_verdict_panel_and_overview_alert_follow_verdicts_until_cleared():
                                 "advice": "a"}]})], []))
         await wait_until(pilot, lambda: "end-of-run diagnosis" in static_text(app, "#alert"), what="the diagnosis")
         await pilot.press("3")
-        await pilot.pause(0.3)
-        assert "end of run (step 60): 1 finding during the run" in static_text(app, "#verdicts")
+        def _shown_6():
+            assert "end of run (step 60): 1 finding during the run" in static_text(app, "#verdicts")
+        await eventually(pilot, _shown_6)
 
 
 async def test_overview_idle_column_and_busbw_line_with_a_configured_peak():
@@ -148,13 +155,15 @@ async def test_overview_idle_column_and_busbw_line_with_a_configured_peak():
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_until(pilot, lambda: app.replay_loaded, what="replay to load")
         await wait_until(pilot, lambda: app.query_one("#ranks").row_count == 4, what="four rows")
-        await pilot.pause(0.3)
-        labels = column_labels(app, "#ranks")
-        assert labels["idle_pct"] == "idle%" and "comm_pct" not in labels
-        assert cell(app, 0, "idle_pct") == "8.0"  # (data 5 + exposed 3) / 100 ms
+        def _shown_7():
+            labels = column_labels(app, "#ranks")
+            assert labels["idle_pct"] == "idle%" and "comm_pct" not in labels
+            assert cell(app, 0, "idle_pct") == "8.0"  # (data 5 + exposed 3) / 100 ms
+        await eventually(pilot, _shown_7)
         # busbw 2.5 GB/s of the configured 25 GB/s = 10 %; exposed 3 % of the step
         line = static_text(app, "#busbw-label")
         assert line.split() == ["busbw", "GB/s", "2.50", "of", "25.0", "(10%)", "exposed", "comm", "3.0%"]
         await pilot.press("3")
-        await pilot.pause(0.3)
-        assert static_text(app, "#comm-chart-label").startswith("busbw 2.50 GB/s of 25.0 (10 %)")
+        def _shown_8():
+            assert static_text(app, "#comm-chart-label").startswith("busbw 2.50 GB/s of 25.0 (10 %)")
+        await eventually(pilot, _shown_8)

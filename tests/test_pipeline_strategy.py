@@ -422,4 +422,7 @@ def test_setup_refuses_what_it_cannot_split():
 
 
 if __name__ == "__main__":
+    from ringtop.agent.distributed import exit_rank
+
     _worker(sys.argv[1], sys.argv[2])
+    exit_rank(0)

@@ -16,6 +16,7 @@ from ringtop.protocol import Hello, MemorySample, StageSpan, Step, Timeline
 from ringtop.tui.app import RingtopApp
 from ringtop.tui.pipeline import PipelineState, draw_row
 from ringtop.tui.view_model import RunView
+from ui_waits import eventually, repainted
 
 # GPipe, N = 2 stages, M = 2 micro-batches, no transfer time. Stage 0: forward 10 ms, backward 20 ms
 # per micro-batch; stage 1 is slower: 15 and 30 ms. Each op starts as soon as its input is there:
@@ -221,7 +222,7 @@ async def open_pipeline(app: RingtopApp, pilot) -> None:
     await wait_until(pilot, lambda: app.replay_loaded, what="replay to load")
     await pilot.press("4")
     assert app.query_one(TabbedContent).active == "pipeline"
-    await pilot.pause(0.3)
+    await repainted(pilot)
 
 
 async def test_pipeline_tab_draws_stages_and_bubble_beside_theory():
@@ -263,8 +264,9 @@ async def test_pipeline_tab_draws_stages_and_bubble_beside_theory():
 
         # the Overview's idle % is Step.idle_ms / step_ms: 61 / 130 and 31 / 130
         await pilot.press("1")
-        await pilot.pause(0.3)
-        assert cell(app, 0, "idle_pct") == "46.9" and cell(app, 1, "idle_pct") == "23.8"
+        def _shown_1():
+            assert cell(app, 0, "idle_pct") == "46.9" and cell(app, 1, "idle_pct") == "23.8"
+        await eventually(pilot, _shown_1)
 
 
 async def test_pipeline_tab_follows_new_steps_and_a_new_m():

@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-import torch
 
 from ringtop.protocol import Hello
 

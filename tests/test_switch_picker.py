@@ -18,6 +18,7 @@ from ringtop.protocol import Reply, decode, encode, free_tcp_port
 from ringtop.tui.actions import SWITCH_TARGETS, parse_micro_batches
 from ringtop.tui.app import RingtopApp
 from ringtop.tui.screens import MicroBatchesPrompt, SwitchPicker
+from ui_waits import eventually
 
 pytestmark = pytest.mark.timeout(60)
 SIZE = (140, 40)
@@ -155,12 +156,13 @@ async def test_switch_picker_shows_predictions_and_enter_sends_switch():
             await attach(app, pilot)
             await pilot.press("S")
             await wait_until(pilot, lambda: isinstance(app.screen, SwitchPicker), what="the picker")
-            await pilot.pause(0.2)
-            table = app.screen.query_one(DataTable)
-            assert [k.value for k in table.rows] == ["ddp", "zero1", "zero2", "zero3", "fsdp-full", "fsdp-grad-op",
-                                                     "fsdp-no-shard"]
-            assert picker_cell(app, "ddp", "strategy") == "▶ ddp (now)"
-            assert picker_cell(app, "zero3", "strategy") == "zero3"
+            def _shown_1():
+                table = app.screen.query_one(DataTable)
+                assert [k.value for k in table.rows] == ["ddp", "zero1", "zero2", "zero3", "fsdp-full", "fsdp-grad-op",
+                                                         "fsdp-no-shard"]
+                assert picker_cell(app, "ddp", "strategy") == "▶ ddp (now)"
+                assert picker_cell(app, "zero3", "strategy") == "zero3"
+            await eventually(pilot, _shown_1)
             # zero3 by hand: P = 1,234,567 fp32 parameters on N = 2 gloo ranks. DeepSpeed keeps params and
             # grads in the compute dtype (4 B) and K = 12 optimizer bytes per parameter, each sharded:
             # ceil(P/2) = 617,284 -> params 2,469,136 B = 2.4 MiB, grads 2.4 MiB, optimizer 7,407,408 B
@@ -175,7 +177,7 @@ async def test_switch_picker_shows_predictions_and_enter_sends_switch():
             assert [picker_cell(app, "ddp", c) for c in ("state", "wire")] == ["18.8M", "4.7M"]
             assert "1.2M params, 2 ranks, fp32, gloo" in static_text(app.screen, "#switch-title")
             # the cursor starts on the first target that is not the current one; two down is zero3
-            assert table.cursor_row == 1
+            assert app.screen.query_one(DataTable).cursor_row == 1
             await pilot.press("down", "down", "enter")
             await wait_until(pilot, lambda: run.commands, what="the switch command")
             assert not isinstance(app.screen, SwitchPicker)
@@ -195,8 +197,9 @@ async def test_switch_picker_sends_fsdp_sharding_and_escape_sends_nothing():
             await wait_until(pilot, lambda: isinstance(app.screen, SwitchPicker), what="the picker")
             await pilot.press("down", "escape")
             await wait_until(pilot, lambda: not isinstance(app.screen, SwitchPicker), what="the picker to close")
-            await pilot.pause(0.5)
-            assert run.commands == [] and app.view.commands == {}
+            def _shown_2():
+                assert run.commands == [] and app.view.commands == {}
+            await eventually(pilot, _shown_2)
             # `w` opens it too; fsdp grad-op is the sixth row
             await pilot.press("w")
             await wait_until(pilot, lambda: isinstance(app.screen, SwitchPicker), what="the picker")
@@ -207,8 +210,9 @@ async def test_switch_picker_sends_fsdp_sharding_and_escape_sends_nothing():
             await pilot.press("S")
             await wait_until(pilot, lambda: isinstance(app.screen, SwitchPicker), what="the picker")
             await pilot.press("up", "enter")
-            await pilot.pause(0.5)
-            assert len(run.commands) == 1
+            def _shown_3():
+                assert len(run.commands) == 1
+            await eventually(pilot, _shown_3)
             await show_events(app, pilot, "already uses ddp")
 
 
@@ -240,15 +244,17 @@ async def test_micro_batches_prompt_rejects_bad_input_locally_then_sends_set():
             await pilot.press("m")
             await wait_until(pilot, lambda: isinstance(app.screen, MicroBatchesPrompt), what="the prompt")
             await pilot.press("a", "b", "c", "enter")
-            await pilot.pause(0.3)
-            assert isinstance(app.screen, MicroBatchesPrompt)  # still open, with the reason
-            error = str(app.screen.query_one("#mb-error", Static).content)
-            assert "'abc' is not a whole number" in error and "nothing sent" in error
+            def _shown_4():
+                assert isinstance(app.screen, MicroBatchesPrompt)  # still open, with the reason
+                error = str(app.screen.query_one("#mb-error", Static).content)
+                assert "'abc' is not a whole number" in error and "nothing sent" in error
+            await eventually(pilot, _shown_4)
             await pilot.press("0", "enter")  # the rejected text is selected: typing replaces it
-            await pilot.pause(0.3)
-            assert "less than 1" in str(app.screen.query_one("#mb-error", Static).content)
-            assert run.commands == []
-            assert app.screen.query_one(Input).value == "0"
+            def _shown_5():
+                assert "less than 1" in str(app.screen.query_one("#mb-error", Static).content)
+                assert run.commands == []
+                assert app.screen.query_one(Input).value == "0"
+            await eventually(pilot, _shown_5)
             await pilot.press("4", "enter")
             await wait_until(pilot, lambda: run.commands, what="the set command")
             assert run.commands[0].cmd == "set" and run.commands[0].args == {"micro_batches": 4}
@@ -266,8 +272,9 @@ async def test_micro_batches_escape_sends_nothing_and_done_says_the_new_m():
             await pilot.press("m")
             await wait_until(pilot, lambda: isinstance(app.screen, MicroBatchesPrompt), what="the prompt")
             await pilot.press("2", "escape")
-            await pilot.pause(0.3)
-            assert not isinstance(app.screen, MicroBatchesPrompt) and run.commands == []
+            def _shown_6():
+                assert not isinstance(app.screen, MicroBatchesPrompt) and run.commands == []
+            await eventually(pilot, _shown_6)
             await pilot.press("m")
             await wait_until(pilot, lambda: isinstance(app.screen, MicroBatchesPrompt), what="the prompt")
             await pilot.press("8", "enter")
@@ -305,9 +312,10 @@ async def test_sharded_async_checkpoint_progress_in_header_and_events():
             assert "checkpoint sharded async [" in text
             assert ("pending → ack → done: sharded checkpoint written in 1.25 s: /ckpt/step-00000012-sharded "
                     "(3.0M, step 12)") in text
-            await pilot.pause(0.4)
-            assert "checkpoint" not in header_text(app)  # nothing in flight any more
-            assert "✓ done" in static_text(app, "#ops")
+            def _shown_7():
+                assert "checkpoint" not in header_text(app)  # nothing in flight any more
+                assert "✓ done" in static_text(app, "#ops")
+            await eventually(pilot, _shown_7)
             # `c` stays a full checkpoint
             await pilot.press("c")
             await wait_until(pilot, lambda: len(run.commands) == 2, what="the full checkpoint")
@@ -350,10 +358,11 @@ async def test_commands_in_replay_say_not_connected():
         assert "not connected (replay)" in static_text(app.screen, "#switch-hint")
         await pilot.press("enter")
         await pilot.press("5")
-        await pilot.pause(0.4)
-        assert app.query_one(TabbedContent).active == "events"
-        text = event_log_text(app)
-        for what in ("checkpoint: not connected (replay)", "profile: not connected (replay)",
-                     "set micro_batches: not connected (replay)", "switch: not connected (replay)"):
-            assert what in text
+        def _shown_8():
+            assert app.query_one(TabbedContent).active == "events"
+            text = event_log_text(app)
+            for what in ("checkpoint: not connected (replay)", "profile: not connected (replay)",
+                         "set micro_batches: not connected (replay)", "switch: not connected (replay)"):
+                assert what in text
+        await eventually(pilot, _shown_8)
         assert app.view.commands == {}

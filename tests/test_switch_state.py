@@ -209,4 +209,7 @@ def test_the_background_warm_up_imports_what_a_switch_would_wait_for():
 
 
 if __name__ == "__main__":
+    from ringtop.agent.distributed import exit_rank
+
     _worker(sys.argv[1])
+    exit_rank(0)

@@ -32,6 +32,7 @@ from ringtop.protocol import (
 )
 from ringtop.tui.app import RingtopApp
 from ringtop.tui.replay import load_replay
+from ui_waits import eventually, repainted
 
 SIZE = (140, 32)
 
@@ -101,13 +102,14 @@ async def test_replay_app_shows_rows_and_problems(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await wait_until(pilot, lambda: app.replay_loaded, what="replay to load")
         await wait_until(pilot, lambda: app.query_one("#ranks").row_count == 2, what="two rows")
-        await pilot.pause(0.3)  # a repaint tick
-        assert cell(app, 0, "step") == "4" and cell(app, 1, "step") == "4"
-        assert cell(app, 0, "loss") == "2.960" and cell(app, 1, "loss") == "2.959"
-        assert cell(app, 0, "step_ms") == "100.0"
-        assert cell(app, 1, "step_ms").startswith("120.0")  # the slower rank...
-        assert cell(app, 1, "note").startswith("slowest")  # ...is marked
-        assert cell(app, 0, "host") == "node-0"
+        def _shown_1():
+            assert cell(app, 0, "step") == "4" and cell(app, 1, "step") == "4"
+            assert cell(app, 0, "loss") == "2.960" and cell(app, 1, "loss") == "2.959"
+            assert cell(app, 0, "step_ms") == "100.0"
+            assert cell(app, 1, "step_ms").startswith("120.0")  # the slower rank...
+            assert cell(app, 1, "note").startswith("slowest")  # ...is marked
+            assert cell(app, 0, "host") == "node-0"
+        await eventually(pilot, _shown_1)
         # comm MB/s = 2e6 bytes / 0.1 s = 20 MB/s; idle% = (data 0 + exposed 10) / 100
         assert cell(app, 0, "comm_mb_s") == "20.0" and cell(app, 0, "idle_pct") == "10.0"
         head = header_text(app)
@@ -116,11 +118,12 @@ async def test_replay_app_shows_rows_and_problems(tmp_path):
         # c in replay: not connected
         await pilot.press("c")
         await pilot.press("5")
-        await pilot.pause(0.3)
-        assert app.query_one("TabbedContent").active == "events"
-        text = event_log_text(app)
-        assert "rank-1.jsonl: last line is incomplete (torn write), skipped" in text
-        assert "checkpoint: not connected" in text
+        def _shown_2():
+            assert app.query_one("TabbedContent").active == "events"
+            text = event_log_text(app)
+            assert "rank-1.jsonl: last line is incomplete (torn write), skipped" in text
+            assert "checkpoint: not connected" in text
+        await eventually(pilot, _shown_2)
         await pilot.press("1")
         assert app.query_one("TabbedContent").active == "overview"
 
@@ -216,10 +219,12 @@ async def test_live_app_rows_header_and_checkpoint_command():
             await wait_until(pilot, lambda: {0, 1} <= set(app.view.ranks) and app.view.ranks[1].step > 0,
                              what="rows for ranks 0 and 1")
             await wait_until(pilot, lambda: app.query_one("#ranks").row_count == 2, what="table rows")
-            await pilot.pause(0.3)
-            assert cell(app, 0, "host") == "node-0" and cell(app, 1, "host") == "node-1"
-            assert int(cell(app, 1, "step").replace(",", "")) > 0
-            assert "● live" in header_text(app) and "ddp ×2" in header_text(app)
+
+            def rows_and_header():  # a rank's host comes with its Hello, which may follow its first Steps
+                assert cell(app, 0, "host") == "node-0" and cell(app, 1, "host") == "node-1"
+                assert int(cell(app, 1, "step").replace(",", "")) > 0
+                assert "● live" in header_text(app) and "ddp ×2" in header_text(app)
+            await eventually(pilot, rows_and_header)
 
             await pilot.press("c")
             await wait_until(pilot, lambda: any(c.status == "done" for c in app.view.commands.values()),
@@ -227,10 +232,12 @@ async def test_live_app_rows_header_and_checkpoint_command():
             assert run.commands and run.commands[0].cmd == "checkpoint"
             assert run.commands[0].args == {"kind": "full"} and run.commands[0].rank == -1
             await pilot.press("5")
-            await pilot.pause(0.4)
-            text = event_log_text(app)
-            assert "checkpoint" in text and "pending → ack → done" in text and "/ckpt/step-9" in text
-            assert text.count("pending → ack → done") == 1  # the telemetry copy is not shown again
+
+            def checkpoint_logged_once():
+                text = event_log_text(app)
+                assert "checkpoint" in text and "pending → ack → done" in text and "/ckpt/step-9" in text
+                assert text.count("pending → ack → done") == 1  # the telemetry copy is not shown again
+            await eventually(pilot, checkpoint_logged_once)
             assert app.view.ranks[0].seq_lost == 0  # ...but it keeps rank 0's sequence whole
         # quitting the UI closed its sockets and thread, nothing else
         assert app.client is None
@@ -271,12 +278,14 @@ async def test_live_app_stays_responsive_under_5000_msgs_per_s():
 async def test_live_app_with_nothing_listening_waits():
     app = RingtopApp(publish_addr=f"tcp://127.0.0.1:{free_tcp_port()}", control_addr=None)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause(0.3)
-        assert "○ waiting" in header_text(app)
+        def _shown_3():
+            assert "○ waiting" in header_text(app)
+        await eventually(pilot, _shown_3)
         await pilot.press("s")
         await pilot.press("5")
-        await pilot.pause(0.3)
-        assert "status: not connected (no control address)" in event_log_text(app)
+        def _shown_4():
+            assert "status: not connected (no control address)" in event_log_text(app)
+        await eventually(pilot, _shown_4)
 
 
 # ---------------------------------------------------------------------- no torch
@@ -374,8 +383,9 @@ async def test_events_tab_shows_bounded_backlog():
     app = RingtopApp(messages=msgs)
     async with app.run_test(size=SIZE) as pilot:
         await wait_until(pilot, lambda: app.replay_loaded, what="replay to load")
-        await pilot.pause(0.3)
-        assert app.query_one("#event-log").lines == []  # nothing written while the tab is hidden
+        def _shown_5():
+            assert app.query_one("#event-log").lines == []  # nothing written while the tab is hidden
+        await eventually(pilot, _shown_5)
         await pilot.press("5")
         await wait_until(pilot, lambda: "event 699" in event_log_text(app), what="latest event")
         text = event_log_text(app)
@@ -438,7 +448,7 @@ async def test_zero3_header_per_kind_comm_and_memory_tab():
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_until(pilot, lambda: app.replay_loaded, what="replay to load")
         await wait_until(pilot, lambda: app.query_one("#ranks").row_count == 2, what="two rows")
-        await pilot.pause(0.3)
+        await repainted(pilot)
 
         # header: the strategy and what it shards; fp32 is not worth a word
         head = header_text(app)
@@ -457,11 +467,12 @@ async def test_zero3_header_per_kind_comm_and_memory_tab():
         # the Memory tab
         await pilot.press("2")
         await wait_until(pilot, lambda: app.query_one("#fit").row_count == 7, what="the fit table")
-        await pilot.pause(0.3)
-        assert app.query_one("TabbedContent").active == "memory"
-        assert app.query_one("#mem-ranks").row_count == 4  # measured and predicted, for 2 ranks
-        labels = column_labels(app, "#mem-ranks")
-        assert [labels[k] for k in ("total", "reserved", "peak")] == ["alloc", "reserved", "peak"]
+        def _shown_6():
+            assert app.query_one("TabbedContent").active == "memory"
+            assert app.query_one("#mem-ranks").row_count == 4  # measured and predicted, for 2 ranks
+            labels = column_labels(app, "#mem-ranks")
+            assert [labels[k] for k in ("total", "reserved", "peak")] == ["alloc", "reserved", "peak"]
+        await eventually(pilot, _shown_6)
         m = lambda row, col: table_cell(app, "#mem-ranks", row, col)  # noqa: E731
         # rank 0 holds exactly the prediction
         assert (m("r0", "params"), m("r0", "grads"), m("r0", "optim"), m("r0", "state")) == \
@@ -508,8 +519,9 @@ async def test_header_shows_fsdp_sharding_and_dtype():
     app = RingtopApp(messages=[hello])
     async with app.run_test(size=(140, 30)) as pilot:
         await wait_until(pilot, lambda: app.replay_loaded, what="replay to load")
-        await pilot.pause(0.3)
-        assert "fsdp(grad-op) ×4 (grads+optim sharded) bf16" in header_text(app)
+        def _shown_7():
+            assert "fsdp(grad-op) ×4 (grads+optim sharded) bf16" in header_text(app)
+        await eventually(pilot, _shown_7)
 
 
 async def test_memory_tab_on_cpu_without_a_prediction(tmp_path):
@@ -521,10 +533,11 @@ async def test_memory_tab_on_cpu_without_a_prediction(tmp_path):
         await wait_until(pilot, lambda: app.replay_loaded, what="replay to load")
         await pilot.press("2")
         await wait_until(pilot, lambda: app.query_one("#fit").row_count == 7, what="the fit table")
-        await pilot.pause(0.3)
-        assert "ddp ×2 (replicated)" in header_text(app)
-        assert column_labels(app, "#ranks")["comm_kinds"] == "AR MB/s"
-        assert cell(app, 0, "comm_kinds") == "20.0"  # 2e6 B / 0.1 s
+        def _shown_8():
+            assert "ddp ×2 (replicated)" in header_text(app)
+            assert column_labels(app, "#ranks")["comm_kinds"] == "AR MB/s"
+            assert cell(app, 0, "comm_kinds") == "20.0"  # 2e6 B / 0.1 s
+        await eventually(pilot, _shown_8)
         m = lambda row, col: table_cell(app, "#mem-ranks", row, col)  # noqa: E731
         # 1,234,567 fp32 params, DDP replicates: 4,938,268 B = 4.7 MiB each of params and grads,
         # 9,876,536 B = 9.4 MiB of optimizer, 19,753,072 B = 18.8 MiB state

@@ -92,6 +92,12 @@ class CommTracer:
         self._stalls: list[tuple[Any, Any, bool]] = []
         self.device_dropped = 0
 
+    @property
+    def in_flight(self) -> int:
+        """Collectives begun whose end has not been recorded (gloo records it on its own thread)."""
+        with self._lock:
+            return len(self._open)
+
     def begin(self, kind: str, nbytes: int, group_size: int) -> int:
         handle = next(self._ids)
         with self._lock:
