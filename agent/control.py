@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 import zmq
 
+from ringtop.protocol.guard import LoopFaults
+from ringtop.protocol.messages import MAX_ID_CHARS
 from ringtop.protocol import (
     IMMEDIATE_COMMANDS,
     MAX_FRAME_BYTES,
@@ -67,6 +69,7 @@ class ControlServer(threading.Thread):
         self._seq = itertools.count()
         self._stop_event = threading.Event()
         self.rejected = 0
+        self.faults = LoopFaults("control server")
 
     def stop(self, timeout_s: float = 2.0) -> None:
         self._stop_event.set()
@@ -93,9 +96,14 @@ class ControlServer(threading.Thread):
         poller.register(self._socket, zmq.POLLIN)
         try:
             while not self._stop_event.is_set() or self._outgoing:
-                if dict(poller.poll(20)):
-                    self._receive_all()
-                self._send_outgoing()
+                try:
+                    if dict(poller.poll(20)):
+                        self._receive_all()
+                    self._send_outgoing()
+                except zmq.ContextTerminated:
+                    return
+                except Exception as exc:  # never let the control thread die
+                    self.faults.record(exc)
                 if self._stop_event.is_set():
                     self._send_outgoing()
                     return
@@ -109,7 +117,17 @@ class ControlServer(threading.Thread):
             except zmq.Again:
                 return
             identity, payload = frames[0], frames[-1]
-            self._handle(identity, payload)
+            try:
+                self._handle(identity, payload)
+            except Exception as exc:  # no input may end the control thread: count it, answer, go on
+                self.faults.record(exc)
+                self._answer_internal_error(identity, payload, exc)
+
+    def _answer_internal_error(self, identity: bytes, payload: bytes, exc: Exception) -> None:
+        bad = Command(id=_command_id(payload), cmd="")
+        self._identities[bad.id] = identity
+        self.reply(bad, "error", error=f"the control server could not handle this command ({type(exc).__name__}); "
+                                       "the run goes on", code="internal")
 
     def _handle(self, identity: bytes, payload: bytes) -> None:
         try:
@@ -139,9 +157,16 @@ class ControlServer(threading.Thread):
         while self._outgoing:
             identity, msg = self._outgoing.popleft()
             msg.rank, msg.seq, msg.ts = 0, next(self._seq), time.time()
+            try:
+                frame = encode(msg)
+            except Exception as exc:  # a result that does not encode: say so instead of dying
+                self.faults.record(exc)
+                msg = Reply(id=msg.id, status="error", cmd=msg.cmd, error=f"the reply could not be encoded: {exc}",
+                            code="internal", rank=0, seq=msg.seq, ts=msg.ts)
+                frame = encode(msg)
             if identity is not None:
                 try:
-                    self._socket.send_multipart([identity, encode(msg)], zmq.NOBLOCK)
+                    self._socket.send_multipart([identity, frame], zmq.NOBLOCK)
                 except zmq.ZMQError:
                     pass
             self._publish_reply(msgspec.structs.replace(msg))
@@ -152,7 +177,7 @@ def _command_id(payload: bytes) -> str:
     try:
         raw = msgspec.msgpack.decode(payload)
         if isinstance(raw, dict) and isinstance(raw.get("id"), str):
-            return raw["id"]
+            return raw["id"][:MAX_ID_CHARS]
     except Exception:
         pass
     return ""

@@ -4,6 +4,11 @@ A plain `zmq.proxy` would do the forwarding, but a UI that attaches mid-run woul
 the ranks' Hello messages. The relay keeps the latest Hello, Bye and pipeline Timeline of each rank
 and re-sends them whenever a new subscription arrives, so any UI can attach (or re-attach) at any
 time and draw at once.
+
+It forwards and caches only what is real: a message that decodes, whose topic is its own
+`type.rank`, whose rank is a rank of this run (rank 0 publishes the control replies), and whose
+Hello carries this run's id and world size. Anything else is counted and dropped, so a forged
+frame can neither change what UIs show nor be replayed to every UI that attaches later.
 """
 
 from __future__ import annotations
@@ -12,12 +17,22 @@ import threading
 
 import zmq
 
+from ringtop.protocol import Hello, ProtocolError, decode
+from ringtop.protocol.guard import LoopFaults
+
 CACHED_TOPICS = (b"hello.", b"bye.", b"timeline.")
 
 
 class Relay(threading.Thread):
-    def __init__(self, relay_address: str, publish_address: str, context: zmq.Context | None = None):
+    def __init__(self, relay_address: str, publish_address: str, context: zmq.Context | None = None,
+                 run_id: str | None = None, world_size: int | None = None):
         super().__init__(name="ringtop-relay", daemon=True)
+        self.run_id = run_id
+        """Hellos of another run are dropped (None: not checked)."""
+        self.world_size = world_size
+        """Messages of ranks outside 0..world_size-1 are dropped (None: not checked)."""
+        self.dropped = 0
+        self.faults = LoopFaults("relay")
         ctx = context or zmq.Context.instance()
         self._backend = ctx.socket(zmq.XSUB)
         self._frontend = ctx.socket(zmq.XPUB)
@@ -48,11 +63,17 @@ class Relay(threading.Thread):
         poller.register(self._frontend, zmq.POLLIN)
         try:
             while True:
-                events = dict(poller.poll(50))
-                if self._backend in events:
-                    self._forward_all()
-                if self._frontend in events:
-                    self._handle_subscriptions()
+                events: dict = {}
+                try:
+                    events = dict(poller.poll(50))
+                    if self._backend in events:
+                        self._forward_all()
+                    if self._frontend in events:
+                        self._handle_subscriptions()
+                except zmq.ContextTerminated:
+                    return
+                except Exception as exc:  # never let the relay die
+                    self.faults.record(exc)
                 if self._stop_event.is_set() and not events:
                     return
         finally:
@@ -65,10 +86,29 @@ class Relay(threading.Thread):
                 frames = self._backend.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if frames and frames[0].startswith(CACHED_TOPICS):
-                self._cache[frames[0]] = frames
+            if not self._is_real(frames):
+                self.dropped += 1
+                continue
+            if frames[0].startswith(CACHED_TOPICS):
+                self._cache[frames[0]] = frames  # one per topic, and topics are bounded by the ranks
             self._frontend.send_multipart(frames)
             self.forwarded += 1
+
+    def _is_real(self, frames: list[bytes]) -> bool:
+        if len(frames) != 2:
+            return False
+        try:
+            msg = decode(frames[1])
+        except ProtocolError:
+            return False
+        if frames[0] != f"{msg.__struct_config__.tag}.{msg.rank}".encode():
+            return False
+        if self.world_size is not None and not 0 <= msg.rank < self.world_size:
+            return False
+        if isinstance(msg, Hello) and ((self.run_id is not None and msg.run_id != self.run_id)
+                                       or (self.world_size is not None and msg.world_size != self.world_size)):
+            return False
+        return True
 
     def _handle_subscriptions(self) -> None:
         new_subscriber = False

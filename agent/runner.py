@@ -144,7 +144,7 @@ class Runner:
     def _start_telemetry(self) -> None:
         ep = self.cfg.endpoints
         if self.ctx.rank == 0:
-            self.relay = Relay(ep.relay, ep.publish)
+            self.relay = Relay(ep.relay, ep.publish, run_id=self.run_id, world_size=self.ctx.world_size)
             self.relay.start()
         self.telemetry = Telemetry(self.ctx.rank, ep.relay, self.cfg.log_dir)
         if self.ctx.rank == 0:

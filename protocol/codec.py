@@ -16,6 +16,12 @@ from .messages import MESSAGE_TYPES, PROTOCOL_VERSION, Message
 MAX_FRAME_BYTES = 1 << 20
 """Largest message accepted on either channel; telemetry messages are a few hundred bytes."""
 
+MAX_DEPTH = 32
+"""Deepest nesting of maps and arrays accepted in a message's free-form fields (`args`, `data`,
+`result`, `strategy_options`); ringtop itself sends at most 4."""
+
+_FREE_FORM_FIELDS = ("args", "data", "result", "strategy_options")
+
 _mp_encoder = msgspec.msgpack.Encoder()
 _mp_decoder = msgspec.msgpack.Decoder(Message)
 _json_encoder = msgspec.json.Encoder()
@@ -56,12 +62,32 @@ def _decode(data: bytes, max_bytes: int, decoder, header_decoder, fmt: str) -> M
         msg = decoder.decode(data)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise _diagnose(data, exc, header_decoder, fmt) from None
+    except RecursionError:  # msgspec stops at the interpreter's recursion limit, cleanly
+        raise MalformedError(f"message nested deeper than {MAX_DEPTH} levels") from None
+    for name in _FREE_FORM_FIELDS:
+        value = getattr(msg, name, None)
+        if value and _depth(value) > MAX_DEPTH:
+            raise MalformedError(f"`{name}` nested deeper than {MAX_DEPTH} levels")
     if msg.v != PROTOCOL_VERSION:
         raise VersionError(f"protocol version {msg.v!r} is not supported (this side speaks {PROTOCOL_VERSION})")
     if header_decoder.decode(data).v is None:
         # `v` has a default for senders' convenience; a receiver must not take its absence for 1.
         raise VersionError(f"message has no protocol version `v` (this side speaks {PROTOCOL_VERSION})")
     return msg
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of decoded maps and arrays, without recursion (stops past MAX_DEPTH)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > deepest:
+            deepest = depth
+            if deepest > MAX_DEPTH:
+                return deepest
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return deepest
 
 
 def _diagnose(data: bytes, exc: Exception, header_decoder, fmt: str) -> Exception:
@@ -72,9 +98,9 @@ def _diagnose(data: bytes, exc: Exception, header_decoder, fmt: str) -> Exceptio
         return MalformedError(f"not a {fmt} map: {exc}")
     if header.v != PROTOCOL_VERSION:
         return VersionError(f"protocol version {header.v!r} is not supported (this side speaks {PROTOCOL_VERSION})")
-    if header.type not in MESSAGE_TYPES:
+    if not isinstance(header.type, str) or header.type not in MESSAGE_TYPES:
         known = ", ".join(sorted(MESSAGE_TYPES))
-        return UnknownTypeError(f"unknown message type {header.type!r} (known: {known})")
+        return UnknownTypeError(f"unknown message type {ascii(header.type)[:80]} (known: {known})")
     return InvalidMessageError(f"invalid {header.type!r} message: {exc}")
 
 

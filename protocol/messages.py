@@ -7,7 +7,7 @@ the wire and as JSON lines on disk.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
@@ -16,12 +16,27 @@ PROTOCOL_VERSION = 1
 UI_RANK = -1
 """`rank` used by messages that do not come from a training rank (the UI, `ringtop ctl`)."""
 
+MAX_WORLD_SIZE = 1 << 20
+"""More ranks than any cluster has: a larger world size or rank is refused at decode."""
+MAX_COUNT = 1 << 62
+MAX_REAL = 1e18
+
+Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
+"""Counters, bytes, steps, sizes: never negative."""
+Real = Annotated[float, msgspec.Meta(ge=-MAX_REAL, le=MAX_REAL)]
+"""Measurements: finite (NaN and infinities are refused, also where MessagePack could carry them)."""
+Rank = Annotated[int, msgspec.Meta(ge=UI_RANK, lt=MAX_WORLD_SIZE)]
+WorldSize = Annotated[int, msgspec.Meta(ge=1, le=MAX_WORLD_SIZE)]
+MAX_ID_CHARS = 128
+CommandId = Annotated[str, msgspec.Meta(max_length=MAX_ID_CHARS)]
+"""A command's id, echoed in every reply to it."""
+
 
 class Envelope(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=False):
-    v: int = PROTOCOL_VERSION
-    rank: int = 0
-    seq: int = 0
-    ts: float = 0.0
+    v: Count = PROTOCOL_VERSION
+    rank: Rank = 0
+    seq: Count = 0
+    ts: Real = 0.0
 
 
 # ---------------------------------------------------------------- telemetry (agent -> UI / disk)
@@ -39,12 +54,12 @@ class Prediction(msgspec.Struct, kw_only=True):
     """The cost model's figures for this rank of this run (ringtop.strategies.cost_model), sent
     beside the measurements so the UI can show measured against predicted."""
 
-    params_bytes: int = 0
-    grads_bytes: int = 0
-    optimizer_bytes: int = 0
-    comm_payload_bytes: dict[str, int] = {}
+    params_bytes: Count = 0
+    grads_bytes: Count = 0
+    optimizer_bytes: Count = 0
+    comm_payload_bytes: dict[str, Count] = {}
     """Per collective kind, bytes handed to collectives per step (what the tracer counts)."""
-    comm_sent_bytes: int = 0
+    comm_sent_bytes: Count = 0
     """Bytes this rank puts on the wire per step (ring algorithms)."""
     note: str = ""
     """What the prediction assumes that a reader should know (padding, backend quirks)."""
@@ -52,10 +67,10 @@ class Prediction(msgspec.Struct, kw_only=True):
 
 class Hello(Envelope, tag="hello", kw_only=True):
     run_id: str
-    world_size: int
-    local_rank: int = 0
+    world_size: WorldSize
+    local_rank: Annotated[int, msgspec.Meta(ge=0, lt=MAX_WORLD_SIZE)] = 0
     host: str = ""
-    pid: int = 0
+    pid: Count = 0
     backend: str = ""
     device: str = ""
     strategy: str = ""
@@ -63,23 +78,23 @@ class Hello(Envelope, tag="hello", kw_only=True):
     sharding: Sharding = msgspec.field(default_factory=Sharding)
     dtype: str = "fp32"
     """Compute dtype of parameters and gradients (fp32, or bf16 mixed precision)."""
-    optimizer_bytes_per_param: int = 8
-    grad_clip: float = 0.0
+    optimizer_bytes_per_param: Count = 8
+    grad_clip: Real = 0.0
     """Max gradient norm ringtop clips to, the same way in every strategy; 0 = off."""
     prediction: Prediction | None = None
-    link_peak_gbps: float = 0.0
+    link_peak_gbps: Real = 0.0
     """The link's peak bandwidth per direction the user declared (--link); 0 = unknown."""
     model: str = ""
-    param_count: int = 0
+    param_count: Count = 0
     torch_version: str = ""
     ringtop_version: str = ""
-    batch_size: int = 0
-    seq_len: int = 0
-    steps: int = 0
-    start_step: int = 0
-    lr: float = 0.0
-    seed: int = 0
-    device_mem_total_bytes: int = 0
+    batch_size: Count = 0
+    seq_len: Count = 0
+    steps: Count = 0
+    start_step: Count = 0
+    lr: Real = 0.0
+    seed: Count = 0
+    device_mem_total_bytes: Count = 0
     publish: str = ""
     control: str = ""
 
@@ -87,81 +102,81 @@ class Hello(Envelope, tag="hello", kw_only=True):
 class MemorySample(msgspec.Struct, kw_only=True):
     """Bytes this rank holds. `*_bytes` of state are counted from the tensors the rank owns."""
 
-    params_bytes: int = 0
-    grads_bytes: int = 0
-    optimizer_bytes: int = 0
-    rss_bytes: int = 0
-    cuda_allocated_bytes: int = 0
-    cuda_reserved_bytes: int = 0
-    cuda_peak_bytes: int = 0
-    cuda_peak_reserved_bytes: int = 0
-    cuda_alloc_retries: int = 0
+    params_bytes: Count = 0
+    grads_bytes: Count = 0
+    optimizer_bytes: Count = 0
+    rss_bytes: Count = 0
+    cuda_allocated_bytes: Count = 0
+    cuda_reserved_bytes: Count = 0
+    cuda_peak_bytes: Count = 0
+    cuda_peak_reserved_bytes: Count = 0
+    cuda_alloc_retries: Count = 0
     """cudaMalloc retries after freeing cached blocks: a sign of memory pressure."""
-    cuda_ooms: int = 0
+    cuda_ooms: Count = 0
 
 
 class CommStat(msgspec.Struct, kw_only=True, array_like=False):
     """Collectives of one kind issued since the previous step."""
 
     kind: str
-    count: int = 0
-    bytes: int = 0
-    busy_ms: float = 0.0
-    group_size: int = 0
+    count: Count = 0
+    bytes: Count = 0
+    busy_ms: Real = 0.0
+    group_size: Count = 0
 
 
 class Step(Envelope, tag="step", kw_only=True):
-    step: int
-    loss: float | None
+    step: Count
+    loss: Real | None
     """None (null) when the loss was not finite: JSON has no NaN, and wire and disk share one schema."""
-    step_ms: float
-    grad_norm: float | None = None
+    step_ms: Real
+    grad_norm: Real | None = None
     """Global gradient norm before clipping (over all ranks, the tied weight once); None when not
     finite or not known."""
-    data_ms: float = 0.0
-    forward_ms: float = 0.0
-    backward_ms: float = 0.0
-    optimizer_ms: float = 0.0
-    comm_blocked_ms: float = 0.0
+    data_ms: Real = 0.0
+    forward_ms: Real = 0.0
+    backward_ms: Real = 0.0
+    optimizer_ms: Real = 0.0
+    comm_blocked_ms: Real = 0.0
     """Exposed communication: time the training thread was blocked on it."""
-    comm_busy_ms: float = 0.0
+    comm_busy_ms: Real = 0.0
     """Wall time with at least one collective in flight (union of their intervals); the part of it
     not blocked was overlapped with compute."""
-    tokens: int = 0
-    tokens_per_s: float = 0.0
+    tokens: Count = 0
+    tokens_per_s: Real = 0.0
     mem: MemorySample = msgspec.field(default_factory=MemorySample)
     comm: list[CommStat] = []
-    cpu_percent: float = 0.0
-    drops: int = 0
-    idle_ms: float = 0.0
+    cpu_percent: Real = 0.0
+    drops: Count = 0
+    idle_ms: Real = 0.0
     """Time this rank waited rather than computed: input plus exposed communication, or, in a
     pipeline, the stage's idle time (its bubble). The UI's idle column means this everywhere."""
 
 
 class GpuSample(msgspec.Struct, kw_only=True):
-    index: int = 0
+    index: Count = 0
     name: str = ""
-    util_percent: float = 0.0
-    mem_used_bytes: int = 0
-    mem_total_bytes: int = 0
-    power_w: float = 0.0
-    temperature_c: float = 0.0
-    pcie_tx_bytes_per_s: float = 0.0
-    pcie_rx_bytes_per_s: float = 0.0
-    pcie_generation: int = 0
-    pcie_width: int = 0
-    nvlink_tx_bytes_per_s: float = 0.0
+    util_percent: Real = 0.0
+    mem_used_bytes: Count = 0
+    mem_total_bytes: Count = 0
+    power_w: Real = 0.0
+    temperature_c: Real = 0.0
+    pcie_tx_bytes_per_s: Real = 0.0
+    pcie_rx_bytes_per_s: Real = 0.0
+    pcie_generation: Count = 0
+    pcie_width: Count = 0
+    nvlink_tx_bytes_per_s: Real = 0.0
     """Summed over active NVLinks, from NVML's cumulative data counters."""
-    nvlink_rx_bytes_per_s: float = 0.0
-    nvlink_links: int = 0
-    nvlink_version: int = 0
+    nvlink_rx_bytes_per_s: Real = 0.0
+    nvlink_links: Count = 0
+    nvlink_version: Count = 0
 
 
 class Sample(Envelope, tag="sample", kw_only=True):
     """Host and device readings, taken on the sampler thread, never the training thread."""
 
-    cpu_percent: float = 0.0
-    rss_bytes: int = 0
+    cpu_percent: Real = 0.0
+    rss_bytes: Count = 0
     gpu: GpuSample | None = None
 
 
@@ -169,35 +184,35 @@ class StageSpan(msgspec.Struct, array_like=True):
     """One forward or backward of one micro-batch on one stage, in ms from the step window's start.
     Encoded as an array [micro_batch, op, start_ms, end_ms] to keep timelines small."""
 
-    micro_batch: int
+    micro_batch: Count
     op: Literal["F", "B"]
-    start_ms: float
-    end_ms: float
+    start_ms: Real
+    end_ms: Real
 
 
 class Timeline(Envelope, tag="timeline", kw_only=True):
     """A pipeline stage's timeline of one step, sent for a sample of the steps."""
 
-    step: int
-    stage: int
-    stages: int
-    micro_batches: int
+    step: Count
+    stage: Count
+    stages: Count
+    micro_batches: Count
     schedule: str = ""
-    window_ms: float = 0.0
-    window_start_ms: float = 0.0
+    window_ms: Real = 0.0
+    window_start_ms: Real = 0.0
     """The window's start on the host's monotonic clock (ms): stages on one host align by it."""
     spans: list[StageSpan] = []
-    bubble: float = 0.0
+    bubble: Real = 0.0
     """Measured: 1 − busy / window on this stage."""
-    bubble_theory: float = 0.0
+    bubble_theory: Real = 0.0
     """(N−1)/(N+M−1): equal stages, free transfers. Replaying the schedule with every stage's
     measured times (all stages' timelines of one step) is left to the receiver."""
 
 
 class Heartbeat(Envelope, tag="heartbeat", kw_only=True):
-    step: int = 0
-    drops: int = 0
-    queued: int = 0
+    step: Count = 0
+    drops: Count = 0
+    queued: Count = 0
 
 
 Level = Literal["info", "warn", "error"]
@@ -207,13 +222,13 @@ class Event(Envelope, tag="event", kw_only=True):
     level: Level = "info"
     kind: str = ""
     text: str = ""
-    step: int = -1
+    step: Annotated[int, msgspec.Meta(ge=-1, le=MAX_COUNT)] = -1
     data: dict[str, Any] = {}
 
 
 class Bye(Envelope, tag="bye", kw_only=True):
     reason: str = ""
-    step: int = 0
+    step: Count = 0
     ok: bool = True
 
 
@@ -221,7 +236,7 @@ class Bye(Envelope, tag="bye", kw_only=True):
 
 
 class Command(Envelope, tag="command", kw_only=True):
-    id: str
+    id: CommandId
     cmd: str
     args: dict[str, Any] = {}
 
@@ -232,7 +247,7 @@ ReplyStatus = Literal["ack", "done", "error"]
 class Reply(Envelope, tag="reply", kw_only=True):
     """`ack` when a command is accepted, then `done` or `error`; a rejected command gets `error` only."""
 
-    id: str
+    id: CommandId
     status: ReplyStatus
     cmd: str = ""
     result: dict[str, Any] = {}

@@ -50,7 +50,7 @@ def test_both_ranks_stream_steps_to_a_subscriber_and_to_jsonl(launch_agents):
         sub.close()
         rogue.close()
     assert run.wait(30) == 0, run.output()[-3000:]
-    assert rejected and all(exc.code == "malformed" for exc in rejected)
+    assert rejected == [], "the relay forwards only messages that decode: the rogue's garbage stays with it"
 
     hellos = {m.rank: m for m in msgs if isinstance(m, Hello)}
     assert set(hellos) == {0, 1}, "a subscriber that attaches late still gets every rank's Hello"

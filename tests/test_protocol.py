@@ -8,7 +8,6 @@ from the code under test, so a change to the contract makes these tests fail.
 from __future__ import annotations
 
 import json
-import math
 import re
 import socket
 from pathlib import Path
@@ -58,6 +57,8 @@ from ringtop.protocol import (
     validate_command,
 )
 from ringtop.protocol.commands import CheckpointArgs, StatusArgs, StopArgs
+from ringtop.protocol.codec import MAX_DEPTH
+from ringtop.protocol.messages import MAX_WORLD_SIZE
 from ringtop.protocol.endpoints import is_loopback, with_port
 
 README = Path(__file__).resolve().parents[1] / "protocol" / "README.md"
@@ -103,7 +104,7 @@ HELLO_WIRE = {
 
 STEP = Step(
     rank=3, seq=41, ts=1767225600.125,
-    step=1204, loss=2.91, step_ms=212.4, data_ms=1.5, forward_ms=60.25, backward_ms=120.5,
+    step=1204, loss=2.91, step_ms=212.4, grad_norm=0.75, data_ms=1.5, forward_ms=60.25, backward_ms=120.5,
     optimizer_ms=9.75, comm_blocked_ms=18.5, comm_busy_ms=30.25, tokens=8192, tokens_per_s=41200.0,
     mem=MemorySample(params_bytes=100, grads_bytes=200, optimizer_bytes=400, rss_bytes=5000,
                      cuda_allocated_bytes=6000, cuda_reserved_bytes=7000, cuda_peak_bytes=6500,
@@ -114,7 +115,7 @@ STEP = Step(
 )
 STEP_WIRE = {
     **ENV, "type": "step",
-    "step": 1204, "loss": 2.91, "step_ms": 212.4, "data_ms": 1.5, "forward_ms": 60.25,
+    "step": 1204, "loss": 2.91, "step_ms": 212.4, "grad_norm": 0.75, "data_ms": 1.5, "forward_ms": 60.25,
     "backward_ms": 120.5, "optimizer_ms": 9.75, "comm_blocked_ms": 18.5, "comm_busy_ms": 30.25,
     "tokens": 8192, "tokens_per_s": 41200.0,
     "mem": {"params_bytes": 100, "grads_bytes": 200, "optimizer_bytes": 400, "rss_bytes": 5000,
@@ -345,10 +346,28 @@ def test_foreign_client_liberties_are_accepted():
     assert from_json_line('{"ts":7,"type":"bye","v":1}') == Bye(ts=7.0)
 
 
-def test_non_finite_floats_survive_msgpack():
-    msg = Step(step=1, loss=float("nan"), step_ms=float("inf"))
-    back = decode(encode(msg))
-    assert math.isnan(back.loss) and back.step_ms == float("inf")
+@pytest.mark.parametrize("field, value", [("loss", float("nan")), ("step_ms", float("inf")),
+                                          ("grad_norm", -float("inf")), ("idle_ms", 1e300)])
+def test_non_finite_and_absurd_floats_are_refused_at_decode(field, value):
+    """MessagePack can carry NaN and infinities (JSON cannot); a receiver refuses them, naming the field."""
+    fields = {"step": 1, "loss": 1.0, "step_ms": 1.0, field: value}
+    with pytest.raises(InvalidMessageError, match=rf"\$\.{field}"):
+        decode(mp(base("step", **fields)))
+
+
+@pytest.mark.parametrize("fields, where", [
+    ({"step": -1}, "step"), ({"drops": -5}, "drops"), ({"rank": 1 << 20}, "rank"), ({"rank": -2}, "rank"),
+    ({"mem": {"rss_bytes": -1}}, "mem.rss_bytes"), ({"comm": [{"kind": "x", "bytes": -3}]}, r"comm\[0\]\.bytes"),
+])
+def test_negative_counters_and_impossible_ranks_are_refused_at_decode(fields, where):
+    with pytest.raises(InvalidMessageError, match=rf"\$\.{where}"):
+        decode(mp(base("step", **{"step": 1, "loss": 1.0, "step_ms": 1.0, **fields})))
+
+
+def test_a_world_size_beyond_any_cluster_is_refused():
+    with pytest.raises(InvalidMessageError, match=r"\$\.world_size"):
+        decode(mp(base("hello", run_id="r", world_size=1_000_000_000)))
+    assert decode(mp(base("hello", run_id="r", world_size=MAX_WORLD_SIZE))).world_size == MAX_WORLD_SIZE
 
 
 def test_a_non_finite_loss_travels_as_null_on_wire_and_disk():
@@ -819,3 +838,30 @@ def test_read_log_returns_the_decodable_messages_and_skips_a_torn_line(tmp_path)
     path.write_bytes(to_json_line(STEP) + b"not json\n" + to_json_line(HEARTBEAT) + b'{"type":"st')
     assert read_log(path) == [STEP, HEARTBEAT]
     assert read_log(tmp_path / "missing.jsonl") == []
+
+
+# ------------------------------------------------------------------ nesting
+
+
+def nested(depth: int) -> dict:
+    value: dict = {"leaf": 1}
+    for _ in range(depth - 1):
+        value = {"k": value}
+    return value
+
+
+@pytest.mark.parametrize("depth", [MAX_DEPTH + 1, 200, 1000, 100_000])
+def test_deep_nesting_is_refused_without_recursion(depth):
+    """A 3 KB frame nested 1000 deep once killed the control thread with a RecursionError."""
+    frame = (b"\x85" + mp("v") + mp(1) + mp("type") + mp("command") + mp("id") + mp("d") + mp("cmd") + mp("status")
+             + mp("args") + b"\x81\xa1k" * depth + b"\x01")  # by hand: an encoder would recurse itself
+    with pytest.raises(MalformedError, match="nested deeper than"):
+        decode(frame)
+    line = b'{"v":1,"type":"event","data":' + b'{"k":' * depth + b"1" + b"}" * depth + b"}"
+    with pytest.raises(MalformedError, match="nested deeper than"):
+        from_json_line(line, max_bytes=len(line))
+
+
+def test_nesting_up_to_the_limit_is_fine():
+    msg = decode(mp(base("command", id="d", cmd="status", args={"x": nested(MAX_DEPTH - 1)})))
+    assert msg.args["x"]["k"]

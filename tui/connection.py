@@ -25,6 +25,7 @@ from typing import Any, Callable
 import zmq
 
 from ringtop.protocol import UI_RANK, Command, ProtocolError, Reply, decode, encode
+from ringtop.protocol.guard import LoopFaults
 
 from .view_model import ControlReply
 
@@ -66,6 +67,7 @@ class TelemetryClient:
         self.rejected = 0
         self.sent = 0
         self.callback_errors = 0
+        self.faults = LoopFaults("UI receiver")
 
     # ------------------------------------------------------------------ public
 
@@ -145,13 +147,19 @@ class TelemetryClient:
         rejected: list[str] = []
         last_flush = time.monotonic()
         while not self._stop.is_set():
-            if dealer is not None:
-                self._send_pending(dealer, rejected)
-            events = dict(poller.poll(self.poll_timeout_ms))
-            if sub in events:
-                self._drain(sub, batch, rejected, "telemetry")
-            if dealer is not None and dealer in events:
-                self._drain(dealer, batch, rejected, "control")
+            try:
+                if dealer is not None:
+                    self._send_pending(dealer, rejected)
+                events = dict(poller.poll(self.poll_timeout_ms))
+                if sub in events:
+                    self._drain(sub, batch, rejected, "telemetry")
+                if dealer is not None and dealer in events:
+                    self._drain(dealer, batch, rejected, "control")
+            except zmq.ContextTerminated:
+                break
+            except Exception as exc:  # no input may end the receiver: count it, say so, go on
+                self.faults.record(exc)
+                rejected.append(f"receiver: ignored an unexpected {type(exc).__name__}")
             now = time.monotonic()
             if (batch or rejected) and now - last_flush >= self.batch_interval_s:
                 self._flush(batch, rejected)

@@ -69,6 +69,8 @@ def read_rank_file(path: Path) -> tuple[list[Any], list[str]]:
                 problems.append(f"{path.name}: last line is incomplete (torn write), skipped")
             else:
                 problems.append(f"{path.name}: line {i + 1} skipped: {exc.message}")
+        except Exception as exc:  # whatever a file holds, the replay goes on without that line
+            problems.append(f"{path.name}: line {i + 1} skipped: unreadable ({type(exc).__name__})")
     return messages, problems
 
 
