@@ -9,7 +9,13 @@ import msgspec
 
 from ringtop.protocol import EndpointError, Endpoints, check_bind_safe, parse_tcp
 from ringtop.strategies.links import parse_link
-from ringtop.strategies.ds_config import DSConfigError, Owned, load_ds_config, merge_ds_config
+from ringtop.strategies.ds_config import (
+    DSConfigError,
+    Owned,
+    check_command_ds_config,
+    load_ds_config,
+    merge_ds_config,
+)
 
 BUILTIN_MODEL = "tiny-gpt"
 BUILTIN_DATA = "synthetic"
@@ -49,6 +55,8 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     ddp_bucket_cap_mb: float | None = None
     fsdp_sharding: str = "full"
     ds_config: str | None = None
+    ds_config_from_command: bool = False
+    """The config came with a `switch` command, not the launch: only keys that shape training."""
     dtype: str = "fp32"
     grad_clip: float = 0.0
     dist_timeout_s: float = 600.0
@@ -69,6 +77,8 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
         if self.strategy == "fsdp":
             return {"sharding": self.fsdp_sharding}
         if self.strategy in ZERO_STRATEGIES and self.ds_config:
+            if self.ds_config_from_command:
+                return {"ds_config": load_command_ds_config(self.ds_config)}
             return {"ds_config": load_ds_config(self.ds_config)}
         if self.strategy == "pp":
             options: dict[str, Any] = {"schedule": self.pp_schedule, "micro_batches": self.micro_batches}
@@ -87,6 +97,18 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
             if self.ds_config:
                 facts["ds_config"] = self.ds_config
         return facts
+
+
+def load_command_ds_config(path: str) -> dict[str, Any]:
+    """A config named by a command: one message whether it is missing, unreadable or not JSON (a
+    client learns nothing about files), then the allowlist."""
+    try:
+        cfg = load_ds_config(path)
+    except DSConfigError:
+        raise DSConfigError("ds_config: not a readable DeepSpeed JSON config inside the run's checkpoint "
+                            "directory") from None
+    check_command_ds_config(cfg)
+    return cfg
 
 
 def add_agent_arguments(parser: argparse.ArgumentParser) -> None:

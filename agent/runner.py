@@ -43,6 +43,7 @@ from .instruments.step_clock import StepClock, StepTiming, apply_device_phases, 
 from .model import MODEL_SIZES, build_tiny_gpt, count_params
 from .prediction import predict, predict_pipeline_stage
 from .relay import Relay
+from .run_paths import inside_run_directory
 from .telemetry import Telemetry
 
 RINGTOP_VERSION = "0.1.0"
@@ -80,6 +81,8 @@ class Runner:
     def __init__(self, cfg: AgentConfig, ctx: DistContext):
         self.cfg = cfg
         self.ctx = ctx
+        self.launch_ds_config = cfg.ds_config
+        """The --ds-config of the launch: trusted in full, also when a switch names it again."""
         self.step = 0
         self.start_step = 0
         self.stop_reason: str | None = None
@@ -496,8 +499,12 @@ class Runner:
             self.control.reply(session.command, "done", result=result)
 
     def _switch(self, args) -> dict[str, Any]:
+        ds_config, from_command = args.ds_config, False
+        if ds_config is not None and ds_config != self.launch_ds_config:
+            ds_config, from_command = str(inside_run_directory(ds_config, self.cfg.checkpoint_dir, "ds_config")), True
         new_cfg = msgspec.structs.replace(
-            self.cfg, strategy=args.strategy, fsdp_sharding=args.fsdp_sharding or "full", ds_config=args.ds_config,
+            self.cfg, strategy=args.strategy, fsdp_sharding=args.fsdp_sharding or "full", ds_config=ds_config,
+            ds_config_from_command=from_command,
             pp_schedule=args.pp_schedule or self.cfg.pp_schedule, micro_batches=args.micro_batches or self.cfg.micro_batches)
         old = self.strategy.describe()
         try:

@@ -17,6 +17,23 @@ from typing import Any
 AUTO = "auto"
 NEVER_PRINT = 2**31 - 1
 
+COMMAND_KEYS = frozenset({
+    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
+    "bf16", "fp16", "zero_optimization", "communication_data_type", "prescale_gradients",
+    "gradient_predivide_factor", "sparse_gradients", "zero_allow_untested_optimizer",
+})
+"""Top-level keys a config sent with a command may hold: they shape training, and none makes
+DeepSpeed read or write a file. Everything else (flops_profiler, tensorboard, wandb, csv_monitor,
+comms_logger, checkpoint, autotuning, data_efficiency, aio, ...) only from --ds-config at launch."""
+COMMAND_ZERO_KEYS = frozenset({
+    "stage", "allgather_partitions", "allgather_bucket_size", "overlap_comm", "reduce_scatter",
+    "reduce_bucket_size", "contiguous_gradients", "round_robin_gradients", "sub_group_size",
+    "stage3_max_live_parameters", "stage3_max_reuse_distance", "stage3_prefetch_bucket_size",
+    "stage3_param_persistence_threshold", "use_multi_rank_bucket_allreduce",
+})
+"""`zero_optimization` keys a command may set: buckets and overlap, not offload (whose NVMe paths
+DeepSpeed writes to)."""
+
 
 class DSConfigError(ValueError):
     pass
@@ -42,6 +59,23 @@ def load_ds_config(path: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise DSConfigError(f"--ds-config {path}: expected a JSON object at the top level")
     return data
+
+
+def check_command_ds_config(cfg: dict[str, Any]) -> None:
+    """Refuse, with the reason, what a config that came with a command may not hold."""
+    refused = sorted(k for k in cfg if k not in COMMAND_KEYS)
+    zero = cfg.get("zero_optimization", {})
+    if not isinstance(zero, dict):
+        raise DSConfigError("zero_optimization must be a JSON object")
+    refused += sorted(f"zero_optimization.{k}" for k in zero if k not in COMMAND_ZERO_KEYS)
+    for section in ("bf16", "fp16"):
+        if not isinstance(cfg.get(section, {}), dict):
+            raise DSConfigError(f"{section} must be a JSON object")
+    if refused:
+        raise DSConfigError(
+            f"a DeepSpeed config sent with a command may only set keys that shape training; refused: "
+            f"{', '.join(refused[:8])}{' ...' if len(refused) > 8 else ''} (keys that make DeepSpeed read or "
+            "write files - profilers, monitors, offload paths - are taken only from --ds-config at launch)")
 
 
 def merge_ds_config(user: dict[str, Any] | None, stage: int, world_size: int | None, owned: Owned) -> tuple[dict[str, Any], Owned]:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from ringtop.agent.config import ConfigError, parse_agent_args
-from ringtop.strategies.ds_config import DSConfigError, Owned, merge_ds_config
+from ringtop.strategies.ds_config import DSConfigError, Owned, check_command_ds_config, merge_ds_config
 
 # The chapter's stage-2 example (seed/distributed-training-basics.zh.txt, "DeepSpeed 配置"), with its
 # gradient_accumulation_steps turned to "auto": ringtop takes one micro-batch per step.
@@ -70,3 +70,50 @@ def test_the_agent_adopts_the_files_batch_size_and_refuses_a_bad_file(tmp_path):
         parse_agent_args(["--strategy", "zero2", "--ds-config", str(tmp_path / "missing.json")])
     with pytest.raises(ConfigError, match="applies to --strategy zero1, zero2 or zero3 only"):
         parse_agent_args(["--strategy", "ddp", "--ds-config", str(good)])
+
+
+# ---------------------------------------------------------------- configs sent with a command
+
+
+@pytest.mark.parametrize("key", ["flops_profiler", "tensorboard", "wandb", "csv_monitor", "comms_logger",
+                                 "checkpoint", "autotuning", "aio", "data_efficiency"])
+def test_a_command_config_may_not_hold_keys_that_touch_files(key):
+    with pytest.raises(DSConfigError, match=rf"refused: {key}.*only from --ds-config at launch"):
+        check_command_ds_config({"zero_optimization": {"stage": 2}, key: {"enabled": True, "output_path": "/x"}})
+
+
+@pytest.mark.parametrize("key", ["offload_optimizer", "offload_param"])
+def test_a_command_config_may_not_offload_to_a_path(key):
+    with pytest.raises(DSConfigError, match=rf"refused: zero_optimization\.{key}"):
+        check_command_ds_config({"zero_optimization": {"stage": 3, key: {"device": "nvme", "nvme_path": "/x"}}})
+
+
+def test_a_command_config_that_shapes_training_is_accepted():
+    check_command_ds_config(CHAPTER_STAGE2)  # the chapter's example: buckets, overlap, bf16, clipping
+
+
+def test_a_command_config_file_error_says_nothing_about_the_file(tmp_path):
+    from ringtop.agent.config import load_command_ds_config
+
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "list.json").write_text("[]")
+    messages = set()
+    for name in ("missing.json", "bad.json", "list.json"):
+        with pytest.raises(DSConfigError) as info:
+            load_command_ds_config(str(tmp_path / name))
+        messages.add(str(info.value))
+    assert messages == {"ds_config: not a readable DeepSpeed JSON config inside the run's checkpoint directory"}
+
+
+def test_paths_in_commands_stay_inside_the_run(tmp_path):
+    from ringtop.agent.run_paths import OutsideRunError, inside_run_directory
+
+    run = tmp_path / "run" / "checkpoints"
+    run.mkdir(parents=True)
+    (tmp_path / "secret").write_text("x")
+    (run / "link").symlink_to(tmp_path / "secret")
+    assert inside_run_directory("ds.json", str(run), "ds_config") == (run / "ds.json").resolve()
+    assert inside_run_directory(str(run / "sub" / "a.json"), str(run), "ds_config") == (run / "sub" / "a.json").resolve()
+    for escape in ("../secret", str(tmp_path / "secret"), "link", "sub/../../x", "/etc/passwd"):
+        with pytest.raises(OutsideRunError, match="inside the run's checkpoint directory"):
+            inside_run_directory(escape, str(run), "ds_config")

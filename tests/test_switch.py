@@ -4,6 +4,8 @@ continuing exactly like a run that never switched; failures roll back with the s
 from __future__ import annotations
 
 import importlib.util
+import json
+from pathlib import Path
 
 import pytest
 
@@ -102,8 +104,19 @@ def test_failed_switches_roll_back_and_training_goes_on(launch_agents):
     wrapping_fails = switch(run, strategy="fsdp")
     assert wrapping_fails.status == "error" and "rolled back" in wrapping_fails.error
     assert "injected failure while wrapping" in wrapping_fails.error
-    bad_option = switch(run, strategy="zero1", ds_config="/nonexistent/ds.json")
-    assert bad_option.status == "error"
+    # A config named by a command: only inside the run's checkpoint directory, and the error does
+    # not tell a missing file from an existing one; inside, only keys that shape training.
+    outside = [switch(run, strategy="zero1", ds_config=path).error
+               for path in ("/nonexistent/ds.json", str(Path(__file__)), "../../../etc/passwd")]
+    assert len(set(e.replace(str(Path(__file__)), "X") for e in outside)) == 1, outside
+    assert "inside the run's checkpoint directory" in outside[0]
+    run.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    written = run.checkpoint_dir.parent / "overwritten.txt"
+    (run.checkpoint_dir / "profiler.json").write_text(json.dumps(
+        {"zero_optimization": {"stage": 1}, "flops_profiler": {"enabled": True, "output_file": str(written)}}))
+    profiler = switch(run, strategy="zero1", ds_config="profiler.json")
+    assert profiler.status == "error" and "refused: flops_profiler" in profiler.error, profiler.error
+    assert not written.exists()
     unknown = switch(run, strategy="zero9")
     assert unknown.code == "bad_arguments"
     rewrap = switch(run, strategy="ddp")  # the same strategy, re-wrapped through the full state
@@ -114,7 +127,7 @@ def test_failed_switches_roll_back_and_training_goes_on(launch_agents):
     assert run.wait(60) == 0, run.output()[-3000:]
 
     errors = [e for e in run.messages(0) if isinstance(e, Event) and e.kind == "switch" and e.level == "error"]
-    assert len(errors) == 3 and all("still training with ddp" in e.text for e in errors)
+    assert len(errors) == 3 and all("still training with ddp" in e.text for e in errors), [e.text for e in errors]
     # A switch drops DDP's wrapper (its gradient buckets) before wrapping anew; after the rollback
     # the next step wraps the module again, comm hook included: every step still all-reduces
     # every gradient once, and is recorded.

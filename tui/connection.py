@@ -27,6 +27,7 @@ import zmq
 from ringtop.protocol import UI_RANK, Command, ProtocolError, Reply, decode, encode
 from ringtop.protocol.guard import LoopFaults
 
+from .sanitize import sanitized
 from .view_model import ControlReply
 
 OnBatch = Callable[[list[Any], list[str]], None]
@@ -185,6 +186,7 @@ class TelemetryClient:
                 self.rejected += 1
                 rejected.append(f"{channel}: {exc.code}: {exc.message}")
                 continue
+            msg = sanitized(msg)
             if channel == "control":
                 if not isinstance(msg, Reply):
                     self.rejected += 1

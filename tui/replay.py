@@ -15,6 +15,8 @@ from typing import Any, NamedTuple
 
 from ringtop.protocol import ProtocolError, from_json_line
 
+from .sanitize import sanitized
+
 RANK_FILE = re.compile(r"^rank-(\d+)\.jsonl$")
 
 
@@ -63,7 +65,7 @@ def read_rank_file(path: Path) -> tuple[list[Any], list[str]]:
         if not raw.strip():
             continue
         try:
-            messages.append(from_json_line(raw))
+            messages.append(sanitized(from_json_line(raw)))
         except ProtocolError as exc:
             if i == last_index:
                 problems.append(f"{path.name}: last line is incomplete (torn write), skipped")

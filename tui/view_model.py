@@ -33,6 +33,7 @@ from ringtop.protocol import (
 )
 
 from . import fmt
+from .sanitize import visible
 from .pipeline import PipelineState
 
 HISTORY_POINTS = 240
@@ -55,6 +56,8 @@ VERDICT_KINDS = ("verdict", "verdict_cleared", "diagnosis", "verdicts_active")
 listed as events), shown on their own line rather than as the Overview's last warning."""
 MAX_CLEARED_VERDICTS = 20
 REJECT_EVENT_EVERY_S = 1.0
+MAX_RANKS_BEFORE_HELLO = 1024
+"""Rows the view makes for ranks it has no Hello for yet (a Hello from rank 0 gives the real count)."""
 """At most one event line per this many seconds for rejected frames; all are counted."""
 
 CONNECTION_STATES = ("waiting", "live", "stale", "ended")
@@ -491,7 +494,14 @@ class RunView:
                 self._add_event(msg.level, None, msg.text or msg.kind, msg.ts, kind=msg.kind)
             return
         if isinstance(msg, Hello):
+            if msg.rank >= msg.world_size:
+                self.note_rejected(f"hello from rank {msg.rank} of a world of {msg.world_size}", now)
+                return
             self._on_hello(msg, now)
+            return
+        if msg.rank not in self.ranks and not self._may_add_row(msg.rank):
+            self.note_rejected(f"{msg.__struct_config__.tag} from rank {msg.rank}, outside the run's "
+                               f"{self.facts.world_size or MAX_RANKS_BEFORE_HELLO} ranks", now)
             return
         row = self._row(msg.rank)
         self._track_seq(row, msg)
@@ -668,6 +678,13 @@ class RunView:
         return sum(r.drops for r in self.ranks.values())
 
     # ------------------------------------------------------------------ internals
+
+    def _may_add_row(self, rank: int) -> bool:
+        """A row only for a rank of the run: below the world size its Hello gave, and before any
+        Hello at most MAX_RANKS_BEFORE_HELLO rows (forged ranks never make thousands)."""
+        if self.facts.world_size:
+            return 0 <= rank < self.facts.world_size
+        return 0 <= rank and len(self.ranks) < MAX_RANKS_BEFORE_HELLO
 
     def _row(self, rank: int) -> RankRow:
         row = self.ranks.get(rank)
@@ -1032,8 +1049,8 @@ class RunView:
 
     def _add_event(self, level: str, rank: int | None, text: str, ts: float, *, kind: str = "",
                    cmd_id: str = "") -> None:
-        line = EventLine(seq=self.events_total, ts=ts or time.time(), level=level, rank=rank, text=text,
-                         kind=kind, cmd_id=cmd_id)
+        line = EventLine(seq=self.events_total, ts=ts or time.time(), level=level, rank=rank, text=visible(text),
+                         kind=visible(kind), cmd_id=visible(cmd_id))
         self.events_total += 1
         self.events.append(line)
         if level in ("warn", "error") and kind not in VERDICT_KINDS:  # verdicts have their own line

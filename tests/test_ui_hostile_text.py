@@ -1,0 +1,102 @@
+"""The UI never passes wire text raw to the terminal, and never draws phantom ranks: hostile
+messages published to the real app over a real socket, checked through a Pilot."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import zmq
+from textual.widgets import DataTable, RichLog, Static
+
+from ringtop.protocol import Event, Hello, Reply, Step, encode, free_tcp_port
+from ringtop.tui.app import RingtopApp
+from ringtop.tui.sanitize import visible
+from ui_waits import eventually
+
+pytestmark = pytest.mark.timeout(60)
+
+ESCAPES = "\x1b]0;pwned\x07\x1b[2J\x1b[31m\x9b1m\r"
+
+
+def hostile_messages(seq: int) -> list[tuple[bytes, object]]:
+    hello = [Hello(rank=r, seq=seq, ts=1000.0, run_id="7f3a9c21", world_size=2, host=f"node-{r}{ESCAPES}",
+                   strategy="ddp", model="tiny-gpt") for r in (0, 1)]
+    return [
+        *((f"hello.{h.rank}".encode(), h) for h in hello),
+        *((f"step.{r}".encode(), Step(rank=r, seq=seq + 1, ts=1001.0, step=3, loss=2.5, step_ms=100.0)) for r in (0, 1)),
+        (b"event.0", Event(rank=0, seq=seq + 2, ts=1002.0, level="warn", kind="note", text=f"look{ESCAPES}here")),
+        (b"reply.0", Reply(rank=0, seq=seq + 3, ts=1003.0, id=f"id{ESCAPES}", status="error", cmd="status",
+                           error=f"bad{ESCAPES}")),
+        (b"step.5000", Step(rank=5000, seq=seq, ts=1001.0, step=3, loss=2.5, step_ms=100.0)),  # no such rank
+        (b"hello.7", Hello(rank=7, seq=seq, run_id="7f3a9c21", world_size=2)),  # a rank outside its own world
+    ]
+
+
+class HostilePublisher:
+    """Publishes the hostile set over and over (PUB/SUB drops what precedes the subscription)."""
+
+    def __init__(self) -> None:
+        self.address = f"tcp://127.0.0.1:{free_tcp_port()}"
+        self.stop = threading.Event()
+        self.bound = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        assert self.bound.wait(5)
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(5)
+
+    def _run(self) -> None:
+        pub = zmq.Context.instance().socket(zmq.PUB)
+        pub.setsockopt(zmq.LINGER, 0)
+        pub.bind(self.address)
+        self.bound.set()
+        seq = 0
+        try:
+            while not self.stop.wait(0.05):
+                for topic, msg in hostile_messages(seq):
+                    pub.send_multipart([topic, encode(msg)])
+                seq += 4
+        finally:
+            pub.close()
+
+
+def everything_drawn(app: RingtopApp) -> str:
+    """The text of every Static, table cell and event line on screen."""
+    parts = [str(w.content) for w in app.query(Static)]
+    for table in app.query(DataTable):
+        parts += [str(table.get_cell_at((r, c))) for r in range(table.row_count) for c in range(len(table.columns))]
+    parts += [strip.text for strip in app.query_one("#event-log", RichLog).lines]
+    return "\n".join(parts)
+
+
+def test_visible_shows_every_control_character_and_keeps_text():
+    assert visible("plain text, ünïcode ✓") == "plain text, ünïcode ✓"
+    assert visible("a\x1b[2Jb\x07c\x9bd\r\n\te") == "a\\x1b[2Jb\\x07c\\x9bd\\x0d  e"
+    assert all(ord(ch) >= 0x20 and not 0x7f <= ord(ch) <= 0x9f for ch in visible("".join(map(chr, range(0x100)))))
+
+
+async def test_escape_sequences_are_shown_visibly_and_phantom_ranks_are_refused():
+    with HostilePublisher() as pub:
+        app = RingtopApp(publish_addr=pub.address, control_addr=None)
+        async with app.run_test(size=(160, 48)) as pilot:
+            def rows_and_events():
+                assert set(app.view.ranks) == {0, 1}
+                assert app.query_one("#ranks", DataTable).row_count == 2
+                assert any("look" in e.text for e in app.view.events)
+                assert app.view.rejected_total > 0
+            await eventually(pilot, rows_and_events)
+            await pilot.press("5")
+
+            def drawn_safely():
+                text = everything_drawn(app)
+                assert "node-0\\x1b]0;pwned\\x07" in text and "look\\x1b]0;pwned" in text
+                assert not any(ord(ch) < 0x20 and ch != "\n" or 0x7f <= ord(ch) <= 0x9f for ch in text)
+                assert "rank 5000" in text and "outside the run's 2 ranks" in text
+            await eventually(pilot, drawn_safely)
+            assert 5000 not in app.view.ranks and 7 not in app.view.ranks
