@@ -12,6 +12,7 @@ from ringtop.strategies.base import StrategyError
 from .checkpoint import CheckpointError
 from .config import ConfigError, parse_agent_args
 from .distributed import DeviceError, exit_rank, init_distributed
+from .lifecycle import EXIT_WITH_PARENT_ENV, exit_with_parent
 from .factories import FactoryError
 from .runner import Interrupted, Runner
 
@@ -19,6 +20,12 @@ from .runner import Interrupted, Runner
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     rank = os.environ.get("RANK", "0")
+    if os.environ.get(EXIT_WITH_PARENT_ENV) == "1":
+        parent = os.getppid()
+        exit_with_parent()  # the launcher dies (even SIGKILLed): this rank gets SIGTERM, stops cleanly
+        if os.getppid() != parent:  # it died before we asked
+            print(f"ringtop agent [rank {rank}]: the launcher is gone; not starting", file=sys.stderr)
+            return 1
     try:
         cfg = parse_agent_args(argv)
     except ConfigError as exc:

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ringtop.agent.lifecycle import EXIT_WITH_PARENT_ENV, exit_with_parent
+
 
 def launcher_command(nproc: int, agent_args: list[str]) -> list[str]:
     return [
@@ -21,17 +23,20 @@ def launcher_command(nproc: int, agent_args: list[str]) -> list[str]:
 
 
 def start_ranks(nproc: int, agent_args: list[str], output_file: Path | None = None) -> subprocess.Popen:
-    """In a new session so one signal reaches the launcher and every rank it started."""
+    """In a new session so one signal reaches the launcher and every rank it started; the launcher
+    gets SIGTERM from the kernel if this process dies without stopping it (even by SIGKILL)."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("PYTHONWARNINGS", "ignore")
+    env[EXIT_WITH_PARENT_ENV] = "1"
     out = None
     if output_file is not None:
         output_file.parent.mkdir(parents=True, exist_ok=True)
         out = open(output_file, "ab")
     try:
         return subprocess.Popen(launcher_command(nproc, agent_args), env=env, stdout=out,
-                                stderr=subprocess.STDOUT if out else None, start_new_session=True)
+                                stderr=subprocess.STDOUT if out else None, start_new_session=True,
+                                preexec_fn=exit_with_parent)
     finally:
         if out is not None:
             out.close()
@@ -84,10 +89,44 @@ def stop_ranks(proc: subprocess.Popen, timeout_s: float = 15.0) -> int:
     return proc.returncode
 
 
+class _Stopped(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_stopped(signum, frame):
+    raise _Stopped(signum)
+
+
+def forward_stop_signals(proc: subprocess.Popen) -> None:
+    """SIGTERM (timeout, scancel, systemd) and SIGHUP (the ssh session dropped) stop the ranks
+    before this process exits, as Ctrl-C does; for use while something else (the UI) runs."""
+    def stop(signum, frame):
+        signal.signal(signum, signal.SIG_IGN)  # a second one while stopping changes nothing
+        print(f"\nringtop: {signal.Signals(signum).name}: stopping the ranks ...", file=sys.stderr, flush=True)
+        stop_ranks(proc)
+        os._exit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop)
+
+
 def wait_ranks(proc: subprocess.Popen) -> int:
-    """Wait for the run; Ctrl-C stops it cleanly."""
+    """Wait for the run. Ctrl-C, SIGTERM and SIGHUP stop it cleanly: the ranks get SIGTERM (they
+    finish the step and send their Bye), whatever is left after a grace period is killed; the
+    exit code is 130 for Ctrl-C, 128 + the signal otherwise."""
+    previous = {sig: signal.signal(sig, _raise_stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         return proc.wait()
-    except KeyboardInterrupt:
-        print("\nringtop: stopping the ranks ...", file=sys.stderr)
-        return stop_ranks(proc)
+    except (KeyboardInterrupt, _Stopped) as exc:
+        signum = exc.signum if isinstance(exc, _Stopped) else signal.SIGINT
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
+        print(f"\nringtop: {signal.Signals(signum).name}: stopping the ranks ...", file=sys.stderr, flush=True)
+        code = stop_ranks(proc)
+        print(f"ringtop: the ranks stopped (launcher exit code {code})", file=sys.stderr, flush=True)
+        return 128 + signum
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -79,7 +79,9 @@ def _run(args: argparse.Namespace, agent_args: list[str]) -> int:
     from .launch import start_ranks, wait_ranks
 
     if not args.ui:
-        return wait_ranks(start_ranks(args.nproc, agent_args))
+        code = wait_ranks(start_ranks(args.nproc, agent_args))
+        _report_failure(code, _option_value(agent_args, "--log-dir"))
+        return code
     log_dir = Path(_option_value(agent_args, "--log-dir") or f"runs/run-{time.strftime('%Y%m%d-%H%M%S')}")
     if _option_value(agent_args, "--log-dir") is None:
         agent_args = [*agent_args, "--log-dir", str(log_dir)]
@@ -91,16 +93,28 @@ def _run(args: argparse.Namespace, agent_args: list[str]) -> int:
 def _run_with_ui(nproc: int, agent_args: list[str], log_dir: Path, publish: str, control: str) -> int:
     from ringtop.tui.app import run_live
 
-    from .launch import start_ranks, wait_ranks
+    from .launch import forward_stop_signals, start_ranks, wait_ranks
 
     output = log_dir / "agents.log"
     proc = start_ranks(nproc, agent_args, output_file=output)
+    forward_stop_signals(proc)
     run_live(publish, control)
     if proc.poll() is None:
         print(f"ringtop: the UI is closed; the {nproc} ranks keep training (output: {output}).\n"
               f"  re-attach:  ringtop ui --connect {publish} --control {control}\n"
               f"  stop them:  Ctrl-C here, or  ringtop ctl --connect {control} stop", file=sys.stderr)
-    return wait_ranks(proc)
+    code = wait_ranks(proc)
+    _report_failure(code, str(log_dir))
+    return code
+
+
+def _report_failure(code: int, log_dir: str | None) -> None:
+    """A failed run ends with one line naming the rank that failed first (not after a stop signal)."""
+    if code == 0 or code >= 128:
+        return
+    from .summary import failure_line
+
+    print(failure_line(Path(log_dir) if log_dir else None, code), file=sys.stderr)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -119,6 +133,7 @@ def _demo(args: argparse.Namespace) -> int:
               file=sys.stderr)
         code = wait_ranks(start_ranks(args.nproc, [*agent_args, "--print-every", "10"]))
         print_summary(log_dir)
+        _report_failure(code, str(log_dir))
         print(f"\nreplay it:  ringtop replay {log_dir}")
         return code
     return _run_with_ui(args.nproc, agent_args, log_dir, publish, control)

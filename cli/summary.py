@@ -62,3 +62,25 @@ def print_summary(log_dir: Path) -> None:
         print("\ndiagnosis: " + ("no problems found" if not verdicts else ""))
         for v in verdicts:
             print(f"  ⚠ {v['text']}\n    advice: {v['advice']}")
+
+
+def failure_line(log_dir: Path | None, launcher_code: int) -> str:
+    """One line saying which rank failed first, from the ranks' logs: a rank whose log ends
+    without a Bye was killed (or crashed hard) and is named before ranks whose Bye reports the
+    error its death caused them."""
+    if log_dir is None or not any(log_dir.glob("rank-*.jsonl")):
+        return f"ringtop: the run failed (launcher exit code {launcher_code}); see the launcher's report above"
+    silent, failed = [], []
+    for path in sorted(log_dir.glob("rank-*.jsonl"), key=lambda p: int(p.stem.split("-")[1])):
+        messages = read_log(path)
+        rank = int(path.stem.split("-")[1])
+        last_step = max((m.step for m in messages if isinstance(m, Step)), default=0)
+        bye = messages[-1] if messages and isinstance(messages[-1], Bye) else None
+        if bye is None:
+            silent.append(f"rank {rank} ended without a Bye after step {last_step} (killed by a signal, or crashed)")
+        elif not bye.ok:
+            failed.append(f"rank {rank}: {bye.reason}")
+    causes = silent + failed
+    if not causes:
+        return f"ringtop: the launcher exited with code {launcher_code} after every rank said Bye"
+    return "ringtop: the run failed: " + "; ".join(causes[:3]) + (" ..." if len(causes) > 3 else "")

@@ -142,16 +142,55 @@ def test_connection_states_with_explicit_now():
     assert v.tick(103.0) == "live"
     assert v.tick(103.5) == "stale"
     v.apply(step(0, 1, seq=1), now=104.0)
-    assert v.tick(104.1) == "live"
-    assert v.ranks[1].silent_s == pytest.approx(4.1)
+    assert v.tick(104.0) == "live"
+    assert v.ranks[1].silent_s == pytest.approx(4.0) and not v.ranks[1].dead
+    v.apply(Heartbeat(rank=1, seq=1, step=0), now=104.5)
     v.apply(Bye(rank=0, seq=2, ts=1005.0, reason="finished", step=1), now=105.0)
     assert v.tick(105.0) == "live"  # rank 1 still running
     assert v.ranks[0].ended and v.ranks[0].bye_reason == "finished"
-    v.apply(Bye(rank=1, seq=1, ts=1005.0, reason="killed", ok=False), now=105.0)
+    v.apply(Bye(rank=1, seq=2, ts=1005.0, reason="killed", ok=False), now=105.0)
     assert v.is_ended
-    assert v.tick(500.0) == "ended"
-    assert v.events[-1].kind == "ended"
+    assert v.tick(500.0) == "failed" and v.failure == "rank 1: killed"
+    assert v.events[-1].kind == "failed" and "rank 1: killed" in v.events[-1].text
     assert any(e.level == "error" and e.rank == 1 and "killed" in e.text for e in v.events)
+    clean = RunView()
+    clean.apply(hello(0, world_size=1), now=1.0)
+    clean.apply(Bye(rank=0, seq=1, ts=1001.0, reason="finished"), now=2.0)
+    assert clean.tick(50.0) == "ended" and clean.failure is None and clean.events[-1].kind == "ended"
+
+
+def test_the_rank_that_died_is_named_not_the_peer_that_failed_after_it():
+    """Rank 1 is SIGKILLed: it just stops; rank 0's next collective fails and it says a failed Bye."""
+    v = RunView()
+    for r in (0, 1):
+        v.apply(hello(r), now=10.0)
+        v.apply(step(r, 1, seq=1), now=11.0)
+    v.apply(Heartbeat(rank=0, seq=2, step=1), now=12.0)  # rank 1 sends nothing after t=11
+    v.apply(Bye(rank=0, seq=3, ts=1013.0, reason="error: DistBackendError: connection reset by peer",
+                ok=False, step=1), now=13.0)
+    assert v.tick(14.0) == "live" and not v.ranks[1].dead  # 3 s: could be a slow step
+    assert v.tick(15.5) == "failed"
+    assert v.ranks[1].dead and not v.ranks[0].dead
+    assert v.failure == "rank 1 died at step 1 (no message for 4 s)"
+    assert [e.kind for e in v.events][-2:] == ["dead", "failed"] and v.events[-2].rank == 1
+
+
+def test_nobody_is_dead_when_the_ui_hears_no_rank_at_all():
+    v = RunView()
+    for r in (0, 1):
+        v.apply(hello(r), now=10.0)
+    assert v.tick(100.0) == "stale" and not any(r.dead for r in v.ranks.values())
+
+
+def test_a_dead_rank_that_speaks_again_is_alive():
+    v = RunView()
+    for r in (0, 1):
+        v.apply(hello(r), now=10.0)
+    v.apply(step(0, 1, seq=1), now=16.0)
+    v.tick(16.0)
+    assert v.ranks[1].dead
+    v.apply(step(1, 1, seq=1), now=17.0)
+    assert not v.ranks[1].dead and v.tick(17.0) == "live"
 
 
 def test_not_ended_while_world_size_not_all_said_bye():

@@ -72,6 +72,7 @@ STATE_STYLE = {
     "waiting": ("○ waiting", "dim"),
     "stale": ("◌ stale", "bold yellow"),
     "ended": ("■ ended", "bold"),
+    "failed": ("✖ failed", "bold red"),
 }
 LEVEL_STYLE = {"info": "cyan", "warn": "bold yellow", "error": "bold red"}
 PHASE_STYLE = {"pending": ("…", "yellow"), "running": ("◐", "bold yellow"), "done": ("✓", "green"),
@@ -237,7 +238,7 @@ class RingtopApp(App):
         self._replay_problems = list(problems)
         self.replay_applied = 0
         self.replay_loaded = not self.replay
-        self.view = RunView(stale_after_s=stale_after_s)
+        self.view = RunView(stale_after_s=stale_after_s, watch_liveness=not self.replay)
         if link_peak_gbps:
             # the hook for the link's peak (GB/s per direction, as ringtop.strategies.links), e.g. `--link`
             self.view.set_link_peak(link_peak_gbps, "configured")
@@ -578,6 +579,8 @@ class RingtopApp(App):
         else:
             label, style = STATE_STYLE.get(v.state, (v.state, ""))
             t.append(label, style=style)
+            if v.state == "failed":
+                t.append(f": {v.failure}", style="red")
         return t
 
     def _replay_pct(self) -> float:
@@ -610,7 +613,9 @@ class RingtopApp(App):
         if row.mem_is_cuda and row.device_mem_total_bytes:
             mem = f"{row.mem_cuda_bytes / 2**30:.1f}/{row.device_mem_total_bytes / 2**30:.0f}G"
         note, note_style = "", ""
-        if row.ended:
+        if row.dead:
+            note, note_style = f"dead: silent {fmt.ago(row.silent_s)}", "bold red"
+        elif row.ended:
             note, note_style = f"ended: {row.bye_reason}", ("" if row.bye_ok else "red")
         elif not self.replay and row.silent_s > v.stale_after_s:
             note, note_style = f"silent {fmt.ago(row.silent_s)}", "yellow"

@@ -60,7 +60,10 @@ MAX_RANKS_BEFORE_HELLO = 1024
 """Rows the view makes for ranks it has no Hello for yet (a Hello from rank 0 gives the real count)."""
 """At most one event line per this many seconds for rejected frames; all are counted."""
 
-CONNECTION_STATES = ("waiting", "live", "stale", "ended")
+CONNECTION_STATES = ("waiting", "live", "stale", "ended", "failed")
+DEAD_AFTER_S = 4.0
+"""A rank that sent nothing (not even its 1 s heartbeat) for this long, while the UI still hears
+other ranks or another rank has ended, is marked dead: killed, or its whole process is hung."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +241,10 @@ class RankRow:
     silent_s: float = 0.0
     said_hello: bool = False
     ended: bool = False
+    dead: bool = False
+    """Silent past DEAD_AFTER_S while others were heard: died without a Bye (or hung whole)."""
+    ended_at: float | None = None
+    """`now` of its Bye, or of its last message when it was found dead: which failure came first."""
     bye_reason: str = ""
     bye_ok: bool = True
     slowest: bool = False
@@ -420,8 +427,10 @@ class RunView:
     """Aggregates ringtop protocol messages into what the screens show."""
 
     def __init__(self, stale_after_s: float = 3.0, history_points: int = HISTORY_POINTS,
-                 max_events: int = MAX_EVENTS) -> None:
+                 max_events: int = MAX_EVENTS, watch_liveness: bool = True) -> None:
         self.stale_after_s = stale_after_s
+        self.watch_liveness = watch_liveness
+        """Mark silent ranks dead (live runs; a replay has no clock to be silent against)."""
         self.history_points = history_points
         self.max_events = max_events
         self._configured_peak: tuple[float, str] = (0.0, "")
@@ -438,6 +447,7 @@ class RunView:
         self.commands: dict[str, CommandState] = {}
         self._replies_seen: set[tuple[str, str]] = set()
         self.messages_total = 0
+        self._failure_reported = False
         self.rejected_total = 0
         self._rejected_unreported = 0
         self._last_reject_event: float | None = None
@@ -504,6 +514,10 @@ class RunView:
                                f"{self.facts.world_size or MAX_RANKS_BEFORE_HELLO} ranks", now)
             return
         row = self._row(msg.rank)
+        if row.dead:
+            row.dead, row.ended_at = False, None
+            self._live.add(row.rank)
+            self._add_event("info", row.rank, f"rank {row.rank} is sending again", msg.ts, kind="dead")
         self._track_seq(row, msg)
         row.last_seen = now
         row.last_ts = max(row.last_ts, msg.ts)
@@ -590,6 +604,8 @@ class RunView:
         """Update connection state (and per-rank silence) as of `now`; returns the state."""
         for row in self.ranks.values():
             row.silent_s = 0.0 if row.last_seen is None or row.ended else max(0.0, now - row.last_seen)
+        if self.watch_liveness:
+            self._find_dead(now)
         self._ensure_slowest()
         self.state = self.connection_state(now)
         return self.state
@@ -600,17 +616,50 @@ class RunView:
         if self._last_rx is None:
             return "waiting"
         if self.is_ended:
-            return "ended"
+            return "failed" if self.failure is not None else "ended"
         return "live" if now - self._last_rx <= self.stale_after_s else "stale"
 
     @property
     def is_ended(self) -> bool:
-        """Every rank we know of said Bye (and, when the world size is known, all of them did)."""
-        known = [r for r in self.ranks.values() if r.said_hello or r.ended] or list(self.ranks.values())
-        if not known or not all(r.ended for r in known):
+        """Every rank we know of said Bye or died (and, when the world size is known, all of them)."""
+        known = [r for r in self.ranks.values() if r.said_hello or r.ended or r.dead] or list(self.ranks.values())
+        if not known or not all(r.ended or r.dead for r in known):
             return False
         ws = self.facts.world_size
-        return ws <= 0 or sum(1 for r in self.ranks.values() if r.ended) >= ws
+        return ws <= 0 or sum(1 for r in self.ranks.values() if r.ended or r.dead) >= ws
+
+    @property
+    def failure(self) -> str | None:
+        """What failed first, in words: the earliest dead rank or failed Bye; None if nothing did.
+        A rank that dies takes its peers down with it, and their errors arrive first: the dead rank
+        went silent before them, so it is named."""
+        failed = [r for r in self.ranks.values() if r.dead or (r.ended and not r.bye_ok)]
+        if not failed:
+            return None
+        first = min(failed, key=lambda r: (r.ended_at if r.ended_at is not None else math.inf, r.rank))
+        if first.dead:
+            return f"rank {first.rank} died at step {first.step} (no message for {DEAD_AFTER_S:.0f} s)"
+        return f"rank {first.rank}: {first.bye_reason}"
+
+    def _find_dead(self, now: float) -> None:
+        heard = [r for r in self.ranks.values() if r.last_seen is not None and now - r.last_seen <= DEAD_AFTER_S]
+        others_ended = any(r.ended for r in self.ranks.values())
+        for row in self.ranks.values():
+            if row.ended or row.dead or row.last_seen is None or now - row.last_seen <= DEAD_AFTER_S:
+                continue
+            if not heard and not others_ended:
+                continue  # everyone is silent: the UI lost the run, not a rank
+            row.dead, row.ended_at = True, row.last_seen
+            self._live.discard(row.rank)
+            self._slowest_dirty = True
+            self.comm_version += 1
+            self._add_event("error", row.rank, f"rank {row.rank} stopped sending at step {row.step}: no heartbeat for "
+                            f"{now - row.last_seen:.0f} s while other ranks were heard; it died or its process hung",
+                            time.time(), kind="dead")
+            self._close_pending_steps()
+        if self.is_ended and self.failure is not None and not self._failure_reported:
+            self._failure_reported = True
+            self._add_event("error", None, f"the run failed: {self.failure}", time.time(), kind="failed")
 
     def rows(self) -> list[RankRow]:
         self._ensure_slowest()
@@ -979,6 +1028,7 @@ class RunView:
         was_ended = self.is_ended
         row.bye_ts = msg.ts
         row.ended = True
+        row.ended_at = row.last_seen
         self.comm_version += 1  # the Comm tab's slowest rank is among live ranks
         self._live.discard(row.rank)
         row.bye_reason = msg.reason or ("finished" if msg.ok else "failed")
@@ -988,15 +1038,22 @@ class RunView:
         level = "info" if msg.ok else "error"
         self._add_event(level, msg.rank, f"bye at step {msg.step}: {row.bye_reason}", msg.ts, kind="bye")
         self._slowest_dirty = True
-        # a rank that left must not hold open the cross-rank chart
+        self._close_pending_steps()
+        if self.is_ended and not was_ended:
+            if self.failure is None:
+                self._add_event("info", None, "every rank said bye: the run has ended", msg.ts, kind="ended")
+            elif not self._failure_reported:
+                self._failure_reported = True
+                self._add_event("error", None, f"the run failed: {self.failure}", msg.ts, kind="failed")
+
+    def _close_pending_steps(self) -> None:
+        """A rank that left must not hold open the cross-rank chart."""
         expected = self._live
         for s in sorted(self._pending):
             if expected.issubset(self._pending[s]):
                 self._close_step(s, self._pending.pop(s))
             else:
                 break
-        if self.is_ended and not was_ended:
-            self._add_event("info", None, "every rank said bye: the run has ended", msg.ts, kind="ended")
 
     def _on_reply(self, msg: Reply) -> None:
         # Each reply reaches the UI that sent the command twice: on its control socket and on

@@ -1,0 +1,138 @@
+"""No rank outlives the command that started it: `ringtop run` stopped by SIGTERM (timeout,
+scancel, systemd), SIGHUP (the ssh session dropped) or even SIGKILL leaves no agent behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ringtop.cli.launch import descendants, kill_all
+from ringtop.protocol import Bye, Step, free_tcp_port, read_log
+
+from conftest import agent_env
+
+pytestmark = pytest.mark.timeout(150)
+
+
+def start_cli(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    log_dir = tmp_path / "logs"
+    ports = [f"tcp://127.0.0.1:{free_tcp_port()}" for _ in range(3)]
+    cmd = [sys.executable, "-m", "ringtop.cli", "run", "--nproc", "2", "--", "--steps", "0", "--batch-size", "2",
+           "--seq-len", "16", "--log-dir", str(log_dir), "--checkpoint-dir", str(tmp_path / "ckpt"),
+           "--publish", ports[0], "--relay", ports[1], "--control", ports[2]]
+    out = open(tmp_path / "cli.txt", "wb")
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=agent_env(), start_new_session=True)
+    out.close()
+    return proc, log_dir
+
+
+def wait_for_training(proc: subprocess.Popen, log_dir: Path, tmp_path: Path, timeout_s: float = 90) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if all(any(isinstance(m, Step) for m in read_log(log_dir / f"rank-{r}.jsonl")) for r in (0, 1)):
+            return
+        assert proc.poll() is None, (tmp_path / "cli.txt").read_text(errors="replace")[-3000:]
+        time.sleep(0.2)
+    raise AssertionError("the ranks never trained")
+
+
+def alive(pids: list[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    out.append(pid)
+        except OSError:
+            pass
+    return out
+
+
+def wait_gone(pids: list[int], timeout_s: float) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return alive(pids)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_stop_signal_to_ringtop_run_stops_every_rank_cleanly(tmp_path, sig):
+    proc, log_dir = start_cli(tmp_path)
+    family: list[int] = []
+    try:
+        wait_for_training(proc, log_dir, tmp_path)
+        family = descendants(proc.pid)
+        assert len(family) >= 3, "a launcher and two ranks"
+        os.kill(proc.pid, sig)  # the CLI alone, as timeout(1) or a dropped ssh session would
+        assert proc.wait(60) == 128 + sig
+        assert wait_gone(family, 30) == [], "a process outlived `ringtop run`"
+        for rank in (0, 1):
+            last = read_log(log_dir / f"rank-{rank}.jsonl")[-1]
+            assert isinstance(last, Bye), f"rank {rank} did not stop cleanly: {last}"
+        assert f"{sig.name}: stopping the ranks" in (tmp_path / "cli.txt").read_text()
+    finally:
+        kill_all([proc.pid, *family])
+
+
+def test_sigkill_to_ringtop_run_still_leaves_no_rank(tmp_path):
+    proc, log_dir = start_cli(tmp_path)
+    family: list[int] = []
+    try:
+        wait_for_training(proc, log_dir, tmp_path)
+        family = descendants(proc.pid)
+        os.kill(proc.pid, signal.SIGKILL)  # no handler runs: the kernel tells the launcher (PR_SET_PDEATHSIG)
+        proc.wait(10)
+        assert wait_gone(family, 30) == [], "a process outlived a SIGKILLed `ringtop run`"
+    finally:
+        kill_all([proc.pid, *family])
+
+
+def test_a_rank_whose_launcher_is_killed_stops(tmp_path):
+    """The launcher itself SIGKILLed: each rank asked the kernel for a SIGTERM when its parent dies."""
+    proc, log_dir = start_cli(tmp_path)
+    family: list[int] = []
+    try:
+        wait_for_training(proc, log_dir, tmp_path)
+        family = descendants(proc.pid)
+        launcher = family[0]
+        ranks = descendants(launcher)
+        os.kill(launcher, signal.SIGKILL)
+        assert wait_gone(ranks, 30) == [], "a rank outlived its launcher"
+        for rank in (0, 1):
+            assert isinstance(read_log(log_dir / f"rank-{rank}.jsonl")[-1], Bye)
+    finally:
+        kill_all([proc.pid, *family])
+
+
+def test_a_killed_rank_is_named_when_ringtop_run_exits(tmp_path):
+    proc, log_dir = start_cli(tmp_path)
+    family: list[int] = []
+    try:
+        wait_for_training(proc, log_dir, tmp_path)
+        family = descendants(proc.pid)
+        rank1 = next(pid for pid in family if _rank_of(pid) == 1)
+        os.kill(rank1, signal.SIGKILL)
+        code = proc.wait(90)
+        assert code not in (0, 128 + signal.SIGTERM)
+        assert wait_gone(family, 30) == []
+        last = (tmp_path / "cli.txt").read_text(errors="replace").strip().splitlines()[-1]
+        assert last.startswith("ringtop: the run failed: rank 1 ended without a Bye"), last
+    finally:
+        kill_all([proc.pid, *family])
+
+
+def _rank_of(pid: int) -> int | None:
+    try:
+        environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+    except OSError:
+        return None
+    for item in environ:
+        if item.startswith(b"RANK="):
+            return int(item[5:])
+    return None
