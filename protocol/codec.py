@@ -59,11 +59,16 @@ def _decode(data: bytes, max_bytes: int, decoder, header_decoder, fmt: str) -> M
     if len(data) > max_bytes:
         raise OversizeError(f"message of {len(data)} bytes exceeds the limit of {max_bytes} bytes")
     try:
+        return _decode_checked(data, decoder, header_decoder, fmt)
+    except RecursionError:  # msgspec stops cleanly at the interpreter's recursion limit, wherever it is
+        raise MalformedError(f"message nested deeper than {MAX_DEPTH} levels") from None
+
+
+def _decode_checked(data: bytes, decoder, header_decoder, fmt: str) -> Message:
+    try:
         msg = decoder.decode(data)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise _diagnose(data, exc, header_decoder, fmt) from None
-    except RecursionError:  # msgspec stops at the interpreter's recursion limit, cleanly
-        raise MalformedError(f"message nested deeper than {MAX_DEPTH} levels") from None
     for name in _FREE_FORM_FIELDS:
         value = getattr(msg, name, None)
         if value and _depth(value) > MAX_DEPTH:

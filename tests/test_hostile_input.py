@@ -127,6 +127,8 @@ def hostile_frames(n: int, seed: int) -> list[bytes]:
     specials = [
         b"\x85" + b"".join(msgspec.msgpack.encode(x) for x in ("v", 1, "type", "command", "id", "d", "cmd", "status",
                                                                  "args")) + b"\x81\xa1k" * 1000 + b"\x01",
+        b"\x85" + b"".join(msgspec.msgpack.encode(x) for x in ("v", 1, "type", "command", "id", 5, "cmd", "status",
+                                                                 "args")) + b"\x81\xa1k" * 1000 + b"\x01",
         encode(Command(id="\x1b]0;pwned\x07\x1b[2J", cmd="\x1b[31mexplode")),
         encode(Step(step=1, loss=1.0, step_ms=1.0)), encode(Bye(reason="forged")),
         msgspec.msgpack.encode({"v": 1, "type": "command", "id": "x" * 100_000, "cmd": "status"}),
@@ -180,6 +182,7 @@ def test_the_live_control_server_answers_every_hostile_frame_and_keeps_serving()
         server.stop()
     assert sum(codes.values()) == len(frames)
     assert codes.get("malformed", 0) > 0 and codes.get("oversize", 0) > 0, codes
+    assert "internal" not in codes and server.faults.count == 0, "every frame met a specific check"
 
 
 def subscriber(address: str) -> zmq.Socket:

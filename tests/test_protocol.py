@@ -857,6 +857,13 @@ def test_deep_nesting_is_refused_without_recursion(depth):
              + mp("args") + b"\x81\xa1k" * depth + b"\x01")  # by hand: an encoder would recurse itself
     with pytest.raises(MalformedError, match="nested deeper than"):
         decode(frame)
+    # deep after a field that is already invalid (the diagnosis re-reads the frame), and deep in `type`
+    bad_id_first = (b"\x85" + mp("v") + mp(1) + mp("type") + mp("command") + mp("id") + mp(5) + mp("cmd")
+                    + mp("status") + mp("args") + b"\x81\xa1k" * depth + b"\x01")
+    deep_type = b"\x83" + mp("v") + mp(1) + mp("type") + b"\x81\xa1k" * depth + b"\x01" + mp("x") + mp(1)
+    for other in (bad_id_first, deep_type):
+        with pytest.raises((MalformedError, InvalidMessageError, UnknownTypeError)):
+            decode(other)
     line = b'{"v":1,"type":"event","data":' + b'{"k":' * depth + b"1" + b"}" * depth + b"}"
     with pytest.raises(MalformedError, match="nested deeper than"):
         from_json_line(line, max_bytes=len(line))
