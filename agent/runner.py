@@ -19,6 +19,7 @@ import msgspec
 import torch
 import torch.distributed as dist
 
+from ringtop.protocol import connection_file
 from ringtop.protocol import Bye, CommStat, Event, Hello, MemorySample, Sharding, StageSpan, Step, Timeline
 from ringtop.strategies import comm_tracing
 from ringtop.strategies.diagnosis import RunContext
@@ -93,6 +94,7 @@ class Runner:
         self.telemetry: Telemetry | None = None
         self.relay: Relay | None = None
         self.control: ControlServer | None = None
+        self._connection_path: Path | None = None
         self.sampler: SystemSampler | None = None
         self.tracer: CommTracer | None = None
         self.diagnostician: Diagnostician | None = None
@@ -153,6 +155,7 @@ class Runner:
         if self.ctx.rank == 0:
             self.control = ControlServer(ep.control, self.snapshot, self.telemetry.emit)
             self.control.start()
+            self._write_connection_file()
         self.sync = StepSync(self.ctx.rank, self.control, self.control_group)
         gpu_index = self.ctx.device.index if self.ctx.device.type == "cuda" else None
         self.sampler = SystemSampler(self.telemetry.emit, gpu_index=gpu_index)
@@ -603,7 +606,23 @@ class Runner:
 
     # ------------------------------------------------------------------ shutdown
 
+    def _write_connection_file(self) -> None:
+        """How this user's `ringtop ui`, `ctl` and `ls` find the run (protocol/connection_file.py).
+        A file that cannot be written costs only that: the run goes on, and says so."""
+        ep = self.cfg.endpoints
+        info = connection_file.ConnectionInfo(
+            run_id=self.run_id, pid=os.getpid(), host=socket.gethostname(), publish=ep.publish, control=ep.control,
+            relay=ep.relay, world_size=self.ctx.world_size, started_ts=time.time(), log_dir=self.cfg.log_dir or "",
+            checkpoint_dir=self.cfg.checkpoint_dir)
+        try:
+            self._connection_path = connection_file.write(info)
+        except (OSError, connection_file.ConnectionFileError) as exc:
+            print(f"ringtop agent [rank 0]: no connection file written ({exc}); clients need --connect",
+                  file=sys.stderr)
+
     def _shutdown(self, bye: Bye) -> None:
+        if self._connection_path is not None:
+            connection_file.remove(self._connection_path)
         if self.sampler is not None:
             self.sampler.stop()
         if self.control is not None:

@@ -20,7 +20,50 @@ DEMO_STEPS_HEADLESS = 40
 def _ui(args: argparse.Namespace) -> int:
     from ringtop.tui.app import run_live
 
-    return run_live(args.connect, args.control) or 0
+    publish, control = args.connect, args.control
+    if publish is None:  # never guess a port: on a shared node it may be another user's job
+        info = _find_run(args.run)
+        if info is None:
+            return 2
+        publish, control = info.publish, control or info.control
+    return run_live(publish, control) or 0
+
+
+def _find_run(spec: str | None):
+    """This user's live run named by `spec` (or the only one), from its connection file; None
+    after saying why there is none."""
+    from ringtop.protocol.connection_file import ConnectionFileError, find
+
+    try:
+        return find(spec)
+    except ConnectionFileError as exc:
+        print(f"ringtop: {exc}", file=sys.stderr)
+        return None
+
+
+def _ls(args: argparse.Namespace) -> int:
+    from ringtop.protocol.connection_file import live_runs, runtime_dir
+
+    runs = live_runs()
+    if not runs:
+        print(f"no run of yours is live on this node (connection files: {runtime_dir()})")
+        return 0
+    print(f"{'run':<10} {'pid':>8} {'ranks':>5}  {'started':<19} {'telemetry':<24} {'control':<24} logs")
+    for r in runs:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started_ts))
+        print(f"{r.run_id:<10} {r.pid:>8} {r.world_size:>5}  {started:<19} {r.publish:<24} {r.control:<24} "
+              f"{r.log_dir or '-'}")
+    return 0
+
+
+def _connect_info(args: argparse.Namespace) -> int:
+    import msgspec
+
+    info = _find_run(args.run)
+    if info is None:
+        return 2
+    print(msgspec.json.format(msgspec.json.encode(info)).decode())
+    return 0
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -32,7 +75,13 @@ def _replay(args: argparse.Namespace) -> int:
 def _ctl(args: argparse.Namespace) -> int:
     from .ctl import run_ctl
 
-    return run_ctl(args.connect, args.command, args.args, args.timeout, args.json)
+    control = args.connect
+    if control is None:
+        info = _find_run(args.run)
+        if info is None:
+            return 2
+        control = info.control
+    return run_ctl(control, args.command, args.args, args.timeout, args.json)
 
 
 def _ckpt(ckpt_args: list[str]) -> int:
@@ -143,9 +192,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ringtop", description="A live cockpit for distributed PyTorch training.")
     sub = parser.add_subparsers(dest="verb")
 
-    ui = sub.add_parser("ui", help="open the UI on a running job")
-    ui.add_argument("--connect", default=DEFAULT_PUBLISH_ADDRESS, help="rank 0's telemetry address (%(default)s)")
-    ui.add_argument("--control", default=DEFAULT_CONTROL_ADDRESS, help="rank 0's control address (%(default)s)")
+    ui = sub.add_parser("ui", help="open the UI on a running job (yours: found by its connection file)")
+    ui.add_argument("run", nargs="?", default=None,
+                    help="run id (or prefix) or connection file; default: your only live run on this node")
+    ui.add_argument("--connect", default=None, help="rank 0's telemetry address instead, e.g. through ssh -L "
+                    f"(the agent's default is {DEFAULT_PUBLISH_ADDRESS})")
+    ui.add_argument("--control", default=None, help="rank 0's control address, with --connect "
+                    f"(the agent's default is {DEFAULT_CONTROL_ADDRESS})")
+
+    sub.add_parser("ls", help="list your live runs on this node")
+    info = sub.add_parser("connect-info", help="print a run's connection file (endpoints, run id, pid, host)")
+    info.add_argument("run", nargs="?", default=None, help="run id (or prefix); default: your only live run")
 
     replay = sub.add_parser("replay", help="open the UI over recorded logs (LOGDIR/rank-R.jsonl)")
     replay.add_argument("logdir")
@@ -163,7 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--log-dir", default=None)
 
     ctl = sub.add_parser("ctl", help="send a command to a running job and print the reply")
-    ctl.add_argument("--connect", default=DEFAULT_CONTROL_ADDRESS, help="rank 0's control address (%(default)s)")
+    ctl.add_argument("--connect", default=None, help="rank 0's control address; default: that of your only live "
+                     "run (or of --run)")
+    ctl.add_argument("--run", default=None, help="run id (or prefix) or connection file of the run to command")
     ctl.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the result")
     ctl.add_argument("--json", action="store_true", help="print the replies as JSON lines")
     ctl.add_argument("command", help="status | checkpoint | stop")
@@ -198,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(["ui"])
     if args.verb == "demo" and args.nproc < 1:
         parser.error("--nproc must be >= 1")
-    handlers = {"ui": _ui, "replay": _replay, "ctl": _ctl, "demo": _demo}
+    handlers = {"ui": _ui, "replay": _replay, "ctl": _ctl, "demo": _demo, "ls": _ls, "connect-info": _connect_info}
     return handlers[args.verb](args)
 
 

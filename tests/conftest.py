@@ -107,6 +107,21 @@ def start_agents(workdir: Path, nproc: int, *agent_args: str, entry: str | None 
     return AgentRun(proc, publish, relay, control, log_dir, ckpt_dir, output_path, max(nproc, 1), argv)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _suite_runtime_dir(tmp_path_factory):
+    """The suite's runs write their connection files into a folder of their own, never the user's
+    (so `ringtop ui` in a test can only find the test's run)."""
+    from ringtop.protocol.connection_file import RUNTIME_ENV
+
+    before = os.environ.get(RUNTIME_ENV)
+    os.environ[RUNTIME_ENV] = str(tmp_path_factory.mktemp("runtime"))
+    yield
+    if before is None:
+        os.environ.pop(RUNTIME_ENV, None)
+    else:
+        os.environ[RUNTIME_ENV] = before
+
+
 @pytest.fixture
 def launch_agents(tmp_path):
     """launch(nproc, *agent_args, name=...) -> AgentRun; every run is stopped at teardown."""

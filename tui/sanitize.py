@@ -8,8 +8,10 @@ text only as `rich.text.Text`, which never parses it."""
 
 from __future__ import annotations
 
+import functools
 import re
-from typing import Any
+import typing
+from typing import Any, Literal
 
 import msgspec
 
@@ -26,7 +28,7 @@ def visible(text: str) -> str:
 def sanitized(msg: Any) -> Any:
     """`msg` with every string in it made visible (the same object when there was nothing to do)."""
     changes = {}
-    for name in msg.__struct_fields__:
+    for name in _text_fields(type(msg)):
         value = getattr(msg, name)
         clean = _clean(value)
         if clean is not value:
@@ -48,3 +50,25 @@ def _clean(value: Any) -> Any:
         same = all(a is b for a, b in zip(items, value)) and all(items[k] is value[k] for k in value if k in items)
         return value if same and len(items) == len(value) else items
     return value
+
+
+@functools.cache
+def _text_fields(cls: type) -> tuple[str, ...]:
+    """The fields of a struct type that can carry wire text (checked once per type): a Step's
+    numbers are skipped, its collective kinds are not."""
+    return tuple(f.name for f in msgspec.structs.fields(cls) if _may_hold_text(f.type))
+
+
+def _may_hold_text(tp: Any) -> bool:
+    origin = typing.get_origin(tp)
+    if tp is str or tp is Any:
+        return True
+    if origin is Literal:
+        return False  # decoding already held it to a fixed set of values
+    if origin is typing.Annotated:
+        return _may_hold_text(typing.get_args(tp)[0])
+    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+        return bool(_text_fields(tp))
+    if origin is not None:
+        return any(_may_hold_text(arg) for arg in typing.get_args(tp))
+    return False

@@ -1,0 +1,169 @@
+"""Connection files: how a client finds this user's runs, and only this user's.
+
+Rank 0 writes one file per run into a per-user runtime directory (`$XDG_RUNTIME_DIR/ringtop`, else
+`~/.local/share/ringtop/runtime`), mode 0600 in a 0700 directory, as Jupyter does for its kernels:
+the run's endpoints, id, pid and host. `ringtop ui`, `ctl` and `ls` read them instead of guessing a
+port that, on a shared node, may be another user's job. A file is trusted only if this user owns
+it and nobody else can write it; one whose process is gone is stale and ignored.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import tempfile
+import time
+from pathlib import Path
+
+import msgspec
+
+MAX_FILE_BYTES = 64 * 1024
+RUNTIME_ENV = "RINGTOP_RUNTIME_DIR"
+"""Overrides where connection files live (tests, or a shared filesystem a user prefers)."""
+
+
+class ConnectionFileError(RuntimeError):
+    """A connection file or its directory cannot be trusted or read."""
+
+
+class ConnectionInfo(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    run_id: str
+    pid: int
+    host: str
+    publish: str
+    """The relay's address UIs subscribe to."""
+    control: str
+    """Rank 0's control socket."""
+    relay: str = ""
+    world_size: int = 0
+    started_ts: float = 0.0
+    log_dir: str = ""
+    checkpoint_dir: str = ""
+
+
+def runtime_dir() -> Path:
+    override = os.environ.get(RUNTIME_ENV)
+    if override:
+        return Path(override)
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg and Path(xdg).is_dir():
+        return Path(xdg) / "ringtop"
+    return Path.home() / ".local" / "share" / "ringtop" / "runtime"
+
+
+def _private_dir(create: bool) -> Path:
+    directory = runtime_dir()
+    if create:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        st = directory.stat()
+    except FileNotFoundError:
+        return directory
+    _check_private(directory, st, "directory")
+    return directory
+
+
+def _check_private(path: Path, st: os.stat_result, what: str) -> None:
+    if st.st_uid != os.getuid():
+        raise ConnectionFileError(f"{path}: this {what} belongs to another user; not trusted")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ConnectionFileError(f"{path}: others can write this {what}; not trusted (chmod go-w)")
+
+
+def file_for(run_id: str) -> Path:
+    return runtime_dir() / f"run-{run_id}.json"
+
+
+def write(info: ConnectionInfo) -> Path:
+    """Atomically, readable and writable by this user only."""
+    directory = _private_dir(create=True)
+    target = directory / f"run-{info.run_id}.json"
+    fd, tmp = tempfile.mkstemp(prefix=".run-", suffix=".tmp", dir=directory)  # created 0600
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(msgspec.json.encode(info))
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def read(path: Path) -> ConnectionInfo:
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise ConnectionFileError(f"{path}: cannot read it: {exc.strerror}") from None
+    _check_private(path, st, "file")
+    if st.st_size > MAX_FILE_BYTES:
+        raise ConnectionFileError(f"{path}: {st.st_size} bytes is not a connection file")
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=ConnectionInfo)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ConnectionFileError(f"{path}: not a ringtop connection file: {exc}") from None
+
+
+def remove(path: Path) -> None:
+    path.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False  # another user's process has our pid's number now
+    return True
+
+
+def live_runs() -> list[ConnectionInfo]:
+    """This user's runs whose rank 0 is alive on this host, newest first; files that cannot be
+    trusted, and stale ones, are left out."""
+    directory = runtime_dir()
+    try:
+        _private_dir(create=False)
+        paths = sorted(directory.glob("run-*.json"))
+    except (ConnectionFileError, OSError):
+        return []
+    here = socket.gethostname()
+    runs = []
+    for path in paths:
+        try:
+            info = read(path)
+        except ConnectionFileError:
+            continue
+        if info.host != here:
+            continue
+        if _alive(info.pid):
+            runs.append(info)
+        else:
+            remove(path)  # its rank 0 is gone (killed before it could remove the file)
+    return sorted(runs, key=lambda r: -r.started_ts)
+
+
+def find(spec: str | None) -> ConnectionInfo:
+    """The run a client means: `spec` is a run id (or its prefix), a connection file's path, or
+    None for the only live run."""
+    if spec and (spec.endswith(".json") or os.sep in spec):
+        return read(Path(spec))
+    runs = live_runs()
+    if spec:
+        matches = [r for r in runs if r.run_id.startswith(spec)]
+        if len(matches) == 1:
+            return matches[0]
+        if not matches:
+            raise ConnectionFileError(f"no live run of yours matches {spec!r} (`ringtop ls` lists them)")
+        raise ConnectionFileError(f"{len(matches)} runs match {spec!r}: " + ", ".join(r.run_id for r in matches))
+    if not runs:
+        raise ConnectionFileError("no run of yours is live on this node (`ringtop demo` starts one; pass "
+                                  "--connect ADDRESS for a run elsewhere, e.g. through ssh -L)")
+    if len(runs) > 1:
+        raise ConnectionFileError("several runs of yours are live; name one (`ringtop ui RUN_ID`): "
+                                  + ", ".join(f"{r.run_id} (pid {r.pid}, started "
+                                              f"{time.strftime('%H:%M:%S', time.localtime(r.started_ts))})"
+                                              for r in runs))
+    return runs[0]

@@ -1,0 +1,109 @@
+"""Connection files: a client finds this user's runs, and only this user's, without guessing a port."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ringtop.cli.ctl import send_command
+from ringtop.protocol import connection_file as cf
+
+from conftest import agent_env
+
+
+@pytest.fixture
+def runtime(tmp_path, monkeypatch):
+    path = tmp_path / "rt"
+    monkeypatch.setenv(cf.RUNTIME_ENV, str(path))
+    return path
+
+
+def info(run_id: str, pid: int | None = None, host: str | None = None, started: float = 0.0) -> cf.ConnectionInfo:
+    return cf.ConnectionInfo(run_id=run_id, pid=os.getpid() if pid is None else pid, host=host or socket.gethostname(),
+                             publish="tcp://127.0.0.1:1", control="tcp://127.0.0.1:2", started_ts=started or time.time())
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_written_for_this_user_only_and_read_back(runtime):
+    path = cf.write(info("abc123"))
+    assert path == runtime / "run-abc123.json"
+    assert oct(path.stat().st_mode & 0o777) == "0o600" and oct(runtime.stat().st_mode & 0o777) == "0o700"
+    assert cf.read(path) == info("abc123", started=cf.read(path).started_ts)
+    assert [r.run_id for r in cf.live_runs()] == ["abc123"]
+
+
+def test_a_file_or_folder_others_can_write_is_not_trusted(runtime):
+    path = cf.write(info("abc123"))
+    path.chmod(0o666)
+    with pytest.raises(cf.ConnectionFileError, match="others can write"):
+        cf.read(path)
+    assert cf.live_runs() == []
+    path.chmod(0o600)
+    runtime.chmod(0o777)
+    assert cf.live_runs() == []
+    with pytest.raises(cf.ConnectionFileError, match="others can write"):
+        cf.write(info("other"))
+
+
+def test_stale_and_foreign_files_are_left_out(runtime):
+    cf.write(info("live"))
+    stale = cf.write(info("stale", pid=dead_pid()))
+    cf.write(info("elsewhere", host="some-other-node"))
+    (runtime / "run-junk.json").write_bytes(b"\x00not json")
+    (runtime / "run-junk.json").chmod(0o600)
+    assert [r.run_id for r in cf.live_runs()] == ["live"]
+    assert not stale.exists(), "a stale file is removed"
+
+
+def test_find_the_only_run_a_named_one_or_say_why_not(runtime):
+    with pytest.raises(cf.ConnectionFileError, match="no run of yours is live"):
+        cf.find(None)
+    cf.write(info("aaaa1111", started=1.0))
+    assert cf.find(None).run_id == "aaaa1111"
+    cf.write(info("bbbb2222", started=2.0))
+    with pytest.raises(cf.ConnectionFileError, match="several runs of yours.*bbbb2222.*aaaa1111"):
+        cf.find(None)
+    assert cf.find("bbbb").run_id == "bbbb2222"
+    with pytest.raises(cf.ConnectionFileError, match="matches 'cccc'"):
+        cf.find("cccc")
+    assert cf.find(str(runtime / "run-aaaa1111.json")).run_id == "aaaa1111"
+
+
+def cli(*args: str, env_runtime) -> subprocess.CompletedProcess:
+    env = dict(agent_env(), **{cf.RUNTIME_ENV: str(env_runtime)})
+    return subprocess.run([sys.executable, "-m", "ringtop.cli", *args], capture_output=True, text=True, timeout=60,
+                          env=env, stdin=subprocess.DEVNULL)
+
+
+def test_ui_and_ctl_without_a_run_say_so_instead_of_waiting_on_a_port(runtime):
+    for args in (("ui",), ("ctl", "status"), ("connect-info",)):
+        done = cli(*args, env_runtime=runtime)
+        assert done.returncode == 2 and "no run of yours is live on this node" in done.stderr, (args, done.stderr)
+    listed = cli("ls", env_runtime=runtime)
+    assert listed.returncode == 0 and "no run of yours is live" in listed.stdout
+
+
+@pytest.mark.timeout(120)
+def test_a_run_announces_itself_and_ctl_finds_it(launch_agents):
+    run = launch_agents(2, "--steps", "0", "--batch-size", "2", "--seq-len", "16")
+    run.wait_for_step(1)
+    runs = cf.live_runs()
+    assert len(runs) == 1 and (runs[0].publish, runs[0].control, runs[0].world_size) == (run.publish, run.control, 2)
+    runtime = cf.runtime_dir()
+    listed = cli("ls", env_runtime=runtime)
+    assert runs[0].run_id in listed.stdout and run.control in listed.stdout
+    status = cli("ctl", "status", "--json", env_runtime=runtime)
+    assert status.returncode == 0 and '"world_size":2' in status.stdout.replace(" ", ""), status.stderr
+    assert list(send_command(run.control, "stop", {}, timeout_s=60))[-1].status == "done"
+    assert run.wait(60) == 0
+    assert cf.live_runs() == [] and not list(runtime.glob("run-*.json")), "the file goes with the run"
