@@ -85,15 +85,17 @@ class Telemetry:
     def queued(self) -> int:
         return len(self._queue)
 
-    def close(self, bye: Bye | None = None, timeout_s: float = 3.0) -> None:
-        """Send what is queued (and a Bye), then stop the thread; never waits longer than `timeout_s`."""
+    def close(self, bye: Bye | None = None, timeout_s: float = 10.0, linger_s: float = 3.0) -> None:
+        """Send what is queued (and a Bye), then stop the thread. Waits at most `timeout_s` for the
+        thread to write the log (a rank stopped on a loaded node still ends its log with the Bye;
+        3 s were too few with every core busy) and lets the socket try `linger_s` more to send."""
         if bye is not None:
             self.emit(bye)
         self._closing.set()
         self._wake.set()
         self._thread.join(timeout_s)
         if self._socket is not None:
-            self._socket.close(linger=int(timeout_s * 1000) if self._subscribed else 0)
+            self._socket.close(linger=int(linger_s * 1000) if self._subscribed else 0)
         if self._file is not None:
             self._file.close()
 

@@ -67,7 +67,7 @@ def print_summary(log_dir: Path) -> None:
 def failure_line(log_dir: Path | None, launcher_code: int) -> str:
     """One line saying which rank failed first, from the ranks' logs: a rank whose log ends
     without a Bye was killed (or crashed hard) and is named before ranks whose Bye reports the
-    error its death caused them."""
+    error its death caused them; of several such, the one whose log ends first."""
     if log_dir is None or not any(log_dir.glob("rank-*.jsonl")):
         return f"ringtop: the run failed (launcher exit code {launcher_code}); see the launcher's report above"
     silent, failed = [], []
@@ -77,10 +77,13 @@ def failure_line(log_dir: Path | None, launcher_code: int) -> str:
         last_step = max((m.step for m in messages if isinstance(m, Step)), default=0)
         bye = messages[-1] if messages and isinstance(messages[-1], Bye) else None
         if bye is None:
-            silent.append(f"rank {rank} ended without a Bye after step {last_step} (killed by a signal, or crashed)")
+            last_ts = messages[-1].ts if messages else 0.0
+            silent.append((last_ts, f"rank {rank} ended without a Bye after step {last_step} (killed by a signal, "
+                                    "or crashed)"))
         elif not bye.ok:
-            failed.append(f"rank {rank}: {bye.reason}")
-    causes = silent + failed
+            reason = " ".join(bye.reason.split())  # a traceback's lines, made one
+            failed.append(f"rank {rank}: {reason[:160]}{'…' if len(reason) > 160 else ''}")
+    causes = [text for _, text in sorted(silent)] + failed  # the log that ends first: the rank that went first
     if not causes:
         return f"ringtop: the launcher exited with code {launcher_code} after every rank said Bye"
     return "ringtop: the run failed: " + "; ".join(causes[:3]) + (" ..." if len(causes) > 3 else "")

@@ -511,3 +511,15 @@ def test_stacked_bar_and_difference_text():
     assert delta_text(1001, 1000).plain == "+0.10%"
     assert delta_text(300, 100).plain == "+200%"
     assert delta_text(1, 0).plain == "new"
+
+
+def test_ranks_outside_the_world_make_no_rows_even_before_the_hello():
+    v = RunView()
+    v.apply(step(5000, 1, seq=1), now=1.0)  # arrived before any Hello: kept for now (the world is unknown)
+    v.apply(step(1, 1, seq=1), now=1.0)
+    v.apply(hello(0, world_size=2), now=2.0)
+    assert set(v.ranks) == {1, 0} and v.rejected_total == 1
+    v.apply(step(7, 2, seq=2), now=3.0)
+    v.apply(hello(9, world_size=2), now=3.0)  # a hello from outside its own world
+    assert set(v.ranks) == {0, 1} and v.rejected_total == 3
+    assert any("outside the run's 2 ranks" in e.text for e in v.events)

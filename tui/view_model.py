@@ -728,6 +728,16 @@ class RunView:
 
     # ------------------------------------------------------------------ internals
 
+    def _drop_phantom_rows(self) -> None:
+        """Rows made before the world size was known, for ranks the run does not have."""
+        for rank in [r for r in self.ranks if r >= self.facts.world_size > 0]:
+            del self.ranks[rank]
+            self._live.discard(rank)
+            for points in self._pending.values():
+                points.pop(rank, None)
+            self._slowest_dirty = True
+            self.note_rejected(f"rows for rank {rank}: outside the run's {self.facts.world_size} ranks")
+
     def _may_add_row(self, rank: int) -> bool:
         """A row only for a rank of the run: below the world size its Hello gave, and before any
         Hello at most MAX_RANKS_BEFORE_HELLO rows (forged ranks never make thousands)."""
@@ -764,6 +774,7 @@ class RunView:
         if authoritative:
             f.run_id = msg.run_id or f.run_id
             f.world_size = msg.world_size or f.world_size
+            self._drop_phantom_rows()
             if msg.strategy and (msg.strategy, dict(msg.strategy_options)) != (f.strategy, f.strategy_options):
                 self._comm_kinds.clear()  # a new strategy talks in other collectives
                 self._clear_comm_windows()
