@@ -101,15 +101,41 @@ def _raise_stopped(signum, frame):
 
 def forward_stop_signals(proc: subprocess.Popen) -> None:
     """SIGTERM (timeout, scancel, systemd) and SIGHUP (the ssh session dropped) stop the ranks
-    before this process exits, as Ctrl-C does; for use while something else (the UI) runs."""
+    before this process exits, as Ctrl-C does; for use while something else (the UI) runs. The
+    terminal is given back as it was (the UI had it in raw mode on its alternate screen)."""
+    restore = _terminal_restorer()
+
     def stop(signum, frame):
         signal.signal(signum, signal.SIG_IGN)  # a second one while stopping changes nothing
+        restore()
         print(f"\nringtop: {signal.Signals(signum).name}: stopping the ranks ...", file=sys.stderr, flush=True)
         stop_ranks(proc)
         os._exit(128 + signum)
 
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, stop)
+
+
+def _terminal_restorer():
+    """A function that puts the terminal back as it is now: mode, screen, cursor, mouse."""
+    try:
+        import termios
+
+        fd = sys.stdin.fileno()
+        saved = termios.tcgetattr(fd)
+    except Exception:  # no terminal (a pipe, a service): nothing to give back
+        return lambda: None
+
+    def restore() -> None:
+        try:
+            termios.tcsetattr(fd, termios.TCSANOW, saved)
+            out = sys.__stdout__  # the UI captures sys.stdout while it runs
+            if out is not None and out.isatty():
+                out.write("\x1b[?1000l\x1b[?1003l\x1b[?1006l\x1b[?1015l\x1b[?2004l\x1b[?25h\x1b[?1049l")
+                out.flush()
+        except Exception:
+            pass
+    return restore
 
 
 def wait_ranks(proc: subprocess.Popen) -> int:

@@ -136,3 +136,56 @@ def _rank_of(pid: int) -> int | None:
         if item.startswith(b"RANK="):
             return int(item[5:])
     return None
+
+
+def test_a_stop_signal_while_the_ui_runs_stops_every_rank(tmp_path):
+    """`ringtop run --ui` on a real pseudo-terminal: SIGTERM while the UI is up stops the ranks too."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+    import threading
+
+    log_dir = tmp_path / "logs"
+    ports = [f"tcp://127.0.0.1:{free_tcp_port()}" for _ in range(3)]
+    argv = [sys.executable, "-m", "ringtop.cli", "run", "--nproc", "2", "--ui", "--", "--steps", "0", "--batch-size",
+            "2", "--seq-len", "16", "--log-dir", str(log_dir), "--checkpoint-dir", str(tmp_path / "ckpt"),
+            "--publish", ports[0], "--relay", ports[1], "--control", ports[2]]
+    env = agent_env()
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the CLI on the terminal
+        os.execve(sys.executable, argv, env)
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    screen = bytearray()
+
+    def drain():
+        while True:
+            try:
+                data = os.read(fd, 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            screen.extend(data)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    family: list[int] = []
+    try:
+        deadline = time.monotonic() + 90
+        while not all(any(isinstance(m, Step) for m in read_log(log_dir / f"rank-{r}.jsonl")) for r in (0, 1)):
+            assert time.monotonic() < deadline, bytes(screen[-2000:]).decode(errors="replace")
+            time.sleep(0.2)
+        family = descendants(pid)
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while (status := os.waitpid(pid, os.WNOHANG))[0] == 0:
+            assert time.monotonic() < deadline, "the CLI did not exit"
+            time.sleep(0.1)
+        assert os.waitstatus_to_exitcode(status[1]) == 128 + signal.SIGTERM
+        assert wait_gone(family, 30) == [], "a rank outlived `ringtop run --ui`"
+        reader.join(10)  # what the CLI wrote last is read once it has exited
+        assert b"\x1b[?1049l" in screen, "the terminal's main screen is given back"
+    finally:
+        kill_all([pid, *family])
+        os.close(fd)
