@@ -52,6 +52,19 @@ class AgentRun:
         raise AssertionError(f"no step {step} within {timeout_s}s:\n{self.output()[-3000:]}")
 
 
+def poll_until(condition, timeout_s: float, what: str, interval_s: float = 0.05):
+    """Wait for a state, not for a time: `condition()` until it is truthy (returned) or
+    `timeout_s` passes (AssertionError naming `what`)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout_s:g} s")
+        time.sleep(interval_s)
+
+
 def agent_env() -> dict[str, str]:
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = "1"

@@ -134,9 +134,8 @@ GLOO_WITH_FAKE_CLOCK = textwrap.dedent("""
 
     def ends_recorded(tracer):
         # gloo runs a collective's completion callback on its own thread, after wait() returned
-        deadline = time.monotonic() + 20
-        while tracer.in_flight and time.monotonic() < deadline:
-            time.sleep(0.002)
+        from conftest import poll_until
+        poll_until(lambda: tracer.in_flight == 0, 20, "every collective's end recorded", interval_s=0.002)
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank, out = dist.get_rank(), {}

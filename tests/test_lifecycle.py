@@ -7,7 +7,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -15,31 +15,39 @@ import pytest
 from ringtop.cli.launch import descendants, kill_all
 from ringtop.protocol import Bye, Step, free_tcp_port, read_log
 
-from conftest import agent_env
+from conftest import agent_env, poll_until
 
 pytestmark = pytest.mark.timeout(150)
 
 
-def start_cli(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
-    log_dir = tmp_path / "logs"
+def agent_args(tmp_path: Path) -> list[str]:
     ports = [f"tcp://127.0.0.1:{free_tcp_port()}" for _ in range(3)]
-    cmd = [sys.executable, "-m", "ringtop.cli", "run", "--nproc", "2", "--", "--steps", "0", "--batch-size", "2",
-           "--seq-len", "16", "--log-dir", str(log_dir), "--checkpoint-dir", str(tmp_path / "ckpt"),
-           "--publish", ports[0], "--relay", ports[1], "--control", ports[2]]
+    return ["--steps", "0", "--batch-size", "2", "--seq-len", "16", "--log-dir", str(tmp_path / "logs"),
+            "--checkpoint-dir", str(tmp_path / "ckpt"), "--publish", ports[0], "--relay", ports[1], "--control", ports[2]]
+
+
+def trained(log_dir: Path) -> bool:
+    return all(any(isinstance(m, Step) for m in read_log(log_dir / f"rank-{r}.jsonl")) for r in (0, 1))
+
+
+@contextmanager
+def training_cli(tmp_path: Path):
+    """`ringtop run --nproc 2` training; yields (cli process, log dir, every process below it once
+    both ranks trained). Whatever is left is killed at the end, also when the test failed."""
     out = open(tmp_path / "cli.txt", "wb")
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=agent_env(), start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-m", "ringtop.cli", "run", "--nproc", "2", "--", *agent_args(tmp_path)],
+                            stdout=out, stderr=subprocess.STDOUT, env=agent_env(), start_new_session=True)
     out.close()
-    return proc, log_dir
-
-
-def wait_for_training(proc: subprocess.Popen, log_dir: Path, tmp_path: Path, timeout_s: float = 90) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if all(any(isinstance(m, Step) for m in read_log(log_dir / f"rank-{r}.jsonl")) for r in (0, 1)):
-            return
-        assert proc.poll() is None, (tmp_path / "cli.txt").read_text(errors="replace")[-3000:]
-        time.sleep(0.2)
-    raise AssertionError("the ranks never trained")
+    log_dir, family = tmp_path / "logs", []
+    try:
+        def started():
+            assert proc.poll() is None, (tmp_path / "cli.txt").read_text(errors="replace")[-3000:]
+            return trained(log_dir)
+        poll_until(started, 90, "both ranks training", interval_s=0.2)
+        family = descendants(proc.pid)
+        yield proc, log_dir, family
+    finally:
+        kill_all([proc.pid, *family])
 
 
 def alive(pids: list[int]) -> list[int]:
@@ -55,19 +63,17 @@ def alive(pids: list[int]) -> list[int]:
 
 
 def wait_gone(pids: list[int], timeout_s: float) -> list[int]:
-    deadline = time.monotonic() + timeout_s
-    while alive(pids) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    """The processes of `pids` still alive after waiting up to `timeout_s` for them to go."""
+    try:
+        poll_until(lambda: not alive(pids), timeout_s, "processes to end", interval_s=0.2)
+    except AssertionError:
+        pass
     return alive(pids)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_a_stop_signal_to_ringtop_run_stops_every_rank_cleanly(tmp_path, sig):
-    proc, log_dir = start_cli(tmp_path)
-    family: list[int] = []
-    try:
-        wait_for_training(proc, log_dir, tmp_path)
-        family = descendants(proc.pid)
+    with training_cli(tmp_path) as (proc, log_dir, family):
         assert len(family) >= 3, "a launcher and two ranks"
         os.kill(proc.pid, sig)  # the CLI alone, as timeout(1) or a dropped ssh session would
         assert proc.wait(60) == 128 + sig
@@ -76,46 +82,28 @@ def test_a_stop_signal_to_ringtop_run_stops_every_rank_cleanly(tmp_path, sig):
             last = read_log(log_dir / f"rank-{rank}.jsonl")[-1]
             assert isinstance(last, Bye), f"rank {rank} did not stop cleanly: {last}"
         assert f"{sig.name}: stopping the ranks" in (tmp_path / "cli.txt").read_text()
-    finally:
-        kill_all([proc.pid, *family])
 
 
 def test_sigkill_to_ringtop_run_still_leaves_no_rank(tmp_path):
-    proc, log_dir = start_cli(tmp_path)
-    family: list[int] = []
-    try:
-        wait_for_training(proc, log_dir, tmp_path)
-        family = descendants(proc.pid)
+    with training_cli(tmp_path) as (proc, _, family):
         os.kill(proc.pid, signal.SIGKILL)  # no handler runs: the kernel tells the launcher (PR_SET_PDEATHSIG)
         proc.wait(10)
         assert wait_gone(family, 30) == [], "a process outlived a SIGKILLed `ringtop run`"
-    finally:
-        kill_all([proc.pid, *family])
 
 
 def test_a_rank_whose_launcher_is_killed_stops(tmp_path):
     """The launcher itself SIGKILLed: each rank asked the kernel for a SIGTERM when its parent dies."""
-    proc, log_dir = start_cli(tmp_path)
-    family: list[int] = []
-    try:
-        wait_for_training(proc, log_dir, tmp_path)
-        family = descendants(proc.pid)
+    with training_cli(tmp_path) as (proc, log_dir, family):
         launcher = family[0]
         ranks = descendants(launcher)
         os.kill(launcher, signal.SIGKILL)
         assert wait_gone(ranks, 30) == [], "a rank outlived its launcher"
         for rank in (0, 1):
             assert isinstance(read_log(log_dir / f"rank-{rank}.jsonl")[-1], Bye)
-    finally:
-        kill_all([proc.pid, *family])
 
 
 def test_a_killed_rank_is_named_when_ringtop_run_exits(tmp_path):
-    proc, log_dir = start_cli(tmp_path)
-    family: list[int] = []
-    try:
-        wait_for_training(proc, log_dir, tmp_path)
-        family = descendants(proc.pid)
+    with training_cli(tmp_path) as (proc, _, family):
         rank1 = next(pid for pid in family if _rank_of(pid) == 1)
         os.kill(rank1, signal.SIGKILL)
         code = proc.wait(90)
@@ -123,8 +111,6 @@ def test_a_killed_rank_is_named_when_ringtop_run_exits(tmp_path):
         assert wait_gone(family, 30) == []
         last = (tmp_path / "cli.txt").read_text(errors="replace").strip().splitlines()[-1]
         assert last.startswith("ringtop: the run failed: rank 1 ended without a Bye"), last
-    finally:
-        kill_all([proc.pid, *family])
 
 
 def _rank_of(pid: int) -> int | None:
@@ -147,10 +133,7 @@ def test_a_stop_signal_while_the_ui_runs_stops_every_rank(tmp_path):
     import threading
 
     log_dir = tmp_path / "logs"
-    ports = [f"tcp://127.0.0.1:{free_tcp_port()}" for _ in range(3)]
-    argv = [sys.executable, "-m", "ringtop.cli", "run", "--nproc", "2", "--ui", "--", "--steps", "0", "--batch-size",
-            "2", "--seq-len", "16", "--log-dir", str(log_dir), "--checkpoint-dir", str(tmp_path / "ckpt"),
-            "--publish", ports[0], "--relay", ports[1], "--control", ports[2]]
+    argv = [sys.executable, "-m", "ringtop.cli", "run", "--nproc", "2", "--ui", "--", *agent_args(tmp_path)]
     env = agent_env()
     pid, fd = pty.fork()
     if pid == 0:  # the child: the CLI on the terminal
@@ -172,17 +155,14 @@ def test_a_stop_signal_while_the_ui_runs_stops_every_rank(tmp_path):
     reader.start()
     family: list[int] = []
     try:
-        deadline = time.monotonic() + 90
-        while not all(any(isinstance(m, Step) for m in read_log(log_dir / f"rank-{r}.jsonl")) for r in (0, 1)):
-            assert time.monotonic() < deadline, bytes(screen[-2000:]).decode(errors="replace")
-            time.sleep(0.2)
+        poll_until(lambda: trained(log_dir), 90, "both ranks training under the UI", interval_s=0.2)
         family = descendants(pid)
         os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 60
-        while (status := os.waitpid(pid, os.WNOHANG))[0] == 0:
-            assert time.monotonic() < deadline, "the CLI did not exit"
-            time.sleep(0.1)
-        assert os.waitstatus_to_exitcode(status[1]) == 128 + signal.SIGTERM
+        def exit_status():
+            done, status = os.waitpid(pid, os.WNOHANG)
+            return (status,) if done else None
+        (status,) = poll_until(exit_status, 60, "the CLI to exit", interval_s=0.1)
+        assert os.waitstatus_to_exitcode(status) == 128 + signal.SIGTERM
         assert wait_gone(family, 30) == [], "a rank outlived `ringtop run --ui`"
         reader.join(10)  # what the CLI wrote last is read once it has exited
         assert b"\x1b[?1049l" in screen, "the terminal's main screen is given back"
