@@ -28,18 +28,22 @@ def finished(run) -> None:
     assert run.wait(180) == 0, run.output()[-4000:]
 
 
-def test_a_gradient_scaled_by_1_001_is_caught_by_the_gradient_norm(launch_agents, reference):
-    run = launch_agents(2, "--mutation", "grad-scale", "--strategy", "ddp", "--steps", str(STEPS), *COMMON,
+def mutant_run(launch_agents, mutation: str, strategy: str):
+    """A finished 2-rank run of STEPS steps with one mistake, its full checkpoint at the end."""
+    run = launch_agents(2, "--mutation", mutation, "--strategy", strategy, "--steps", str(STEPS), *COMMON,
                         "--checkpoint-every", str(STEPS), entry=MUTANT)
     finished(run)
+    return run
+
+
+def test_a_gradient_scaled_by_1_001_is_caught_by_the_gradient_norm(launch_agents, reference):
+    run = mutant_run(launch_agents, "grad-scale", "ddp")
     with pytest.raises(AssertionError, match=r"gradient norm: largest relative difference 0\.001"):
         assert_trains_like_the_reference(run, reference, STEPS, LR)
 
 
 def test_one_rank_skipping_one_update_is_caught(launch_agents, reference):
-    run = launch_agents(2, "--mutation", "skip-update", "--strategy", "fsdp", "--steps", str(STEPS), *COMMON,
-                        "--checkpoint-every", str(STEPS), entry=MUTANT)
-    finished(run)
+    run = mutant_run(launch_agents, "skip-update", "fsdp")
     with pytest.raises(AssertionError, match=r"loss: largest relative difference"):
         assert_trains_like_the_reference(run, reference, STEPS, LR)
     model_state, _, _ = load_full_files(run.checkpoint_dir / f"step-{STEPS:08d}-full")
