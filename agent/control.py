@@ -21,8 +21,6 @@ import torch
 import torch.distributed as dist
 import zmq
 
-from ringtop.protocol.guard import LoopFaults
-from ringtop.protocol.messages import MAX_ID_CHARS
 from ringtop.protocol import (
     IMMEDIATE_COMMANDS,
     MAX_FRAME_BYTES,
@@ -33,6 +31,8 @@ from ringtop.protocol import (
     encode,
     validate_command,
 )
+from ringtop.protocol.guard import LoopFaults
+from ringtop.protocol.messages import MAX_ID_CHARS
 
 MAX_PENDING_COMMANDS = 16
 
