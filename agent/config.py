@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 import msgspec
@@ -25,6 +26,10 @@ ZERO_STRATEGIES = ("zero1", "zero2", "zero3")
 FSDP_SHARDINGS = ("full", "grad-op", "no-shard")
 
 
+RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+"""A run id names files (its connection file): nothing that could leave a directory."""
+
+
 class ConfigError(ValueError):
     pass
 
@@ -42,7 +47,11 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     device: str = "auto"
     log_dir: str | None = None
     endpoints: Endpoints = Endpoints()
+    movable_endpoints: frozenset[str] = frozenset({"publish", "relay", "control"})
+    """Endpoints left at their default: a taken port moves to a free one (agent/ports.py)."""
     allow_remote: bool = False
+    insecure: bool = False
+    """No CURVE: anyone who reaches the ports reads and commands the run (trusted labs only)."""
     checkpoint_dir: str = "checkpoints"
     resume: str | None = None
     checkpoint_every: int = 0
@@ -153,10 +162,14 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--relay", default=e.relay, help="rank 0's relay input, where ranks publish (%(default)s)")
     t.add_argument("--control", default=e.control, help="rank 0's control address (%(default)s)")
     t.add_argument("--allow-remote", action="store_true",
-                   help="allow binding to non-loopback addresses (unauthenticated: trusted networks only)")
+                   help="allow binding to non-loopback addresses (clients need the run's connection file)")
+    t.add_argument("--insecure", action="store_true",
+                   help="no authentication: anyone who can reach the ports reads and commands the run "
+                        "(a trusted lab only; never on a shared node)")
     t.add_argument("--no-telemetry", action="store_true",
                    help="no sockets, files, tracing or sampling: a bare training loop (a baseline)")
-    t.add_argument("--run-id", default=None)
+    t.add_argument("--run-id", default=None, help="this run's id (default: random); letters, digits, "
+                   "'.', '_' and '-', at most 64")
     t.add_argument("--step-times", default=None, metavar="FILE",
                    help="rank 0 writes each step's end time (s) to FILE as JSON at exit (benchmarks)")
     t.add_argument("--print-every", type=int, default=d.print_every, help="rank 0 prints a line every N steps")
@@ -263,6 +276,9 @@ def config_from_args(ns: argparse.Namespace, explicitly_set: set[str]) -> AgentC
         raise ConfigError("--ddp-bucket-cap-mb applies to --strategy ddp only")
     if ns.ddp_bucket_cap_mb is not None and ns.ddp_bucket_cap_mb <= 0:
         raise ConfigError("--ddp-bucket-cap-mb must be > 0")
+    if ns.run_id is not None and not RUN_ID_PATTERN.fullmatch(ns.run_id):
+        raise ConfigError(f"--run-id {ns.run_id!r}: use letters, digits, '.', '_' and '-' (at most 64, "
+                          "not starting with '.' or '-')")
     endpoints = Endpoints(publish=ns.publish, relay=ns.relay, control=ns.control)
     try:
         ports = set()
@@ -288,7 +304,9 @@ def config_from_args(ns: argparse.Namespace, explicitly_set: set[str]) -> AgentC
         device=ns.device,
         log_dir=ns.log_dir,
         endpoints=endpoints,
+        movable_endpoints=frozenset({"publish", "relay", "control"} - explicitly_set),
         allow_remote=ns.allow_remote,
+        insecure=ns.insecure,
         checkpoint_dir=ns.checkpoint_dir,
         resume=ns.resume,
         checkpoint_every=ns.checkpoint_every,

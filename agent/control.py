@@ -31,8 +31,12 @@ from ringtop.protocol import (
     encode,
     validate_command,
 )
+from ringtop.protocol.curve import CLIENT_DOMAIN
 from ringtop.protocol.guard import LoopFaults
 from ringtop.protocol.messages import MAX_ID_CHARS
+
+from .gatekeeper import Gatekeeper
+from .ports import BindError, bind
 
 MAX_PENDING_COMMANDS = 16
 
@@ -51,18 +55,25 @@ class ControlServer(threading.Thread):
         snapshot: Callable[[], dict[str, Any]],
         publish_reply: Callable[[Reply], None],
         context: zmq.Context | None = None,
+        gate: Gatekeeper | None = None,
+        movable: bool = False,
     ):
+        """`gate`: the socket authenticates through it (None: a plain socket, --insecure).
+        `movable`: a default address, which moves to a free port when taken."""
         super().__init__(name="ringtop-control", daemon=True)
         self._snapshot = snapshot
         self._publish_reply = publish_reply
-        self._socket = (context or zmq.Context.instance()).socket(zmq.ROUTER)
+        ctx = gate.context if gate is not None else (context or zmq.Context.instance())
+        self._socket = ctx.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 500)
         self._socket.setsockopt(zmq.MAXMSGSIZE, 16 * MAX_FRAME_BYTES)
+        if gate is not None:
+            gate.secure(self._socket, "control", CLIENT_DOMAIN)
         try:
-            self._socket.bind(address)
-        except zmq.ZMQError as exc:
+            self.address = bind(self._socket, address, movable, "control", "--control")
+        except BindError:
             self._socket.close(0)
-            raise OSError(f"cannot bind the control socket {address}: {exc}. Pick another with --control.") from exc
+            raise
         self._pending: queue.Queue[PendingCommand] = queue.Queue(MAX_PENDING_COMMANDS)
         self._identities: dict[str, bytes] = {}
         self._outgoing: collections.deque[tuple[bytes | None, Reply]] = collections.deque()
@@ -191,6 +202,18 @@ def broadcast_bytes(payload: bytes, rank: int, group: dist.ProcessGroup) -> byte
     length = torch.tensor([len(payload) if rank == 0 else 0], dtype=torch.int64)
     dist.broadcast(length, src=0, group=group)
     return broadcast_payload(payload, int(length[0]), rank, group)
+
+
+def scatter_fixed(payloads: list[bytes], n: int, rank: int, group: dist.ProcessGroup) -> bytes:
+    """Rank 0's `payloads[r]` (each exactly `n` bytes) on rank r, and on no other rank."""
+    out = torch.empty(n, dtype=torch.uint8)
+    chunks = None
+    if rank == 0:
+        if any(len(p) != n for p in payloads):
+            raise ValueError(f"every payload must be {n} bytes")
+        chunks = [torch.frombuffer(bytearray(p), dtype=torch.uint8) for p in payloads]
+    dist.scatter(out, chunks, src=0, group=group)
+    return out.numpy().tobytes()
 
 
 def broadcast_payload(payload: bytes, n: int, rank: int, group: dist.ProcessGroup) -> bytes:

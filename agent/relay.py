@@ -6,26 +6,35 @@ and re-sends them whenever a new subscription arrives, so any UI can attach (or 
 time and draw at once.
 
 It forwards and caches only what is real: a message that decodes, whose topic is its own
-`type.rank`, whose rank is a rank of this run (rank 0 publishes the control replies), and whose
-Hello carries this run's id and world size. Anything else is counted and dropped, so a forged
-frame can neither change what UIs show nor be replayed to every UI that attaches later.
+`type.rank`, whose rank is a rank of this run and the rank whose key sent it (rank 0 publishes the
+control replies), and whose Hello carries this run's id and world size. Anything else is counted
+and dropped, so a forged frame can neither change what UIs show nor be replayed to every UI that
+attaches later.
 """
 
 from __future__ import annotations
 
 import threading
+from typing import Collection
 
 import zmq
 
 from ringtop.protocol import Hello, ProtocolError, decode
+from ringtop.protocol.curve import CLIENT_DOMAIN, RELAY_DOMAIN
 from ringtop.protocol.guard import LoopFaults
+
+from .gatekeeper import Gatekeeper
+from .ports import BindError, bind
 
 CACHED_TOPICS = (b"hello.", b"bye.", b"timeline.")
 
 
 class Relay(threading.Thread):
     def __init__(self, relay_address: str, publish_address: str, context: zmq.Context | None = None,
-                 run_id: str | None = None, world_size: int | None = None):
+                 run_id: str | None = None, world_size: int | None = None, gate: Gatekeeper | None = None,
+                 movable: Collection[str] = ()):
+        """`gate`: both sockets authenticate through it (None: plain sockets, --insecure).
+        `movable`: which of "relay" and "publish" are defaults, which move to free ports when taken."""
         super().__init__(name="ringtop-relay", daemon=True)
         self.run_id = run_id
         """Hellos of another run are dropped (None: not checked)."""
@@ -33,21 +42,25 @@ class Relay(threading.Thread):
         """Messages of ranks outside 0..world_size-1 are dropped (None: not checked)."""
         self.dropped = 0
         self.faults = LoopFaults("relay")
-        ctx = context or zmq.Context.instance()
+        ctx = gate.context if gate is not None else (context or zmq.Context.instance())
         self._backend = ctx.socket(zmq.XSUB)
         self._frontend = ctx.socket(zmq.XPUB)
         self._frontend.setsockopt(zmq.XPUB_VERBOSE, 1)
         self._frontend.setsockopt(zmq.SNDHWM, 10_000)
         for sock in (self._backend, self._frontend):
             sock.setsockopt(zmq.LINGER, 500)
+        if gate is not None:
+            gate.secure(self._backend, "relay input", RELAY_DOMAIN)
+            gate.secure(self._frontend, "telemetry", CLIENT_DOMAIN)
+        self._authenticated = gate is not None
+        """Each input connection then carries its rank as ZAP user id: a message must be its sender's."""
         try:
-            self._backend.bind(relay_address)
-            self._frontend.bind(publish_address)
-        except zmq.ZMQError as exc:
+            self.relay_address = bind(self._backend, relay_address, "relay" in movable, "relay input", "--relay")
+            self.publish_address = bind(self._frontend, publish_address, "publish" in movable, "telemetry", "--publish")
+        except BindError:
             self._backend.close(0)
             self._frontend.close(0)
-            raise OSError(f"cannot bind the telemetry relay ({relay_address}, {publish_address}): {exc}. "
-                          "Is another ringtop run using these ports? Pick others with --publish/--relay.") from exc
+            raise
         self._backend.send(b"\x01")
         self._cache: dict[bytes, list[bytes]] = {}
         self._stop_event = threading.Event()
@@ -83,10 +96,11 @@ class Relay(threading.Thread):
     def _forward_all(self) -> None:
         while True:
             try:
-                frames = self._backend.recv_multipart(zmq.NOBLOCK)
+                parts = self._backend.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            if not self._is_real(frames):
+            frames = [p.bytes for p in parts]
+            if not self._is_real(frames, self._sender(parts[-1])):
                 self.dropped += 1
                 continue
             if frames[0].startswith(CACHED_TOPICS):
@@ -94,7 +108,16 @@ class Relay(threading.Thread):
             self._frontend.send_multipart(frames)
             self.forwarded += 1
 
-    def _is_real(self, frames: list[bytes]) -> bool:
+    def _sender(self, frame: zmq.Frame) -> int | None:
+        """The rank whose key the sending connection authenticated with (None: not authenticated)."""
+        if not self._authenticated:
+            return None
+        try:
+            return int(frame.get("User-Id"))
+        except (zmq.ZMQError, ValueError, TypeError):
+            return -1  # no rank: never matches a message's
+
+    def _is_real(self, frames: list[bytes], sender: int | None = None) -> bool:
         if len(frames) != 2:
             return False
         try:
@@ -102,6 +125,8 @@ class Relay(threading.Thread):
         except ProtocolError:
             return False
         if frames[0] != f"{msg.__struct_config__.tag}.{msg.rank}".encode():
+            return False
+        if sender is not None and msg.rank != sender:
             return False
         if self.world_size is not None and not 0 <= msg.rank < self.world_size:
             return False

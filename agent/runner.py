@@ -19,8 +19,8 @@ import msgspec
 import torch
 import torch.distributed as dist
 
-from ringtop.protocol import connection_file
-from ringtop.protocol import Bye, CommStat, Event, Hello, MemorySample, Sharding, StageSpan, Step, Timeline
+from ringtop.protocol import connection_file, curve
+from ringtop.protocol import Bye, Endpoints, CommStat, Event, Hello, MemorySample, Sharding, StageSpan, Step, Timeline
 from ringtop.strategies import comm_tracing
 from ringtop.strategies.diagnosis import RunContext
 from ringtop.strategies.base import DistContext, Strategy, TrainSettings, unique_parameters
@@ -35,7 +35,7 @@ from .diagnostician import Diagnostician
 from .prewarm import Prewarm
 from .profiling import ProfileSession, gather_results
 from .switching import SwitchAborted, SwitchError, switch_strategy
-from .control import ControlServer, PendingCommand, StepSync, broadcast_bytes
+from .control import ControlServer, PendingCommand, StepSync, broadcast_bytes, scatter_fixed
 from .data import synthetic_batches
 from .factories import BuildContext, batch_to, batch_tokens, call_model, user_data, user_model
 from .instruments.comm_tracer import CommSummary, CommTracer
@@ -43,6 +43,8 @@ from .instruments.sampler import SystemSampler
 from .instruments.step_clock import StepClock, StepTiming, apply_device_phases, device_phases_ready
 from .model import MODEL_SIZES, build_tiny_gpt, count_params
 from .prediction import predict, predict_pipeline_stage
+from .gatekeeper import Gatekeeper
+from .peers import Peers
 from .relay import Relay
 from .run_paths import inside_run_directory
 from .telemetry import Telemetry
@@ -73,6 +75,17 @@ class _PendingStep:
     timeline_start_ms: float = 0.0
 
 
+class RankSetup(msgspec.Struct, frozen=True):
+    """What rank 0 tells every rank before they connect ("" server key: --insecure)."""
+
+    endpoints: Endpoints
+    server_public: str
+
+
+KEY_PAIR_BYTES = 80
+"""A rank's public and secret key, 40 Z85 characters each."""
+
+
 class _NoPhases:
     def mark(self, phase: str) -> None:
         pass
@@ -94,6 +107,10 @@ class Runner:
         self.telemetry: Telemetry | None = None
         self.relay: Relay | None = None
         self.control: ControlServer | None = None
+        self.gate: Gatekeeper | None = None
+        self.endpoints: Endpoints = cfg.endpoints
+        """The addresses rank 0 actually bound (a taken default port moves to a free one)."""
+        self.client_keys: curve.ClientKeys | None = None
         self._connection_path: Path | None = None
         self.sampler: SystemSampler | None = None
         self.tracer: CommTracer | None = None
@@ -103,6 +120,7 @@ class Runner:
         self.prewarm: Prewarm | None = None
         self.control_group = dist.new_group(backend="gloo") if ctx.world_size > 1 else None
         self.io_group = dist.new_group(backend="gloo") if ctx.world_size > 1 else None
+        self.peers = Peers.gather(ctx.rank, ctx.world_size, self.control_group)
         self.checkpoints = CheckpointManager(cfg.checkpoint_dir, ctx.rank, self.control_group, self.io_group,
                                              keep=cfg.keep, delay_s=cfg.inject_save_delay_ms / 1e3)
         self._checkpoint_command = None
@@ -147,14 +165,28 @@ class Runner:
         return user_data(self.cfg.data, self._build_context())
 
     def _start_telemetry(self) -> None:
-        ep = self.cfg.endpoints
+        cfg = self.cfg
+        keys = None
         if self.ctx.rank == 0:
-            self.relay = Relay(ep.relay, ep.publish, run_id=self.run_id, world_size=self.ctx.world_size)
+            keys = None if cfg.insecure else curve.generate(self.ctx.world_size)
+            if keys is not None:
+                self.gate = Gatekeeper(keys, on_refusal=self._refused)
+            self.relay = Relay(cfg.endpoints.relay, cfg.endpoints.publish, run_id=self.run_id,
+                               world_size=self.ctx.world_size, gate=self.gate, movable=cfg.movable_endpoints)
+            self.control = ControlServer(cfg.endpoints.control, self.snapshot, self._publish_reply, gate=self.gate,
+                                         movable="control" in cfg.movable_endpoints)
+            self.endpoints = Endpoints(publish=self.relay.publish_address, relay=self.relay.relay_address,
+                                       control=self.control.address)
+            self.client_keys = keys.client if keys is not None else None
+        self.endpoints, rank_keys = self._share_setup(keys)
+        self.telemetry = Telemetry(self.ctx.rank, self.endpoints.relay, cfg.log_dir, keys=rank_keys)
+        if self.ctx.rank == 0:
+            if self.gate is not None:
+                self.gate.start()
             self.relay.start()
-        self.telemetry = Telemetry(self.ctx.rank, ep.relay, self.cfg.log_dir)
-        if self.ctx.rank == 0:
-            self.control = ControlServer(ep.control, self.snapshot, self.telemetry.emit)
             self.control.start()
+            if cfg.insecure:
+                self._warn_insecure()
             self._write_connection_file()
         self.sync = StepSync(self.ctx.rank, self.control, self.control_group)
         gpu_index = self.ctx.device.index if self.ctx.device.type == "cuda" else None
@@ -165,6 +197,38 @@ class Runner:
         run = RunContext(strategy=canonical, world_size=self.ctx.world_size, param_count=self.param_count,
                          device_capacity_bytes=capacity, link_peak_gbps=self.cfg.link_gbps)
         self.diagnostician = Diagnostician(self.ctx.rank, self.ctx.world_size, self.control_group, run, self._event)
+
+    def _share_setup(self, keys: curve.RunKeys | None) -> tuple[Endpoints, curve.ClientKeys | None]:
+        """Rank 0's actual addresses (a taken default port moved) on every rank, and each rank's
+        own key pair to publish with (scattered: a rank learns only its own secret), before any
+        rank connects."""
+        mine = keys.for_rank(0) if keys is not None else None
+        if self.control_group is None:
+            return self.endpoints, mine
+        setup = RankSetup(endpoints=self.endpoints, server_public=keys.server_public if keys else "")
+        payload = msgspec.msgpack.encode(setup) if self.ctx.rank == 0 else b""
+        setup = msgspec.msgpack.decode(broadcast_bytes(payload, self.ctx.rank, self.control_group), type=RankSetup)
+        if not setup.server_public:
+            return setup.endpoints, None
+        pairs = [(keys.rank_public[r] + keys.rank_secret[r]).encode() for r in range(self.ctx.world_size)] \
+            if self.ctx.rank == 0 else []
+        pair = scatter_fixed(pairs, KEY_PAIR_BYTES, self.ctx.rank, self.control_group)
+        return setup.endpoints, curve.ClientKeys(server_public=setup.server_public,
+                                                 client_public=pair[:40].decode(), client_secret=pair[40:].decode())
+
+    def _publish_reply(self, reply) -> None:
+        self.telemetry.emit(reply)
+
+    def _refused(self, text: str, refused: int) -> None:
+        """The gatekeeper's (rate-limited) report of connections it refused."""
+        self._event("warn", "auth", text, {"refused": refused})
+
+    def _warn_insecure(self) -> None:
+        ep = self.endpoints
+        text = (f"--insecure: no authentication. Anyone who can reach {ep.publish} or {ep.control} can read this "
+                "run's telemetry and stop, checkpoint or switch it")
+        print(f"ringtop [rank 0]: WARNING: {text}", file=sys.stderr, flush=True)
+        self._event("warn", "insecure", text)
 
     def _strategy_facts(self) -> dict[str, Any]:
         facts = self.cfg.strategy_facts()
@@ -192,6 +256,7 @@ class Runner:
             "run_id": self.run_id, "step": self.step, "steps": self.cfg.steps, "strategy": self.strategy.describe(),
             "world_size": self.ctx.world_size, "loss": self.last_loss, "step_ms": self.last_step_ms,
             "last_checkpoint": self.last_checkpoint or "",
+            "refused_connections": self.gate.refused if self.gate is not None else 0,
         }
 
     def _hello(self) -> Hello:
@@ -215,7 +280,7 @@ class Runner:
             prediction=prediction, link_peak_gbps=self.cfg.link_gbps, model=name, param_count=self.param_count, torch_version=str(torch.__version__),
             ringtop_version=RINGTOP_VERSION, batch_size=self.cfg.batch_size, seq_len=self.cfg.seq_len,
             steps=self.cfg.steps, start_step=self.start_step, lr=self.cfg.lr, seed=self.cfg.seed,
-            device_mem_total_bytes=mem_total, publish=self.cfg.endpoints.publish, control=self.cfg.endpoints.control,
+            device_mem_total_bytes=mem_total, publish=self.endpoints.publish, control=self.endpoints.control,
         )
 
     # ------------------------------------------------------------------ run
@@ -258,7 +323,7 @@ class Runner:
             bye.reason, bye.ok = f"interrupted: {exc}", False
             raise
         except BaseException as exc:
-            bye.reason, bye.ok = f"error: {type(exc).__name__}: {exc}", False
+            bye.reason, bye.ok = f"error: {self.peers.explain(f'{type(exc).__name__}: {exc}')}", False
             raise
         finally:
             bye.step = self.step
@@ -609,11 +674,11 @@ class Runner:
     def _write_connection_file(self) -> None:
         """How this user's `ringtop ui`, `ctl` and `ls` find the run (protocol/connection_file.py).
         A file that cannot be written costs only that: the run goes on, and says so."""
-        ep = self.cfg.endpoints
+        ep = self.endpoints
         info = connection_file.ConnectionInfo(
             run_id=self.run_id, pid=os.getpid(), host=socket.gethostname(), publish=ep.publish, control=ep.control,
             relay=ep.relay, world_size=self.ctx.world_size, started_ts=time.time(), log_dir=self.cfg.log_dir or "",
-            checkpoint_dir=self.cfg.checkpoint_dir)
+            checkpoint_dir=self.cfg.checkpoint_dir, keys=self.client_keys, insecure=self.cfg.insecure)
         try:
             self._connection_path = connection_file.write(info)
         except (OSError, connection_file.ConnectionFileError) as exc:
@@ -633,6 +698,8 @@ class Runner:
             dist.barrier(group=self.control_group)
         if self.relay is not None:
             self.relay.stop()
+        if self.gate is not None:
+            self.gate.stop()
         self.strategy.teardown()
 
 

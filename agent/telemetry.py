@@ -19,6 +19,7 @@ from pathlib import Path
 import zmq
 
 from ringtop.protocol import Bye, Heartbeat, Message, encode, to_json_line
+from ringtop.protocol.curve import ClientKeys, secure_client
 
 QUEUE_CAPACITY = 4096
 HEARTBEAT_INTERVAL_S = 1.0
@@ -38,7 +39,9 @@ class Telemetry:
         log_dir: str | None,
         context: zmq.Context | None = None,
         capacity: int = QUEUE_CAPACITY,
+        keys: ClientKeys | None = None,
     ):
+        """`keys`: the run's client keys, to get into the relay (None: --insecure)."""
         self.rank = rank
         self.drops = 0
         self.failures = 0
@@ -59,6 +62,7 @@ class Telemetry:
             self._socket = ctx.socket(zmq.XPUB)
             self._socket.setsockopt(zmq.SNDHWM, capacity)
             self._socket.setsockopt(zmq.LINGER, 2000)
+            secure_client(self._socket, keys)
             self._socket.connect(relay_address)
         self._file = None
         if log_dir:

@@ -1,12 +1,14 @@
 """The agent's per-step overhead, measured in the same run on the same machine.
 
-Three arms, 2 gloo ranks on CPU, launched through torch's elastic launcher and alternated for
+Four arms, 2 gloo ranks on CPU, launched through torch's elastic launcher and alternated for
 several rounds: a plain hand-written DDP loop (benchmarks/plain_ddp.py), the agent with
-`--no-telemetry` (the same loop inside ringtop, no sockets, tracing or sampling), and the agent with
-everything on (telemetry, collective tracing, sampler, control, diagnosis). Each arm records the
+`--no-telemetry` (the same loop inside ringtop, no sockets, tracing or sampling), the agent with
+everything on but `--insecure` (plain sockets), and the agent as it runs by default (everything
+on, every socket authenticated and encrypted with CURVE). Each arm records the
 wall time at the end of every step on rank 0; a step's time is the interval between consecutive
 ends, so per-step syncs, tracing and publishing are inside it. Reports medians and the ratios
-agent/plain (target <= 1.03) and agent/no-telemetry, the cost of telemetry and tracing (target <= 1.01).
+agent/plain (target <= 1.03), agent/no-telemetry, the cost of telemetry and tracing (target <= 1.01),
+and agent/insecure, the cost of CURVE (target <= 1.01).
 
     python benchmarks/bench_agent_overhead.py [--rounds 5] [--steps 40]
 """
@@ -49,12 +51,14 @@ def run_plain(work: Path, common: list[str]) -> list[float]:
     return intervals(out)
 
 
-def run_agent(work: Path, common: list[str], telemetry: bool) -> list[float]:
-    out = work / f"agent-{telemetry}.json"
+def run_agent(work: Path, common: list[str], telemetry: bool, insecure: bool = False) -> list[float]:
+    out = work / f"agent-{telemetry}-{insecure}.json"
     if telemetry:
         p = [free_tcp_port() for _ in range(3)]
-        extra = ["--log-dir", str(work / "logs"), "--publish", f"tcp://127.0.0.1:{p[0]}",
+        extra = ["--log-dir", str(work / f"logs-{insecure}"), "--publish", f"tcp://127.0.0.1:{p[0]}",
                  "--relay", f"tcp://127.0.0.1:{p[1]}", "--control", f"tcp://127.0.0.1:{p[2]}"]
+        if insecure:
+            extra.append("--insecure")
     else:
         extra = ["--no-telemetry"]
     run(launcher("-m", "ringtop.agent", *common, *extra, "--step-times", str(out),
@@ -73,13 +77,14 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     common = ["--steps", str(args.steps), "--batch-size", str(args.batch_size), "--seq-len", str(args.seq_len),
               "--model-size", args.model_size]
-    arms: dict[str, list[float]] = {"plain": [], "agent_no_telemetry": [], "agent": []}
+    arms: dict[str, list[float]] = {"plain": [], "agent_no_telemetry": [], "agent_insecure": [], "agent": []}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             work = Path(tmp) / f"round{r}"
             work.mkdir()
             arms["plain"] += run_plain(work, common)
             arms["agent_no_telemetry"] += run_agent(work, common, telemetry=False)
+            arms["agent_insecure"] += run_agent(work, common, telemetry=True, insecure=True)
             arms["agent"] += run_agent(work, common, telemetry=True)
             print(f"round {r + 1}/{args.rounds}: " + ", ".join(
                 f"{k} {statistics.median(v):.2f} ms" for k, v in arms.items()), file=sys.stderr)
@@ -91,6 +96,7 @@ def main() -> None:
         "ratio_agent_over_plain": round(med["agent"] / med["plain"], 4), "target_agent_over_plain": 1.03,
         "ratio_agent_over_no_telemetry": round(med["agent"] / med["agent_no_telemetry"], 4),
         "target_telemetry_and_tracing": 1.01,
+        "ratio_curve_on_over_off": round(med["agent"] / med["agent_insecure"], 4), "target_curve": 1.01,
     }, indent=2))
 
 

@@ -12,6 +12,7 @@ import msgspec
 import zmq
 
 from ringtop.protocol import UI_RANK, Command, ProtocolError, Reply, decode, encode
+from ringtop.protocol.curve import ClientKeys, HandshakeWatch, secure_client
 
 
 def parse_kv(items: list[str]) -> dict[str, Any]:
@@ -27,11 +28,18 @@ def parse_kv(items: list[str]) -> dict[str, Any]:
     return args
 
 
-def send_command(address: str, cmd: str, args: dict[str, Any], timeout_s: float):
-    """Yields each Reply to the command until `done` or `error`; raises TimeoutError past the deadline."""
+class RefusedError(ConnectionError):
+    """The run refused this client's handshake (no keys, or wrong ones)."""
+
+
+def send_command(address: str, cmd: str, args: dict[str, Any], timeout_s: float, keys: ClientKeys | None = None):
+    """Yields each Reply to the command until `done` or `error`; raises TimeoutError past the
+    deadline, RefusedError if the run does not accept `keys` (None: an --insecure run)."""
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    secure_client(sock, keys)
+    watch = HandshakeWatch(sock, keys is not None)
     sock.connect(address)
     command = Command(id=uuid.uuid4().hex[:12], cmd=cmd, args=args, rank=UI_RANK, ts=time.time())
     try:
@@ -39,8 +47,12 @@ def send_command(address: str, cmd: str, args: dict[str, Any], timeout_s: float)
         deadline = time.monotonic() + timeout_s
         while True:
             remaining_ms = int((deadline - time.monotonic()) * 1000)
-            if remaining_ms <= 0 or not sock.poll(remaining_ms):
-                raise TimeoutError(f"no reply from {address} within {timeout_s:g} s (is the job running?)")
+            if remaining_ms <= 0 or not sock.poll(min(remaining_ms, 200)):
+                if failure := watch.read():
+                    raise RefusedError(f"{address}: {failure}")
+                if remaining_ms <= 0:
+                    raise TimeoutError(f"no reply from {address} within {timeout_s:g} s (is the job running?)")
+                continue
             reply = decode(sock.recv())
             if not isinstance(reply, Reply) or reply.id not in (command.id, ""):
                 continue
@@ -48,13 +60,15 @@ def send_command(address: str, cmd: str, args: dict[str, Any], timeout_s: float)
             if reply.status != "ack":
                 return
     finally:
+        watch.close()
         sock.close()
 
 
-def run_ctl(address: str, cmd: str, raw_args: list[str], timeout_s: float, as_json: bool) -> int:
+def run_ctl(address: str, keys: ClientKeys | None, cmd: str, raw_args: list[str], timeout_s: float,
+            as_json: bool) -> int:
     try:
         args = parse_kv(raw_args)
-        for reply in send_command(address, cmd, args, timeout_s):
+        for reply in send_command(address, cmd, args, timeout_s, keys):
             if as_json:
                 print(msgspec.json.encode(reply).decode(), flush=True)
             elif reply.status == "ack":
@@ -73,3 +87,6 @@ def run_ctl(address: str, cmd: str, raw_args: list[str], timeout_s: float, as_js
     except TimeoutError as exc:
         print(f"ringtop ctl: {exc}", file=sys.stderr)
         return 3
+    except RefusedError as exc:
+        print(f"ringtop ctl: refused: {exc}", file=sys.stderr)
+        return 4

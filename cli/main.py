@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import uuid
 from pathlib import Path
 
-from ringtop.protocol import DEFAULT_CONTROL_ADDRESS, DEFAULT_PUBLISH_ADDRESS, free_tcp_port
+from ringtop.protocol import COMMANDS, DEFAULT_CONTROL_ADDRESS, DEFAULT_PUBLISH_ADDRESS, free_tcp_port
 
 DEMO_STEPS_UI = 600
 DEMO_STEPS_HEADLESS = 40
@@ -20,25 +21,87 @@ DEMO_STEPS_HEADLESS = 40
 def _ui(args: argparse.Namespace) -> int:
     from ringtop.tui.app import run_live
 
-    publish, control = args.connect, args.control
-    if publish is None:  # never guess a port: on a shared node it may be another user's job
-        info = _find_run(args.run)
-        if info is None:
-            return 2
-        publish, control = info.publish, control or info.control
-    return run_live(publish, control) or 0
+    target = _client_target(args, publish_flag=True)
+    if target is None:
+        return 2
+    publish, control, keys = target
+    return run_live(publish, control, keys=keys) or 0
+
+
+def _client_target(args: argparse.Namespace, publish_flag: bool):
+    """(publish, control, keys) for `ui` and `ctl`, or None after saying why there is none.
+
+    A run of this user on this node is found by its connection file (`args.run`, or the only
+    live one); `--keys FILE` names a connection file (copied from the node, for `ssh -L`);
+    `--connect`/`--control` override its addresses. Never a guessed port: on a shared node it
+    may be another user's job."""
+    from ringtop.protocol.connection_file import ConnectionFileError, read
+
+    if args.keys and args.insecure:
+        print("ringtop: --keys and --insecure contradict each other: drop one", file=sys.stderr)
+        return None
+    connect = args.connect
+    control = args.control if publish_flag else connect
+    if args.insecure:
+        if connect is None:
+            print("ringtop: --insecure needs --connect ADDRESS (a run started with --insecure)", file=sys.stderr)
+            return None
+        return (connect if publish_flag else "", control, None)
+    try:
+        if args.keys:
+            info = read(Path(args.keys))
+        elif connect is not None:
+            print("ringtop: --connect needs the run's keys: --keys FILE (its connection file; on the run's node "
+                  "`ringtop connect-info > run.json` writes it), or --insecure for a run started with "
+                  "--insecure", file=sys.stderr)
+            return None
+        else:
+            info = _find_run(args.run)
+            if info is None:
+                return None
+    except ConnectionFileError as exc:
+        print(f"ringtop: {exc}", file=sys.stderr)
+        return None
+    if info.keys is None and not info.insecure:
+        print(f"ringtop: run {info.run_id}'s connection file holds no keys", file=sys.stderr)
+        return None
+    publish = (connect if publish_flag and connect else info.publish)
+    return publish, (control or info.control), info.keys
 
 
 def _find_run(spec: str | None):
-    """This user's live run named by `spec` (or the only one), from its connection file; None
-    after saying why there is none."""
-    from ringtop.protocol.connection_file import ConnectionFileError, find
+    """This user's live run named by `spec` (or the only one, or the one the user picks on a
+    terminal), from its connection file; None after saying why there is none."""
+    from ringtop.protocol.connection_file import ConnectionFileError, find, live_runs
 
     try:
+        if spec is None and sys.stdin.isatty() and sys.stderr.isatty():
+            runs = live_runs()
+            if len(runs) > 1:
+                return _choose(runs)
         return find(spec)
     except ConnectionFileError as exc:
         print(f"ringtop: {exc}", file=sys.stderr)
         return None
+
+
+def _choose(runs: list):
+    """Ask which of several live runs (on a terminal): the newest is the default."""
+    print("several runs of yours are live on this node:", file=sys.stderr)
+    for i, r in enumerate(runs, 1):
+        started = time.strftime("%H:%M:%S", time.localtime(r.started_ts))
+        print(f"  {i}) {r.run_id}  {r.world_size} ranks, started {started}, pid {r.pid}, logs {r.log_dir or '-'}",
+              file=sys.stderr)
+    try:
+        answer = input(f"which one? [1-{len(runs)}, Enter = 1] ").strip()
+    except EOFError:
+        return None
+    if not answer:
+        return runs[0]
+    if answer.isdigit() and 1 <= int(answer) <= len(runs):
+        return runs[int(answer) - 1]
+    print(f"ringtop: {answer!r} is not one of 1-{len(runs)}", file=sys.stderr)
+    return None
 
 
 def _ls(args: argparse.Namespace) -> int:
@@ -51,8 +114,9 @@ def _ls(args: argparse.Namespace) -> int:
     print(f"{'run':<10} {'pid':>8} {'ranks':>5}  {'started':<19} {'telemetry':<24} {'control':<24} logs")
     for r in runs:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started_ts))
+        insecure = "  (insecure)" if r.insecure else ""
         print(f"{r.run_id:<10} {r.pid:>8} {r.world_size:>5}  {started:<19} {r.publish:<24} {r.control:<24} "
-              f"{r.log_dir or '-'}")
+              f"{r.log_dir or '-'}{insecure}")
     return 0
 
 
@@ -69,19 +133,26 @@ def _connect_info(args: argparse.Namespace) -> int:
 def _replay(args: argparse.Namespace) -> int:
     from ringtop.tui.app import run_replay
 
-    return run_replay(args.logdir) or 0
+    logdir = args.logdir
+    if not Path(logdir).exists() and "/" not in logdir:  # a live run's id: its logs, from its connection file
+        info = _find_run(logdir)
+        if info is None:
+            return 2
+        if not info.log_dir:
+            print(f"ringtop: run {info.run_id} writes no logs (it was started without --log-dir)", file=sys.stderr)
+            return 2
+        logdir = info.log_dir
+    return run_replay(logdir) or 0
 
 
 def _ctl(args: argparse.Namespace) -> int:
     from .ctl import run_ctl
 
-    control = args.connect
-    if control is None:
-        info = _find_run(args.run)
-        if info is None:
-            return 2
-        control = info.control
-    return run_ctl(control, args.command, args.args, args.timeout, args.json)
+    target = _client_target(args, publish_flag=False)
+    if target is None:
+        return 2
+    _, control, keys = target
+    return run_ctl(control, keys, args.command, args.args, args.timeout, args.json)
 
 
 def _ckpt(ckpt_args: list[str]) -> int:
@@ -134,27 +205,58 @@ def _run(args: argparse.Namespace, agent_args: list[str]) -> int:
     log_dir = Path(_option_value(agent_args, "--log-dir") or f"runs/run-{time.strftime('%Y%m%d-%H%M%S')}")
     if _option_value(agent_args, "--log-dir") is None:
         agent_args = [*agent_args, "--log-dir", str(log_dir)]
-    publish = _option_value(agent_args, "--publish") or DEFAULT_PUBLISH_ADDRESS
-    control = _option_value(agent_args, "--control") or DEFAULT_CONTROL_ADDRESS
-    return _run_with_ui(args.nproc, agent_args, log_dir, publish, control)
+    return _run_with_ui(args.nproc, agent_args, log_dir)
 
 
-def _run_with_ui(nproc: int, agent_args: list[str], log_dir: Path, publish: str, control: str) -> int:
+def _run_with_ui(nproc: int, agent_args: list[str], log_dir: Path) -> int:
+    """Start the ranks, wait for rank 0's connection file (its addresses and keys), open the UI."""
     from ringtop.tui.app import run_live
 
-    from .launch import forward_stop_signals, start_ranks, wait_ranks
+    from .launch import forward_stop_signals, start_ranks, stop_ranks, wait_ranks
 
+    run_id = _option_value(agent_args, "--run-id")
+    if run_id is None:
+        run_id = uuid.uuid4().hex[:8]
+        agent_args = [*agent_args, "--run-id", run_id]
     output = log_dir / "agents.log"
     proc = start_ranks(nproc, agent_args, output_file=output)
     forward_stop_signals(proc)
-    run_live(publish, control)
+    print(f"ringtop: starting run {run_id} on {nproc} ranks (output: {output}) ...", file=sys.stderr, flush=True)
+    try:
+        info = _await_connection_file(proc, run_id)
+    except KeyboardInterrupt:
+        print("\nringtop: SIGINT: stopping the ranks ...", file=sys.stderr, flush=True)
+        stop_ranks(proc)
+        return 130
+    if info is None:
+        code = wait_ranks(proc)
+        tail = output.read_text(errors="replace").splitlines()[-15:] if output.exists() else []
+        print("ringtop: the ranks ended before rank 0 was up:\n  " + "\n  ".join(tail), file=sys.stderr)
+        _report_failure(code, str(log_dir))
+        return code or 1
+    run_live(info.publish, info.control, keys=info.keys)
     if proc.poll() is None:
         print(f"ringtop: the UI is closed; the {nproc} ranks keep training (output: {output}).\n"
-              f"  re-attach:  ringtop ui --connect {publish} --control {control}\n"
-              f"  stop them:  Ctrl-C here, or  ringtop ctl --connect {control} stop", file=sys.stderr)
+              f"  re-attach:  ringtop ui {run_id}\n"
+              f"  stop them:  Ctrl-C here, or  ringtop ctl --run {run_id} stop", file=sys.stderr)
     code = wait_ranks(proc)
     _report_failure(code, str(log_dir))
     return code
+
+
+def _await_connection_file(proc, run_id: str):
+    """Rank 0's connection file once it is written, or None if the launcher ends first."""
+    from ringtop.protocol.connection_file import ConnectionFileError, file_for, read
+
+    path = file_for(run_id)
+    while proc.poll() is None:
+        if path.exists():
+            try:
+                return read(path)
+            except ConnectionFileError:
+                pass  # being replaced right now: read it again
+        time.sleep(0.1)
+    return None
 
 
 def _report_failure(code: int, log_dir: str | None) -> None:
@@ -185,7 +287,15 @@ def _demo(args: argparse.Namespace) -> int:
         _report_failure(code, str(log_dir))
         print(f"\nreplay it:  ringtop replay {log_dir}")
         return code
-    return _run_with_ui(args.nproc, agent_args, log_dir, publish, control)
+    return _run_with_ui(args.nproc, agent_args, log_dir)
+
+
+def _add_key_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--keys", default=None, metavar="FILE",
+                        help="the run's connection file (from `ringtop connect-info` on its node): its keys, and "
+                             "its addresses unless --connect/--control say otherwise")
+    parser.add_argument("--insecure", action="store_true",
+                        help="no keys: only for a run started with --insecure")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -199,9 +309,11 @@ def build_parser() -> argparse.ArgumentParser:
                     f"(the agent's default is {DEFAULT_PUBLISH_ADDRESS})")
     ui.add_argument("--control", default=None, help="rank 0's control address, with --connect "
                     f"(the agent's default is {DEFAULT_CONTROL_ADDRESS})")
+    _add_key_options(ui)
 
     sub.add_parser("ls", help="list your live runs on this node")
-    info = sub.add_parser("connect-info", help="print a run's connection file (endpoints, run id, pid, host)")
+    info = sub.add_parser("connect-info", help="print a run's connection file (endpoints, keys, run id, pid, "
+                          "host): copy it to a laptop for `ringtop ui --keys FILE` through ssh -L")
     info.add_argument("run", nargs="?", default=None, help="run id (or prefix); default: your only live run")
 
     replay = sub.add_parser("replay", help="open the UI over recorded logs (LOGDIR/rank-R.jsonl)")
@@ -223,9 +335,10 @@ def build_parser() -> argparse.ArgumentParser:
     ctl.add_argument("--connect", default=None, help="rank 0's control address; default: that of your only live "
                      "run (or of --run)")
     ctl.add_argument("--run", default=None, help="run id (or prefix) or connection file of the run to command")
+    _add_key_options(ctl)
     ctl.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the result")
     ctl.add_argument("--json", action="store_true", help="print the replies as JSON lines")
-    ctl.add_argument("command", help="status | checkpoint | stop")
+    ctl.add_argument("command", help=" | ".join(COMMANDS))
     ctl.add_argument("args", nargs="*", help="KEY=VALUE arguments, e.g. kind=full")
 
     sub.add_parser("ckpt", add_help=False, help="inspect (info) or consolidate checkpoints (`ringtop ckpt --help`)")

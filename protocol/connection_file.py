@@ -2,7 +2,7 @@
 
 Rank 0 writes one file per run into a per-user runtime directory (`$XDG_RUNTIME_DIR/ringtop`, else
 `~/.local/share/ringtop/runtime`), mode 0600 in a 0700 directory, as Jupyter does for its kernels:
-the run's endpoints, id, pid and host. `ringtop ui`, `ctl` and `ls` read them instead of guessing a
+the run's endpoints, keys, id, pid and host. `ringtop ui`, `ctl` and `ls` read them instead of guessing a
 port that, on a shared node, may be another user's job. A file is trusted only if this user owns
 it and nobody else can write it; one whose process is gone is stale and ignored.
 """
@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 
 import msgspec
+
+from .curve import ClientKeys
 
 MAX_FILE_BYTES = 64 * 1024
 RUNTIME_ENV = "RINGTOP_RUNTIME_DIR"
@@ -40,6 +42,9 @@ class ConnectionInfo(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     started_ts: float = 0.0
     log_dir: str = ""
     checkpoint_dir: str = ""
+    keys: ClientKeys | None = None
+    """The run's client keys (protocol/curve.py); None only for a run started with --insecure."""
+    insecure: bool = False
 
 
 def runtime_dir() -> Path:

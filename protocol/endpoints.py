@@ -50,13 +50,14 @@ def is_loopback(host: str) -> bool:
 
 
 def check_bind_safe(address: str, allow_remote: bool) -> None:
-    """Refuse to expose the control and telemetry sockets beyond loopback by accident."""
+    """Refuse to expose the control and telemetry sockets beyond loopback by accident. (They
+    authenticate whatever the address; --insecure, which turns that off, is the agent's to warn of.)"""
     host, _ = parse_tcp(address)
     if not allow_remote and not is_loopback(host):
         raise EndpointError(
-            f"refusing to bind {address}: it is reachable from other machines and the sockets are not "
-            "authenticated. Keep the default 127.0.0.1 and use `ssh -L`, or pass --allow-remote on a "
-            "trusted network."
+            f"refusing to bind {address}: it is reachable from other machines. Keep the default 127.0.0.1 "
+            "and use `ssh -L`, or pass --allow-remote (clients then need the run's connection file: "
+            "`ringtop connect-info`)."
         )
 
 
@@ -67,7 +68,7 @@ def with_port(address: str, port: int) -> str:
     return f"tcp://{host}:{port}"
 
 
-def _ephemeral_range() -> tuple[int, int]:
+def ephemeral_range() -> tuple[int, int]:
     try:
         low, high = open("/proc/sys/net/ipv4/ip_local_port_range").read().split()
         return int(low), int(high)
@@ -79,7 +80,7 @@ def free_tcp_port(host: str = DEFAULT_HOST) -> int:
     """A port free right now, chosen below the kernel's ephemeral range: outgoing connections (gloo,
     the rendezvous store) take ephemeral ports, and would otherwise grab a port picked here before
     its owner binds it. A small race remains, as with any such pick."""
-    low, _ = _ephemeral_range()
+    low, _ = ephemeral_range()
     rng = random.SystemRandom()
     for _ in range(200):
         port = rng.randrange(max(1024, low - 12000), low)

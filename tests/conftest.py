@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,31 @@ class AgentRun:
     output_path: Path
     nproc: int
     argv: list[str] = field(default_factory=list)
+    run_id: str = ""
+
+    def connection(self, timeout_s: float = 90):
+        """Rank 0's connection file (its addresses and the run's client keys), once written."""
+        from ringtop.protocol import connection_file
+
+        path = connection_file.file_for(self.run_id)
+
+        def written():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"run exited ({self.proc.returncode}) before rank 0 was up:\n"
+                                     f"{self.output()[-3000:]}")
+            return path.exists() and connection_file.read(path)
+        return poll_until(written, timeout_s, f"connection file of run {self.run_id}")
+
+    @property
+    def keys(self):
+        return self.connection().keys
+
+    def send_command(self, cmd: str, args: dict, timeout_s: float = 60):
+        """The replies to one command, sent with the run's keys, as `ringtop ctl` does."""
+        from ringtop.cli.ctl import send_command
+
+        info = self.connection()
+        return send_command(self.control or info.control, cmd, args, timeout_s, info.keys)
 
     def wait(self, timeout_s: float = 90) -> int:
         return self.proc.wait(timeout_s)
@@ -99,16 +125,20 @@ def run_worker_script(script: Path, args: list[str], out: Path, nproc: int, time
     return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(nproc)]
 
 
-def start_agents(workdir: Path, nproc: int, *agent_args: str, entry: str | None = None) -> AgentRun:
+def start_agents(workdir: Path, nproc: int, *agent_args: str, entry: str | None = None,
+                 default_ports: bool = False) -> AgentRun:
     """`nproc` ranks through torch's elastic launcher (nproc=0: one process without the launcher),
     with free loopback ports and a private log dir under `workdir`. `entry`: a script to run
-    instead of `-m ringtop.agent`."""
+    instead of `-m ringtop.agent`. `default_ports`: no addresses given, as a user starts a run
+    (then `run.connection()` has them)."""
     ports = [free_tcp_port() for _ in range(3)]
-    publish, relay, control = (f"tcp://127.0.0.1:{p}" for p in ports)
+    publish, relay, control = ("" if default_ports else f"tcp://127.0.0.1:{p}" for p in ports)
     log_dir, ckpt_dir, output_path = workdir / "logs", workdir / "checkpoints", workdir / "output.txt"
     workdir.mkdir(parents=True, exist_ok=True)
-    argv = ["--publish", publish, "--relay", relay, "--control", control, "--log-dir", str(log_dir),
-            "--checkpoint-dir", str(ckpt_dir), "--dist-timeout-s", "60", *agent_args]
+    run_id = uuid.uuid4().hex[:8]
+    addresses = [] if default_ports else ["--publish", publish, "--relay", relay, "--control", control]
+    argv = [*addresses, "--log-dir", str(log_dir), "--checkpoint-dir", str(ckpt_dir), "--dist-timeout-s", "60",
+            "--run-id", run_id, *agent_args]
     target = [entry] if entry else ["-m", "ringtop.agent"]
     if nproc == 0:
         cmd = [sys.executable, *target, *argv]
@@ -117,7 +147,7 @@ def start_agents(workdir: Path, nproc: int, *agent_args: str, entry: str | None 
                *target, *argv]
     with open(output_path, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=agent_env(), start_new_session=True)
-    return AgentRun(proc, publish, relay, control, log_dir, ckpt_dir, output_path, max(nproc, 1), argv)
+    return AgentRun(proc, publish, relay, control, log_dir, ckpt_dir, output_path, max(nproc, 1), argv, run_id)
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -136,12 +166,27 @@ def _suite_runtime_dir(tmp_path_factory):
 
 
 @pytest.fixture
+def gatekeeper():
+    """(Gatekeeper, RunKeys) of a fresh 2-rank run, for servers a test builds itself: pass
+    `gate=` to them, then start the gatekeeper. Stopped at teardown."""
+    from ringtop.agent.gatekeeper import Gatekeeper
+    from ringtop.protocol import curve
+
+    keys = curve.generate(world_size=2)
+    gate = Gatekeeper(keys)
+    yield gate, keys
+    gate.stop()
+
+
+@pytest.fixture
 def launch_agents(tmp_path):
     """launch(nproc, *agent_args, name=...) -> AgentRun; every run is stopped at teardown."""
     runs: list[AgentRun] = []
 
-    def launch(nproc: int, *agent_args: str, name: str | None = None, entry: str | None = None) -> AgentRun:
-        run = start_agents(tmp_path / (name or f"run{len(runs)}"), nproc, *agent_args, entry=entry)
+    def launch(nproc: int, *agent_args: str, name: str | None = None, entry: str | None = None,
+               default_ports: bool = False) -> AgentRun:
+        run = start_agents(tmp_path / (name or f"run{len(runs)}"), nproc, *agent_args, entry=entry,
+                           default_ports=default_ports)
         runs.append(run)
         return run
 

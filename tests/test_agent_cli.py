@@ -35,6 +35,9 @@ from conftest import agent_env
         (["--grad-clip", "-1"], "--grad-clip must be >= 0"),
         (["--dtype", "fp8"], "invalid choice"),
         (["--checkpoint-every", "-2"], "--checkpoint-every must be >= 0"),
+        (["--run-id", "../../etc/x"], "--run-id '../../etc/x': use letters, digits"),  # it names a file
+        (["--run-id", ".hidden"], "not starting with '.'"),
+        (["--run-id", "x" * 65], "at most 64"),
     ],
 )
 def test_bad_options_fail_fast_with_advice(argv, says):
@@ -46,6 +49,12 @@ def test_bad_options_fail_fast_with_advice(argv, says):
 def test_remote_bind_is_allowed_only_when_asked():
     cfg = parse_agent_args(["--publish", "tcp://0.0.0.0:5555", "--allow-remote"])
     assert cfg.endpoints.publish == "tcp://0.0.0.0:5555"
+    assert not cfg.insecure, "off loopback the sockets still authenticate"
+
+
+def test_only_the_addresses_left_at_their_defaults_may_move():
+    assert parse_agent_args([]).movable_endpoints == {"publish", "relay", "control"}
+    assert parse_agent_args(["--control", "tcp://127.0.0.1:7001"]).movable_endpoints == {"publish", "relay"}
 
 
 def run_agent(*argv: str, timeout: float = 90) -> subprocess.CompletedProcess:

@@ -9,6 +9,7 @@ import zmq
 
 from ringtop.agent.model import build_tiny_gpt, count_params
 from ringtop.protocol import Bye, Hello, ProtocolError, Step, decode
+from ringtop.protocol.curve import secure_client
 
 from numerics import GRAD_NORM_RTOL, LOSS_RTOL, assert_series_close
 from reference import reference_run
@@ -34,12 +35,15 @@ def collect(sub: zmq.Socket, until, timeout_s: float, rogue: zmq.Socket | None =
 def test_both_ranks_stream_steps_to_a_subscriber_and_to_jsonl(launch_agents):
     steps = 12
     run = launch_agents(2, "--steps", str(steps), "--batch-size", "4", "--seq-len", "64")
+    keys = run.keys  # the connection file's: a UI's, which may read and command but not publish as a rank
     sub = zmq.Context.instance().socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
+    secure_client(sub, keys)
     sub.connect(run.publish)
-    rogue = zmq.Context.instance().socket(zmq.PUB)  # garbage into the relay must not stop anything
+    rogue = zmq.Context.instance().socket(zmq.PUB)  # a client's key gets nothing into the relay
     rogue.setsockopt(zmq.LINGER, 0)
+    secure_client(rogue, keys)
     rogue.connect(run.relay)
     try:
         def seen_everything(msgs):

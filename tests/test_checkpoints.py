@@ -13,7 +13,6 @@ import torch
 from safetensors import safe_open
 
 from ringtop.agent.checkpoint import load_full_files, read_meta, resolve
-from ringtop.cli.ctl import send_command
 from ringtop.cli.launch import descendants, kill_all
 from ringtop.protocol import Event
 
@@ -26,7 +25,7 @@ COMMON = ("--batch-size", str(BATCH), "--seq-len", str(SEQ), "--lr", str(LR))
 
 
 def command(run, cmd, **args):
-    return list(send_command(run.control, cmd, args, timeout_s=120))
+    return list(run.send_command(cmd, args, timeout_s=120))
 
 
 def mean_losses(run) -> dict[int, float]:
@@ -49,7 +48,7 @@ def test_full_and_sharded_saves_in_the_foreground_and_background(launch_agents, 
     assert (sharded_dir / ".metadata").exists() and len(list(sharded_dir.glob("*.distcp"))) == 2
     assert read_meta(sharded_dir)["strategy_options"] == {"sharding": "full"}
 
-    background = send_command(run.control, "checkpoint", {"kind": "sharded", "async": True}, timeout_s=120)
+    background = run.send_command("checkpoint", {"kind": "sharded", "async": True}, timeout_s=120)
     ack = next(background)
     assert ack.status == "ack"
     time.sleep(0.3)
@@ -130,7 +129,7 @@ def test_a_background_sharded_save_of_replicated_state_resumes_exactly(launch_ag
     only its share of it (see the next test), and the checkpoint still resumes exactly."""
     run = launch_agents(2, "--steps", "0", "--strategy", "ddp", *COMMON)
     run.wait_for_step(2)
-    done = list(send_command(run.control, "checkpoint", {"kind": "sharded", "async": True}, timeout_s=120))[-1]
+    done = list(run.send_command("checkpoint", {"kind": "sharded", "async": True}, timeout_s=120))[-1]
     assert done.status == "done", done.error
     assert command(run, "stop")[-1].status == "done"
     assert run.wait(60) == 0, run.output()[-3000:]

@@ -10,7 +10,6 @@ import time
 
 import pytest
 
-from ringtop.cli.ctl import send_command
 from ringtop.protocol import connection_file as cf
 
 from conftest import agent_env
@@ -104,6 +103,38 @@ def test_a_run_announces_itself_and_ctl_finds_it(launch_agents):
     assert runs[0].run_id in listed.stdout and run.control in listed.stdout
     status = cli("ctl", "status", "--json", env_runtime=runtime)
     assert status.returncode == 0 and '"world_size":2' in status.stdout.replace(" ", ""), status.stderr
-    assert list(send_command(run.control, "stop", {}, timeout_s=60))[-1].status == "done"
+    assert list(run.send_command("stop", {}, timeout_s=60))[-1].status == "done"
     assert run.wait(60) == 0
     assert cf.live_runs() == [] and not list(runtime.glob("run-*.json")), "the file goes with the run"
+
+
+@pytest.mark.timeout(60)
+def test_with_several_live_runs_a_terminal_user_is_asked_which(runtime):
+    """On a terminal `ringtop connect-info` (as `ui`) lists the runs and takes the user's pick;
+    without a terminal it names them and stops (tested above)."""
+    import pty
+
+    cf.write(info("older", started=time.time() - 60))
+    cf.write(info("newer"))
+    env = {**agent_env(), cf.RUNTIME_ENV: str(runtime)}
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execve(sys.executable, [sys.executable, "-m", "ringtop.cli", "connect-info"], env)
+    out = b""
+    try:
+        def read_until(marker: bytes) -> bytes:
+            nonlocal out
+            deadline = time.monotonic() + 30
+            while marker not in out:
+                assert time.monotonic() < deadline, out.decode(errors="replace")
+                out += os.read(fd, 4096)
+            return out
+        prompt = read_until(b"which one?").decode()
+        assert prompt.index("1) newer") < prompt.index("2) older"), prompt
+        os.write(fd, b"2\n")
+        read_until(b"}")
+    finally:
+        _, status = os.waitpid(pid, 0)
+        os.close(fd)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert '"run_id": "older"' in out.decode()

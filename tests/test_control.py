@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 
 from ringtop.cli.ctl import send_command
 from ringtop.protocol import UI_RANK, Bye, Command, Event, Reply, decode, encode, free_tcp_port
+from ringtop.protocol.curve import secure_client
 
 from numerics import assert_state_close
 from reference import reference_run
@@ -20,10 +21,12 @@ pytestmark = pytest.mark.timeout(200)
 BATCH, SEQ, LR = 4, 32, 1e-3
 
 
-def raw_request(address: str, payload: bytes, timeout_s: float = 20) -> Reply:
+def raw_request(run, payload: bytes, timeout_s: float = 20) -> Reply:
+    """One frame as a client holding the run's keys sends it (bad input from the owner's own tools)."""
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(address)
+    secure_client(sock, run.keys)
+    sock.connect(run.control)
     try:
         sock.send(payload)
         assert sock.poll(int(timeout_s * 1000)), "no reply to a bad request"
@@ -32,35 +35,35 @@ def raw_request(address: str, payload: bytes, timeout_s: float = 20) -> Reply:
         sock.close()
 
 
-def replies(address: str, cmd: str, **args) -> list[Reply]:
-    return list(send_command(address, cmd, args, timeout_s=60))
+def replies(run, cmd: str, **args) -> list[Reply]:
+    return list(run.send_command(cmd, args, timeout_s=60))
 
 
 def test_status_checkpoint_bad_input_stop_and_resume(launch_agents):
     run = launch_agents(2, "--steps", "0", "--batch-size", str(BATCH), "--seq-len", str(SEQ), "--lr", str(LR))
     run.wait_for_step(2)
 
-    (status,) = replies(run.control, "status")
+    (status,) = replies(run, "status")
     assert status.status == "done"
     assert status.result["world_size"] == 2 and status.result["strategy"] == "ddp"
     assert status.result["step"] >= 2
 
     # Bad input gets a clear error reply and the run goes on.
-    garbage = raw_request(run.control, b"\xc1\xff not msgpack")
+    garbage = raw_request(run, b"\xc1\xff not msgpack")
     assert (garbage.status, garbage.code) == ("error", "malformed")
-    unknown = raw_request(run.control, encode(Command(id="u1", cmd="explode", rank=UI_RANK)))
+    unknown = raw_request(run, encode(Command(id="u1", cmd="explode", rank=UI_RANK)))
     assert (unknown.id, unknown.status, unknown.code) == ("u1", "error", "unknown_command")
     assert "explode" in unknown.error and "checkpoint" in unknown.error
-    bad_args = raw_request(run.control, encode(Command(id="b1", cmd="checkpoint", args={"kind": "half"})))
+    bad_args = raw_request(run, encode(Command(id="b1", cmd="checkpoint", args={"kind": "half"})))
     assert (bad_args.id, bad_args.code) == ("b1", "bad_arguments")
-    old_version = raw_request(run.control, encode(Command(id="v1", cmd="status", v=99)))
+    old_version = raw_request(run, encode(Command(id="v1", cmd="status", v=99)))
     assert old_version.code == "bad_version"
-    oversize = raw_request(run.control, b"\x00" * (1 << 20 + 1))
+    oversize = raw_request(run, b"\x00" * (1 << 20 + 1))
     assert oversize.code == "oversize"
     step_before = status.result["step"]
     run.wait_for_step(step_before + 2)
 
-    ack, saved = replies(run.control, "checkpoint", kind="full")
+    ack, saved = replies(run, "checkpoint", kind="full")
     assert ack.status == "ack" and saved.status == "done", saved.error
     saved_step = saved.result["step"]
     path = Path(saved.result["path"])
@@ -74,7 +77,7 @@ def test_status_checkpoint_bad_input_stop_and_resume(launch_agents):
     assert_state_close(weights, expected_state, steps=saved_step, lr=LR, allow_missing=frozenset({"head.weight"}))
 
     run.wait_for_step(saved_step + 3)
-    ack, done = replies(run.control, "stop", reason="test is over")
+    ack, done = replies(run, "stop", reason="test is over")
     assert done.status == "done"
     assert run.wait(60) == 0, run.output()[-3000:]
     for rank in (0, 1):

@@ -20,6 +20,7 @@ from ringtop.agent.control import ControlServer
 from ringtop.agent.relay import Relay
 from ringtop.protocol import Bye, Command, Hello, ProtocolError, Step, decode, encode, free_tcp_port, from_json_line
 from ringtop.protocol.messages import MESSAGE_TYPES
+from ringtop.protocol.curve import secure_client
 from ringtop.tui.connection import TelemetryClient
 
 from conftest import poll_until
@@ -151,13 +152,17 @@ def hostile_frames(n: int, seed: int) -> list[bytes]:
     return frames
 
 
-def test_the_live_control_server_answers_every_hostile_frame_and_keeps_serving():
+def test_the_live_control_server_answers_every_hostile_frame_and_keeps_serving(gatekeeper):
+    """The worst case: the frames come from a client that holds the run's keys."""
+    gate, keys = gatekeeper
     address = f"tcp://127.0.0.1:{free_tcp_port()}"
     published: list = []
-    server = ControlServer(address, lambda: {"step": 7}, published.append)
+    server = ControlServer(address, lambda: {"step": 7}, published.append, gate=gate)
+    gate.start()
     server.start()
     client = zmq.Context.instance().socket(zmq.DEALER)
     client.setsockopt(zmq.LINGER, 0)
+    secure_client(client, keys.client)
     client.connect(address)
     frames = hostile_frames(12_000, seed=11)
     codes: dict[str, int] = {}
@@ -187,10 +192,11 @@ def test_the_live_control_server_answers_every_hostile_frame_and_keeps_serving()
     assert "internal" not in codes and server.faults.count == 0, "every frame met a specific check"
 
 
-def subscriber(address: str) -> zmq.Socket:
+def subscriber(address: str, keys) -> zmq.Socket:
     sub = zmq.Context.instance().socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
+    secure_client(sub, keys)
     sub.connect(address)
     return sub
 
@@ -226,16 +232,24 @@ def publish_until_seen(pub: zmq.Socket, sub: zmq.Socket, frames: list[bytes], ti
     raise AssertionError("the subscription never arrived")
 
 
-def test_the_relay_forwards_and_caches_only_what_is_real():
+def test_the_relay_forwards_and_caches_only_what_is_real(gatekeeper):
+    """The forger holds rank 0's key (a rank gone bad): the relay's checks must still hold."""
+    gate, keys = gatekeeper
     relay_addr, publish_addr = (f"tcp://127.0.0.1:{free_tcp_port()}" for _ in range(2))
-    relay = Relay(relay_addr, publish_addr, run_id="real", world_size=2)
+    relay = Relay(relay_addr, publish_addr, run_id="real", world_size=2, gate=gate)
+    gate.start()
     relay.start()
     ctx = zmq.Context.instance()
-    pub = ctx.socket(zmq.PUB)
-    pub.setsockopt(zmq.LINGER, 0)
-    pub.setsockopt(zmq.SNDHWM, 0)  # a PUB drops past its high-water mark: this test must not lose its own frames
-    pub.connect(relay_addr)
-    ui = subscriber(publish_addr)
+    rank_pubs = []
+    for rank in (0, 1):
+        sock = ctx.socket(zmq.PUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 0)  # a PUB drops past its high-water mark: this test must not lose its frames
+        secure_client(sock, keys.for_rank(rank))
+        sock.connect(relay_addr)
+        rank_pubs.append(sock)
+    pub, rank1 = rank_pubs
+    ui = subscriber(publish_addr, keys.client)
     late = None
 
     def framed(msg) -> list[bytes]:
@@ -243,8 +257,10 @@ def test_the_relay_forwards_and_caches_only_what_is_real():
 
     try:
         real_hello = Hello(run_id="real", world_size=2, rank=1, host="node-1")
-        publish_until_seen(pub, ui, framed(real_hello))
+        publish_until_seen(rank1, ui, framed(real_hello))
+        publish_until_seen(pub, ui, framed(Step(rank=0, step=1, loss=1.0, step_ms=1.0)))
         forged = [
+            framed(Bye(rank=1, reason="forged by rank 0")),  # well-formed, but not the sender's rank
             framed(Hello(run_id="forged", world_size=2, rank=0)),  # another run
             framed(Hello(run_id="real", world_size=1_000, rank=0)),  # not this run's world
             [b"bye.1", encode(Bye(rank=0, reason="forged"))],  # topic and rank disagree
@@ -264,12 +280,12 @@ def test_the_relay_forwards_and_caches_only_what_is_real():
         assert all(isinstance(m, (Hello, Step)) and (not isinstance(m, Hello) or m.run_id == "real") for m in got)
         assert relay.is_alive() and relay.dropped >= len(forged)
 
-        late = subscriber(publish_addr)  # a UI attaching now gets only the real cached Hello
+        late = subscriber(publish_addr, keys.client)  # a UI attaching now gets only the real cached Hello
         cached = [decode(f[1]) for f in received_until(late, lambda frames: True)]
         cached += [decode(f[1]) for f in received(late, 500)]
         assert cached == [real_hello]
     finally:
-        for sock in (pub, ui, late):
+        for sock in (*rank_pubs, ui, late):
             if sock is not None:
                 sock.close()
         relay.stop()

@@ -111,6 +111,7 @@ def test_a_killed_rank_is_named_when_ringtop_run_exits(tmp_path):
         assert wait_gone(family, 30) == []
         last = (tmp_path / "cli.txt").read_text(errors="replace").strip().splitlines()[-1]
         assert last.startswith("ringtop: the run failed: rank 1 ended without a Bye"), last
+        assert f"rank 0: error: rank 1 (pid {rank1}) has died" in last, "the survivor's error names its dead peer"
 
 
 def _rank_of(pid: int) -> int | None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from ringtop.cli.ctl import send_command
 from ringtop.protocol import Event, Hello, Timeline
 
 from numerics import LOSS_RTOL, assert_series_close
@@ -19,12 +18,12 @@ def test_a_two_stage_pipeline_publishes_timelines_and_changes_micro_batches_live
     run = launch_agents(2, "--strategy", "pp", "--micro-batches", "2", "--steps", "0", "--batch-size", str(BATCH),
                         "--seq-len", str(SEQ), "--lr", str(LR))
     run.wait_for_step(6)
-    bad = list(send_command(run.control, "set", {"micro_batches": 3}, timeout_s=60))[-1]
+    bad = list(run.send_command("set", {"micro_batches": 3}, timeout_s=60))[-1]
     assert bad.status == "error" and "does not divide" in bad.error
-    done = list(send_command(run.control, "set", {"micro_batches": 4}, timeout_s=60))[-1]
+    done = list(run.send_command("set", {"micro_batches": 4}, timeout_s=60))[-1]
     assert done.status == "done", done.error
     run.wait_for_step(done.result["step"] + 7)
-    assert list(send_command(run.control, "stop", {}, timeout_s=60))[-1].status == "done"
+    assert list(run.send_command("stop", {}, timeout_s=60))[-1].status == "done"
     assert run.wait(60) == 0, run.output()[-3000:]
 
     for rank in (0, 1):
@@ -55,10 +54,10 @@ def test_switching_into_and_out_of_the_pipeline_keeps_training(launch_agents):
     run.wait_for_step(2)
     for args in ({"strategy": "pp", "micro_batches": 2}, {"strategy": "fsdp"},
                  {"strategy": "pp", "pp_schedule": "1f1b", "micro_batches": 4}, {"strategy": "ddp"}):
-        done = list(send_command(run.control, "switch", args, timeout_s=120))[-1]
+        done = list(run.send_command("switch", args, timeout_s=120))[-1]
         assert done.status == "done", done.error
         run.wait_for_step(done.result["step"] + 2)
-    assert list(send_command(run.control, "stop", {}, timeout_s=60))[-1].status == "done"
+    assert list(run.send_command("stop", {}, timeout_s=60))[-1].status == "done"
     assert run.wait(60) == 0, run.output()[-3000:]
     # Under data parallelism each rank takes half the global batch of 2 x BATCH; a 2-stage pipeline
     # has one replica, which takes BATCH per step. The stream position carries over either way.

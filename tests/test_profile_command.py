@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-from ringtop.cli.ctl import send_command
 from ringtop.protocol import Event
 
 pytestmark = pytest.mark.timeout(180)
@@ -16,7 +15,7 @@ pytestmark = pytest.mark.timeout(180)
 def test_profile_writes_a_trace_per_rank_and_reports_exposed_comm(launch_agents):
     run = launch_agents(2, "--steps", "0", "--batch-size", "4", "--seq-len", "32")
     run.wait_for_step(2)
-    replies = list(send_command(run.control, "profile", {"steps": 2}, timeout_s=120))
+    replies = list(run.send_command("profile", {"steps": 2}, timeout_s=120))
     assert [r.status for r in replies] == ["ack", "done"], replies[-1].error
     ranks = replies[-1].result["ranks"]
     assert [r["rank"] for r in ranks] == [0, 1]
@@ -25,9 +24,9 @@ def test_profile_writes_a_trace_per_rank_and_reports_exposed_comm(launch_agents)
         assert any(e.get("name", "").startswith("gloo:all_reduce") for e in trace["traceEvents"])
         assert 0 <= r["exposed_comm_ms_per_step_trace"] <= r["comm_ms_per_step_trace"]
         assert r["exposed_comm_ms_per_step_live"] >= 0 and 0 <= r["overlap_pct_trace"] <= 100
-    bad = list(send_command(run.control, "profile", {"steps": 0}, timeout_s=30))
+    bad = list(run.send_command("profile", {"steps": 0}, timeout_s=30))
     assert bad[-1].code == "bad_arguments"
-    assert list(send_command(run.control, "stop", {}, timeout_s=60))[-1].status == "done"
+    assert list(run.send_command("stop", {}, timeout_s=60))[-1].status == "done"
     assert run.wait(60) == 0
     assert any(isinstance(m, Event) and m.kind == "profile" and "from the trace" in m.text for m in run.messages(0))
 
@@ -41,10 +40,10 @@ def test_profile_of_a_pipeline_keeps_p2p_waits_out_of_exposed_comm(launch_agents
     run = launch_agents(2, "--strategy", "pp", "--micro-batches", "4", "--steps", "0", "--batch-size", "4",
                         "--seq-len", "32")
     run.wait_for_step(3)
-    replies = list(send_command(run.control, "profile", {"steps": 3}, timeout_s=120))
+    replies = list(run.send_command("profile", {"steps": 3}, timeout_s=120))
     assert [r.status for r in replies] == ["ack", "done"], replies[-1].error
     ranks = replies[-1].result["ranks"]
-    assert list(send_command(run.control, "stop", {}, timeout_s=60))[-1].status == "done"
+    assert list(run.send_command("stop", {}, timeout_s=60))[-1].status == "done"
     assert run.wait(60) == 0
     for r in ranks:
         names = {e.get("name", "") for e in json.loads(Path(r["trace"]).read_text())["traceEvents"]}

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from ringtop.cli.ctl import send_command
 from ringtop.protocol import Bye, Event, Hello, Step
 
 from conftest import TESTS_DIR
@@ -47,7 +46,7 @@ def every_ordered_pair(nodes: list[str], start: str) -> list[str]:
 
 
 def switch(run, **args):
-    replies = list(send_command(run.control, "switch", args, timeout_s=120))
+    replies = list(run.send_command("switch", args, timeout_s=120))
     return replies[-1]
 
 
@@ -79,7 +78,7 @@ def test_switching_through_every_pair_keeps_training_as_if_it_never_switched(lau
     last = max(s.step for s in run.steps(0))
     for r in (run, plain):
         r.wait_for_step(last)
-        assert list(send_command(r.control, "stop", {}, timeout_s=60))[-1].status == "done"
+        assert list(r.send_command("stop", {}, timeout_s=60))[-1].status == "done"
         assert r.wait(60) == 0, r.output()[-3000:]
 
     switched, never = mean_losses(run), mean_losses(plain)
@@ -123,7 +122,7 @@ def test_failed_switches_roll_back_and_training_goes_on(launch_agents):
     assert rewrap.status == "done", rewrap.error
     step = max(s.step for s in run.steps(0))
     run.wait_for_step(step + 3)
-    assert list(send_command(run.control, "stop", {}, timeout_s=60))[-1].status == "done"
+    assert list(run.send_command("stop", {}, timeout_s=60))[-1].status == "done"
     assert run.wait(60) == 0, run.output()[-3000:]
 
     errors = [e for e in run.messages(0) if isinstance(e, Event) and e.kind == "switch" and e.level == "error"]

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import time
 
+import msgspec
 import pytest
 from textual.widgets import DataTable
 
+from ringtop.protocol import curve
 from ringtop.tui.app import RingtopApp
 
 pytestmark = pytest.mark.timeout(150)
@@ -27,7 +29,8 @@ def row_steps(app: RingtopApp) -> dict[int, int]:
 
 async def test_rows_for_both_ranks_appear_update_and_a_checkpoint_round_trips(launch_agents):
     run = launch_agents(2, "--steps", "0", "--batch-size", "4", "--seq-len", "32")
-    app = RingtopApp(publish_addr=run.publish, control_addr=run.control)
+    keys = run.keys
+    app = RingtopApp(publish_addr=run.publish, control_addr=run.control, keys=keys)
     async with app.run_test(size=(140, 40)) as pilot:
         await wait_until(pilot, lambda: set(app.view.ranks) == {0, 1} and min(row_steps(app).values()) > 0,
                          90, "step rows for ranks 0 and 1")
@@ -50,8 +53,23 @@ async def test_rows_for_both_ranks_appear_update_and_a_checkpoint_round_trips(la
     before = max(s.step for s in run.steps(0))
     run.wait_for_step(before + 3)
     assert run.proc.poll() is None
-    again = RingtopApp(publish_addr=run.publish, control_addr=run.control)
+    again = RingtopApp(publish_addr=run.publish, control_addr=run.control, keys=keys)
     async with again.run_test(size=(140, 40)) as pilot:
         await wait_until(pilot, lambda: again.view.facts.run_id == run_id and set(again.view.ranks) == {0, 1},
                          60, "the re-attached UI to learn the run's facts and both ranks")
         assert again.view.facts.world_size == 2 and again.view.facts.strategy == "ddp"
+
+
+async def test_a_ui_without_the_runs_keys_gets_nothing_and_says_why(launch_agents):
+    run = launch_agents(2, "--steps", "0", "--batch-size", "4", "--seq-len", "32")
+    run.wait_for_step(1)
+    other_run = curve.generate().client
+    stolen_server_key = msgspec.structs.replace(other_run, server_public=run.keys.server_public)
+    for keys, reason in ((None, "requires its keys"), (other_run, "key does not match"),
+                         (stolen_server_key, "refused this client's key")):
+        app = RingtopApp(publish_addr=run.publish, control_addr=run.control, keys=keys)
+        async with app.run_test(size=(160, 40)) as pilot:
+            await wait_until(pilot, lambda: reason in app.header_text().plain, 30, f"the header to say {reason!r}")
+            assert "refuses this UI" in app.header_text().plain
+            assert not app.view.ranks and not app.view.facts.run_id, "nothing of the run reached this UI"
+    assert run.proc.poll() is None, "the run trains on"

@@ -24,6 +24,8 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.message import Message
 from textual.widgets import DataTable, Footer, RichLog, Sparkline, Static, TabbedContent, TabPane
 
+from ringtop.protocol.curve import ClientKeys
+
 from . import fmt
 from .comm import busbw_series, comm_window, peak_ref, slowest_rank
 from .comm_tab import (
@@ -226,8 +228,11 @@ class RingtopApp(App):
         source: str = "",
         stale_after_s: float = 3.0,
         link_peak_gbps: float = 0.0,
+        keys: ClientKeys | None = None,
     ) -> None:
+        """`keys`: the run's client keys (its connection file); None for a run started --insecure."""
         super().__init__()
+        self.keys = keys
         if messages is None and publish_addr is None:
             raise ValueError("RingtopApp needs either publish_addr (live) or messages (replay)")
         self.replay = messages is not None
@@ -330,7 +335,7 @@ class RingtopApp(App):
 
     def _start_client(self) -> None:
         assert self.publish_addr is not None
-        client = TelemetryClient(self.publish_addr, self.control_addr, self._on_batch_from_thread)
+        client = TelemetryClient(self.publish_addr, self.control_addr, self._on_batch_from_thread, keys=self.keys)
         try:
             client.start()
         except Exception as exc:  # a bad address: say so, keep the UI up
@@ -515,7 +520,11 @@ class RingtopApp(App):
         t.append("ringtop", style="bold")
         t.append(" ─ ", style="dim")
         if not self.replay and not v.ranks and not f.run_id:
-            t.append(f"waiting for telemetry on {self.publish_addr}", style="dim")
+            refused = self.client.auth_failure if self.client is not None else ""
+            if refused:
+                t.append(f"{self.publish_addr} refuses this UI: {refused}", style="bold red")
+            else:
+                t.append(f"waiting for telemetry on {self.publish_addr}", style="dim")
             return t
         t.append(f"run {f.run_id[:8] or '?'}", style="bold")
         if f.model:
@@ -873,10 +882,12 @@ def _chart_label(name: str, data: list[float], f) -> Text:
 # ---------------------------------------------------------------------- entry points
 
 
-def run_live(publish: str, control: str | None = None, *, link_peak_gbps: float = 0.0) -> int:
-    """Run the UI against a live run (rank 0's publish and control addresses). `link_peak_gbps`:
-    the link's peak per direction for the busbw reference (0: unknown; see ringtop.strategies.links)."""
-    app = RingtopApp(publish_addr=publish, control_addr=control, link_peak_gbps=link_peak_gbps)
+def run_live(publish: str, control: str | None = None, *, keys: ClientKeys | None = None,
+             link_peak_gbps: float = 0.0) -> int:
+    """Run the UI against a live run (rank 0's publish and control addresses, the run's client
+    keys). `link_peak_gbps`: the link's peak per direction for the busbw reference (0: unknown;
+    see ringtop.strategies.links)."""
+    app = RingtopApp(publish_addr=publish, control_addr=control, keys=keys, link_peak_gbps=link_peak_gbps)
     try:
         app.run()
     finally:

@@ -25,6 +25,7 @@ from typing import Any, Callable
 import zmq
 
 from ringtop.protocol import UI_RANK, Command, ProtocolError, Reply, decode, encode
+from ringtop.protocol.curve import ClientKeys, HandshakeWatch, secure_client
 from ringtop.protocol.guard import LoopFaults
 
 from .sanitize import sanitized
@@ -50,8 +51,13 @@ class TelemetryClient:
         poll_timeout_ms: int = 20,
         rcvhwm: int = 20_000,
         max_batch: int = 20_000,
+        keys: ClientKeys | None = None,
     ) -> None:
+        """`keys`: the run's client keys from its connection file (None: a run started with --insecure)."""
         self.publish_addr = publish_addr
+        self.keys = keys
+        self.auth_failure = ""
+        """Why the run refuses this client ("" while it does not): no keys, or wrong ones."""
         self.control_addr = control_addr
         self.on_batch = on_batch
         self.batch_interval_s = batch_interval_s
@@ -114,32 +120,39 @@ class TelemetryClient:
     def _run(self) -> None:
         ctx = zmq.Context()
         sub = dealer = None
+        watches: list[HandshakeWatch] = []
         try:
             try:
                 sub = ctx.socket(zmq.SUB)
                 sub.setsockopt(zmq.LINGER, 0)
                 sub.setsockopt(zmq.RCVHWM, self.rcvhwm)
                 sub.setsockopt(zmq.SUBSCRIBE, b"")
+                secure_client(sub, self.keys)
+                watches.append(HandshakeWatch(sub, self.keys is not None))
                 sub.connect(self.publish_addr)
                 if self.control_addr is not None:
                     dealer = ctx.socket(zmq.DEALER)
                     dealer.setsockopt(zmq.LINGER, 0)
                     dealer.setsockopt(zmq.RCVHWM, 1000)
                     dealer.setsockopt(zmq.SNDHWM, 1000)
+                    secure_client(dealer, self.keys)
+                    watches.append(HandshakeWatch(dealer, self.keys is not None))
                     dealer.connect(self.control_addr)
             except BaseException as exc:  # bad address etc.: report to start()
                 self._start_error = exc
                 return
             finally:
                 self._ready.set()
-            self._loop(sub, dealer)
+            self._loop(sub, dealer, watches)
         finally:
+            for w in watches:
+                w.close()
             for s in (sub, dealer):
                 if s is not None:
                     s.close(linger=0)
             ctx.term()
 
-    def _loop(self, sub: zmq.Socket, dealer: zmq.Socket | None) -> None:
+    def _loop(self, sub: zmq.Socket, dealer: zmq.Socket | None, watches: list[HandshakeWatch]) -> None:
         poller = zmq.Poller()
         poller.register(sub, zmq.POLLIN)
         if dealer is not None:
@@ -156,6 +169,7 @@ class TelemetryClient:
                     self._drain(sub, batch, rejected, "telemetry")
                 if dealer is not None and dealer in events:
                     self._drain(dealer, batch, rejected, "control")
+                self.auth_failure = next((f for f in (w.read() for w in watches) if f), "")
             except zmq.ContextTerminated:
                 break
             except Exception as exc:  # no input may end the receiver: count it, say so, go on
