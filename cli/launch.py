@@ -6,10 +6,12 @@ UI beside it never imports torch.
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from ringtop.agent.lifecycle import EXIT_WITH_PARENT_ENV, exit_with_parent
@@ -22,9 +24,11 @@ def launcher_command(nproc: int, agent_args: list[str]) -> list[str]:
     ]
 
 
-def start_ranks(nproc: int, agent_args: list[str], output_file: Path | None = None) -> subprocess.Popen:
+def start_ranks(nproc: int, agent_args: list[str], output_file: Path | None = None,
+                capture_stderr: bool = False) -> subprocess.Popen:
     """In a new session so one signal reaches the launcher and every rank it started; the launcher
-    gets SIGTERM from the kernel if this process dies without stopping it (even by SIGKILL)."""
+    gets SIGTERM from the kernel if this process dies without stopping it (even by SIGKILL).
+    `capture_stderr`: a pipe, for a StderrTail to pass on and keep."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("PYTHONWARNINGS", "ignore")
@@ -34,12 +38,39 @@ def start_ranks(nproc: int, agent_args: list[str], output_file: Path | None = No
         output_file.parent.mkdir(parents=True, exist_ok=True)
         out = open(output_file, "ab")
     try:
-        return subprocess.Popen(launcher_command(nproc, agent_args), env=env, stdout=out,
-                                stderr=subprocess.STDOUT if out else None, start_new_session=True,
-                                preexec_fn=exit_with_parent)
+        stderr = subprocess.STDOUT if out else (subprocess.PIPE if capture_stderr else None)
+        return subprocess.Popen(launcher_command(nproc, agent_args), env=env, stdout=out, stderr=stderr,
+                                start_new_session=True, preexec_fn=exit_with_parent)
     finally:
         if out is not None:
             out.close()
+
+
+class StderrTail:
+    """Passes the launcher's stderr on to ours as it comes and keeps its last lines: they hold the
+    launcher's failure report (which rank ended, by which signal)."""
+
+    def __init__(self, proc: subprocess.Popen, max_lines: int = 400) -> None:
+        self._lines: collections.deque[str] = collections.deque(maxlen=max_lines)
+        self._thread = threading.Thread(target=self._copy, args=(proc.stderr,), name="ringtop-launcher-stderr",
+                                        daemon=True)
+        self._thread.start()
+
+    def _copy(self, stream) -> None:
+        out = getattr(sys.stderr, "buffer", None)
+        for line in iter(stream.readline, b""):
+            self._lines.append(line.decode(errors="replace"))
+            try:
+                if out is not None:
+                    out.write(line)
+                    out.flush()
+            except (OSError, ValueError):
+                pass  # our stderr is gone: keep draining, or the ranks would block on a full pipe
+
+    def text(self, timeout_s: float = 2.0) -> str:
+        """What was kept, once the launcher's stderr has closed (or `timeout_s` passed)."""
+        self._thread.join(timeout_s)
+        return "".join(self._lines)
 
 
 def descendants(pid: int) -> list[int]:

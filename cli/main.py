@@ -196,11 +196,13 @@ def _option_value(agent_args: list[str], option: str) -> str | None:
 def _run(args: argparse.Namespace, agent_args: list[str]) -> int:
     if (bad := _check_agent_args(agent_args)) is not None:
         return bad
-    from .launch import start_ranks, wait_ranks
+    from .launch import StderrTail, start_ranks, wait_ranks
 
     if not args.ui:
-        code = wait_ranks(start_ranks(args.nproc, agent_args))
-        _report_failure(code, _option_value(agent_args, "--log-dir"))
+        proc = start_ranks(args.nproc, agent_args, capture_stderr=True)
+        tail = StderrTail(proc)
+        code = wait_ranks(proc)
+        _report_failure(code, _option_value(agent_args, "--log-dir"), tail.text())
         return code
     log_dir = Path(_option_value(agent_args, "--log-dir") or f"runs/run-{time.strftime('%Y%m%d-%H%M%S')}")
     if _option_value(agent_args, "--log-dir") is None:
@@ -232,7 +234,7 @@ def _run_with_ui(nproc: int, agent_args: list[str], log_dir: Path) -> int:
         code = wait_ranks(proc)
         tail = output.read_text(errors="replace").splitlines()[-15:] if output.exists() else []
         print("ringtop: the ranks ended before rank 0 was up:\n  " + "\n  ".join(tail), file=sys.stderr)
-        _report_failure(code, str(log_dir))
+        _report_failure(code, str(log_dir), _tail_of(output))
         return code or 1
     run_live(info.publish, info.control, keys=info.keys)
     if proc.poll() is None:
@@ -240,8 +242,17 @@ def _run_with_ui(nproc: int, agent_args: list[str], log_dir: Path) -> int:
               f"  re-attach:  ringtop ui {run_id}\n"
               f"  stop them:  Ctrl-C here, or  ringtop ctl --run {run_id} stop", file=sys.stderr)
     code = wait_ranks(proc)
-    _report_failure(code, str(log_dir))
+    _report_failure(code, str(log_dir), _tail_of(output))
     return code
+
+
+def _tail_of(path: Path, max_bytes: int = 64 * 1024) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, path.stat().st_size - max_bytes))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _await_connection_file(proc, run_id: str):
@@ -259,13 +270,14 @@ def _await_connection_file(proc, run_id: str):
     return None
 
 
-def _report_failure(code: int, log_dir: str | None) -> None:
-    """A failed run ends with one line naming the rank that failed first (not after a stop signal)."""
+def _report_failure(code: int, log_dir: str | None, launcher_output: str = "") -> None:
+    """A failed run ends with one line naming the rank that failed first and what ended it (not
+    after a stop signal)."""
     if code == 0 or code >= 128:
         return
-    from .summary import failure_line
+    from .summary import failure_line, launcher_signals
 
-    print(failure_line(Path(log_dir) if log_dir else None, code), file=sys.stderr)
+    print(failure_line(Path(log_dir) if log_dir else None, code, launcher_signals(launcher_output)), file=sys.stderr)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -277,14 +289,16 @@ def _demo(args: argparse.Namespace) -> int:
                   "--control", control, "--checkpoint-dir", str(log_dir / "checkpoints"),
                   "--model-size", args.model_size]
     if args.headless:
-        from .launch import start_ranks, wait_ranks
+        from .launch import StderrTail, start_ranks, wait_ranks
         from .summary import print_summary
 
         print(f"ringtop demo: {args.nproc} CPU ranks, tiny-gpt {args.model_size}, {steps} steps, logs in {log_dir}",
               file=sys.stderr)
-        code = wait_ranks(start_ranks(args.nproc, [*agent_args, "--print-every", "10"]))
+        proc = start_ranks(args.nproc, [*agent_args, "--print-every", "10"], capture_stderr=True)
+        tail = StderrTail(proc)
+        code = wait_ranks(proc)
         print_summary(log_dir)
-        _report_failure(code, str(log_dir))
+        _report_failure(code, str(log_dir), tail.text())
         print(f"\nreplay it:  ringtop replay {log_dir}")
         return code
     return _run_with_ui(args.nproc, agent_args, log_dir)

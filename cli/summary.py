@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import signal
 import statistics
 from pathlib import Path
 
@@ -64,10 +66,28 @@ def print_summary(log_dir: Path) -> None:
             print(f"  ⚠ {v['text']}\n    advice: {v['advice']}")
 
 
-def failure_line(log_dir: Path | None, launcher_code: int) -> str:
+_LAUNCHER_FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+
+
+def launcher_signals(launcher_output: str) -> dict[int, str]:
+    """Rank -> the signal that ended it, from the failure report torch's elastic launcher prints
+    (`rank : 1 (local_rank: 1)` / `exitcode : -9 (pid: ...)`)."""
+    found = {}
+    for rank, code in _LAUNCHER_FAILURE.findall(launcher_output):
+        if int(code) < 0:
+            try:
+                found[int(rank)] = signal.Signals(-int(code)).name
+            except ValueError:
+                found[int(rank)] = f"signal {-int(code)}"
+    return found
+
+
+def failure_line(log_dir: Path | None, launcher_code: int, signals: dict[int, str] | None = None) -> str:
     """One line saying which rank failed first, from the ranks' logs: a rank whose log ends
     without a Bye was killed (or crashed hard) and is named before ranks whose Bye reports the
-    error its death caused them; of several such, the one whose log ends first."""
+    error its death caused them; of several such, the one whose log ends first. `signals`: what
+    the launcher saw end each rank (launcher_signals)."""
+    signals = signals or {}
     if log_dir is None or not any(log_dir.glob("rank-*.jsonl")):
         return f"ringtop: the run failed (launcher exit code {launcher_code}); see the launcher's report above"
     silent, failed = [], []
@@ -78,8 +98,8 @@ def failure_line(log_dir: Path | None, launcher_code: int) -> str:
         bye = messages[-1] if messages and isinstance(messages[-1], Bye) else None
         if bye is None:
             last_ts = messages[-1].ts if messages else 0.0
-            silent.append((last_ts, f"rank {rank} ended without a Bye after step {last_step} (killed by a signal, "
-                                    "or crashed)"))
+            how = f"killed by {signals[rank]}" if rank in signals else "killed by a signal, or crashed"
+            silent.append((last_ts, f"rank {rank} ended without a Bye after step {last_step} ({how})"))
         elif not bye.ok:
             reason = " ".join(bye.reason.split())  # a traceback's lines, made one
             failed.append(f"rank {rank}: {reason[:160]}{'…' if len(reason) > 160 else ''}")

@@ -113,7 +113,8 @@ def client_failure_reason(event: int, value: int, has_keys: bool) -> str:
         return "the run refused this client's key (a connection file of another run?)"
     if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
         return "the run has no authentication (started with --insecure): connect with --insecure"
-    return "the run's key does not match (an old connection file, or another run on this port?)"
+    return ("the run's key does not match (an old connection file, another run on this port, or a run "
+            "started with --insecure: `ringtop ls` marks those)")
 
 
 class HandshakeWatch:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from ringtop.agent.lifecycle import EXIT_WITH_PARENT_ENV, exit_with_parent
 from ringtop.cli.launch import stop_ranks
 from ringtop.protocol import Step, free_tcp_port, read_log
 
@@ -92,7 +93,10 @@ def poll_until(condition, timeout_s: float, what: str, interval_s: float = 0.05)
 
 
 def agent_env() -> dict[str, str]:
+    """As `ringtop run` starts ranks: one intra-op thread, and every process of the run ends with
+    its parent (a pytest killed mid-test leaves no rank behind)."""
     env = dict(os.environ)
+    env[EXIT_WITH_PARENT_ENV] = "1"
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONWARNINGS"] = "ignore"
     env["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), env.get("PYTHONPATH", "")])
@@ -114,7 +118,8 @@ def run_worker_script(script: Path, args: list[str], out: Path, nproc: int, time
            str(script), *args, str(out)]
     log = out / "output.txt"
     with open(log, "wb") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=agent_env(), start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=agent_env(), start_new_session=True,
+                                preexec_fn=exit_with_parent)
     try:
         rc = proc.wait(timeout_s)
     except subprocess.TimeoutExpired:
@@ -146,7 +151,8 @@ def start_agents(workdir: Path, nproc: int, *agent_args: str, entry: str | None 
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                *target, *argv]
     with open(output_path, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=agent_env(), start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=agent_env(), start_new_session=True,
+                                preexec_fn=exit_with_parent)
     return AgentRun(proc, publish, relay, control, log_dir, ckpt_dir, output_path, max(nproc, 1), argv, run_id)
 
 

@@ -111,6 +111,7 @@ def test_a_killed_rank_is_named_when_ringtop_run_exits(tmp_path):
         assert wait_gone(family, 30) == []
         last = (tmp_path / "cli.txt").read_text(errors="replace").strip().splitlines()[-1]
         assert last.startswith("ringtop: the run failed: rank 1 ended without a Bye"), last
+        assert "(killed by SIGKILL)" in last, last
         assert f"rank 0: error: rank 1 (pid {rank1}) has died" in last, "the survivor's error names its dead peer"
 
 
@@ -170,3 +171,17 @@ def test_a_stop_signal_while_the_ui_runs_stops_every_rank(tmp_path):
     finally:
         kill_all([pid, *family])
         os.close(fd)
+
+
+def test_the_signal_that_ended_a_rank_is_read_from_the_launchers_own_report(tmp_path):
+    """The report as torch's elastic launcher formats it (its own ChildFailedError), not a copy."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from ringtop.cli.summary import launcher_signals
+
+    failures = {1: ProcessFailure(local_rank=1, pid=4242, exitcode=-signal.SIGKILL, error_file=str(tmp_path / "none")),
+                0: ProcessFailure(local_rank=0, pid=4241, exitcode=1, error_file=str(tmp_path / "none")),
+                3: ProcessFailure(local_rank=1, pid=4243, exitcode=-signal.SIGSEGV, error_file=str(tmp_path / "none"))}
+    report = ChildFailedError("ringtop.agent", failures).format_msg()
+    assert launcher_signals(f"some rank output\n{report}\nmore") == {1: "SIGKILL", 3: "SIGSEGV"}
+    assert launcher_signals("rank 1 said: exitcode -9 somewhere") == {}
