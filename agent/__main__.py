@@ -12,8 +12,8 @@ from ringtop.strategies.base import StrategyError
 from .checkpoint import CheckpointError
 from .config import ConfigError, parse_agent_args
 from .distributed import DeviceError, exit_rank, init_distributed
-from .lifecycle import EXIT_WITH_PARENT_ENV, exit_with_parent
 from .factories import FactoryError
+from .lifecycle import EXIT_WITH_PARENT_ENV, exit_with_parent
 from .runner import Interrupted, Runner
 
 

@@ -9,7 +9,6 @@ from typing import Any
 import msgspec
 
 from ringtop.protocol import EndpointError, Endpoints, check_bind_safe, parse_tcp
-from ringtop.strategies.links import parse_link
 from ringtop.strategies.ds_config import (
     DSConfigError,
     Owned,
@@ -17,6 +16,7 @@ from ringtop.strategies.ds_config import (
     load_ds_config,
     merge_ds_config,
 )
+from ringtop.strategies.links import parse_link
 
 BUILTIN_MODEL = "tiny-gpt"
 BUILTIN_DATA = "synthetic"
@@ -174,7 +174,8 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
                    help="rank 0 writes each step's end time (s) to FILE as JSON at exit (benchmarks)")
     t.add_argument("--print-every", type=int, default=d.print_every, help="rank 0 prints a line every N steps")
     t.add_argument("--link", default=None,
-                   help="the link's peak for the diagnosis: nvlink3|nvlink4|pcie4|pcie5|ib-hdr|ib-ndr or GB/s per direction")
+                   help="the link's peak for the diagnosis: nvlink3|nvlink4|pcie4|pcie5|ib-hdr|ib-ndr"
+                        " or GB/s per direction")
     f = parser.add_argument_group("fault injection (tests and demos)")
     f.add_argument("--inject-slow-rank", default=None, metavar="R:MS", help="rank R computes MS longer every step")
     f.add_argument("--inject-comm-delay", type=float, default=0.0, metavar="MS",
@@ -239,7 +240,8 @@ def config_from_args(ns: argparse.Namespace, explicitly_set: set[str]) -> AgentC
         clashing = sorted(explicitly_set & {"log_dir", "publish", "relay", "control", "print_every"})
         if clashing:
             names = ", ".join("--" + n.replace("_", "-") for n in clashing)
-            raise ConfigError(f"--no-telemetry turns off all telemetry and control; drop {names} or drop --no-telemetry")
+            raise ConfigError(f"--no-telemetry turns off all telemetry and control; drop {names} "
+                              "or drop --no-telemetry")
     if ns.strategy not in STRATEGY_CHOICES:
         raise ConfigError(f"unknown strategy {ns.strategy!r}; choose from {', '.join(STRATEGY_CHOICES)}")
     if ns.fsdp_sharding is not None and ns.strategy != "fsdp":

@@ -47,7 +47,8 @@ def predict(strategy: str, fsdp_sharding: str, world_size: int, param_count: int
     return prediction, optimizer_bytes_per_param
 
 
-def predict_pipeline_stage(stage_params: int, stage_tensors: int, world_size: int, stages: int) -> tuple[Prediction, int]:
+def predict_pipeline_stage(stage_params: int, stage_tensors: int, world_size: int,
+                           stages: int) -> tuple[Prediction, int]:
     """A pipeline stage holds its layers' parameters whole (fp32), their gradients and AdamW state;
     its replicas all-reduce those gradients. Stage sizes differ (embeddings on the first, the head's
     copy of the tied weight on the last), so they are counted from the model, not P / stages."""

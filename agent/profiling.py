@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from ringtop.strategies import comm_tracing
 
 from .trace_analysis import analyze_trace

@@ -19,34 +19,46 @@ import msgspec
 import torch
 import torch.distributed as dist
 
-from ringtop.protocol import connection_file, curve
-from ringtop.protocol import Bye, Endpoints, CommStat, Event, Hello, MemorySample, Sharding, StageSpan, Step, Timeline
+from ringtop.protocol import (
+    Bye,
+    CommStat,
+    Endpoints,
+    Event,
+    Hello,
+    MemorySample,
+    Sharding,
+    StageSpan,
+    Step,
+    Timeline,
+    connection_file,
+    curve,
+)
 from ringtop.strategies import comm_tracing
-from ringtop.strategies.diagnosis import RunContext
 from ringtop.strategies.base import DistContext, Strategy, TrainSettings, unique_parameters
+from ringtop.strategies.diagnosis import RunContext
 from ringtop.strategies.pipeline import PipelineStrategy
-from ringtop.strategies.torch_native import full_optimizer_template
 from ringtop.strategies.registry import build_strategy
+from ringtop.strategies.torch_native import full_optimizer_template
 
 from . import checkpoint as ckpt
-from .config import BUILTIN_DATA, BUILTIN_MODEL, AgentConfig
 from .checkpointing import CheckpointManager
-from .diagnostician import Diagnostician
-from .prewarm import Prewarm
-from .profiling import ProfileSession, gather_results
-from .switching import SwitchAborted, SwitchError, switch_strategy
+from .config import BUILTIN_DATA, BUILTIN_MODEL, AgentConfig
 from .control import ControlServer, PendingCommand, StepSync, broadcast_bytes, scatter_fixed
 from .data import synthetic_batches
+from .diagnostician import Diagnostician
 from .factories import BuildContext, batch_to, batch_tokens, call_model, user_data, user_model
+from .gatekeeper import Gatekeeper
 from .instruments.comm_tracer import CommSummary, CommTracer
 from .instruments.sampler import SystemSampler
 from .instruments.step_clock import StepClock, StepTiming, apply_device_phases, device_phases_ready
 from .model import MODEL_SIZES, build_tiny_gpt, count_params
-from .prediction import predict, predict_pipeline_stage
-from .gatekeeper import Gatekeeper
 from .peers import Peers
+from .prediction import predict, predict_pipeline_stage
+from .prewarm import Prewarm
+from .profiling import ProfileSession, gather_results
 from .relay import Relay
 from .run_paths import inside_run_directory
+from .switching import SwitchAborted, SwitchError, switch_strategy
 from .telemetry import Telemetry
 
 RINGTOP_VERSION = "0.1.0"
@@ -192,7 +204,8 @@ class Runner:
         gpu_index = self.ctx.device.index if self.ctx.device.type == "cuda" else None
         self.sampler = SystemSampler(self.telemetry.emit, gpu_index=gpu_index)
         self.tracer = CommTracer()
-        capacity = torch.cuda.get_device_properties(self.ctx.device).total_memory if self.ctx.device.type == "cuda" else 0
+        capacity = (torch.cuda.get_device_properties(self.ctx.device).total_memory
+                    if self.ctx.device.type == "cuda" else 0)
         canonical = f"fsdp-{self.cfg.fsdp_sharding}" if self.cfg.strategy == "fsdp" else self.cfg.strategy
         run = RunContext(strategy=canonical, world_size=self.ctx.world_size, param_count=self.param_count,
                          device_capacity_bytes=capacity, link_peak_gbps=self.cfg.link_gbps)
@@ -260,7 +273,8 @@ class Runner:
         }
 
     def _hello(self) -> Hello:
-        mem_total = torch.cuda.get_device_properties(self.ctx.device).total_memory if self.ctx.device.type == "cuda" else 0
+        mem_total = (torch.cuda.get_device_properties(self.ctx.device).total_memory
+                     if self.ctx.device.type == "cuda" else 0)
         name = self.cfg.model if self.cfg.model != BUILTIN_MODEL else f"{BUILTIN_MODEL}-{self.cfg.model_size}"
         sharding = self.strategy.sharding
         if isinstance(self.strategy, PipelineStrategy):
@@ -277,7 +291,8 @@ class Runner:
             strategy=self.strategy.name, strategy_options=self._strategy_facts(),
             sharding=Sharding(params=sharding.params, grads=sharding.grads, optimizer=sharding.optimizer),
             dtype=self.cfg.dtype, optimizer_bytes_per_param=optimizer_bytes_per_param, grad_clip=self.cfg.grad_clip,
-            prediction=prediction, link_peak_gbps=self.cfg.link_gbps, model=name, param_count=self.param_count, torch_version=str(torch.__version__),
+            prediction=prediction, link_peak_gbps=self.cfg.link_gbps, model=name, param_count=self.param_count,
+            torch_version=str(torch.__version__),
             ringtop_version=RINGTOP_VERSION, batch_size=self.cfg.batch_size, seq_len=self.cfg.seq_len,
             steps=self.cfg.steps, start_step=self.start_step, lr=self.cfg.lr, seed=self.cfg.seed,
             device_mem_total_bytes=mem_total, publish=self.endpoints.publish, control=self.endpoints.control,
@@ -323,7 +338,9 @@ class Runner:
             bye.reason, bye.ok = f"interrupted: {exc}", False
             raise
         except BaseException as exc:
-            bye.reason, bye.ok = f"error: {self.peers.explain(f'{type(exc).__name__}: {exc}')}", False
+            error = f"{type(exc).__name__}: {exc}"
+            bye.reason, bye.ok = f"error: {error}", False  # set before looking for the dead peer: a stop
+            bye.reason = f"error: {self.peers.explain(error)}"  # signal may end the look
             raise
         finally:
             bye.step = self.step
@@ -553,7 +570,8 @@ class Runner:
         failed = [r for r in results if "error" in r]
         if failed:
             if self.control is not None:
-                self.control.reply(session.command, "error", error=f"profile failed: {failed[0]['error']}", code="failed")
+                self.control.reply(session.command, "error", error=f"profile failed: {failed[0]['error']}",
+                                   code="failed")
             self._event("error", "profile", f"profile failed: {failed[0]['error']}")
             return
         result = {"ranks": results, "steps": session.steps}
@@ -573,7 +591,8 @@ class Runner:
         new_cfg = msgspec.structs.replace(
             self.cfg, strategy=args.strategy, fsdp_sharding=args.fsdp_sharding or "full", ds_config=ds_config,
             ds_config_from_command=from_command,
-            pp_schedule=args.pp_schedule or self.cfg.pp_schedule, micro_batches=args.micro_batches or self.cfg.micro_batches)
+            pp_schedule=args.pp_schedule or self.cfg.pp_schedule,
+            micro_batches=args.micro_batches or self.cfg.micro_batches)
         old = self.strategy.describe()
         try:
             new, seconds = switch_strategy(
@@ -594,7 +613,8 @@ class Runner:
             canonical = f"fsdp-{new_cfg.fsdp_sharding}" if new_cfg.strategy == "fsdp" else new_cfg.strategy
             self.diagnostician.run = dataclasses.replace(self.diagnostician.run, strategy=canonical)
         result = {"from": old, "to": new.describe(), "step": self.step, "seconds": round(seconds, 4)}
-        self._event("info", "switch", f"switched {old} -> {new.describe()} at step {self.step} in {seconds:.2f} s", result)
+        self._event("info", "switch", f"switched {old} -> {new.describe()} at step {self.step} in {seconds:.2f} s",
+                    result)
         if self.telemetry is not None:
             self.telemetry.emit(self._hello())
         return result
@@ -623,7 +643,8 @@ class Runner:
             raise RuntimeError("nothing to save before step 1")
         saved = self.checkpoints.save(self.strategy, self.step, kind, self._checkpoint_meta(), background)
         if saved is None and background:
-            self._event("info", "checkpoint", f"{kind} checkpoint of step {self.step} is being written in the background")
+            self._event("info", "checkpoint",
+                        f"{kind} checkpoint of step {self.step} is being written in the background")
             return None
         return self._saved(saved)
 
@@ -686,6 +707,10 @@ class Runner:
                   file=sys.stderr)
 
     def _shutdown(self, bye: Bye) -> None:
+        """Says goodbye and lets go. A stop signal from here on (the launcher stops the survivors
+        of a dead rank moments after it died) must not cut this short: the Bye would be lost."""
+        if _is_main_thread():
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if self._connection_path is not None:
             connection_file.remove(self._connection_path)
         if self.sampler is not None:

@@ -145,14 +145,19 @@ class Telemetry:
                 msg = self._queue.popleft()
             except IndexError:
                 return
-            try:
-                if self._socket is not None and self._subscribed:
-                    try:
-                        self._socket.send_multipart([topic(msg), encode(msg)], zmq.NOBLOCK)
-                    except zmq.Again:
-                        self.drops += 1
-                if self._file is not None:
+            lost = False
+            if self._file is not None:  # the log first: a socket that fails must not cost the record
+                try:
                     self._file.write(to_json_line(msg))
-            except Exception as exc:  # a bad message or a full disk must not kill telemetry or training
-                self.drops += 1
-                self._report_failure(exc)
+                except Exception as exc:  # a bad message or a full disk must not kill telemetry or training
+                    lost = True
+                    self._report_failure(exc)
+            if self._socket is not None and self._subscribed:
+                try:
+                    self._socket.send_multipart([topic(msg), encode(msg)], zmq.NOBLOCK)
+                except zmq.Again:
+                    lost = True
+                except Exception as exc:  # a closed context, a message that does not encode
+                    lost = True
+                    self._report_failure(exc)
+            self.drops += lost

@@ -55,7 +55,8 @@ class AgentRun:
             if hits:
                 return hits[0]
             if self.proc.poll() is not None:
-                raise RuntimeError(f"run exited ({self.proc.returncode}) before a {kind} event:\n{self.output()[-3000:]}")
+                raise RuntimeError(f"run exited ({self.proc.returncode}) before a {kind} event:\n"
+                                   f"{self.output()[-3000:]}")
             time.sleep(poll_s)
         raise TimeoutError(f"no {kind} event within {timeout_s}s:\n{self.output()[-3000:]}")
 

@@ -41,6 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _runs import AgentRun, command, kill, median, phase_sums, start_agents, stop
+
 from ringtop.cli.launch import descendants
 
 NPROC = 2
@@ -188,8 +189,10 @@ def main() -> None:
     results = {}
     for kind in KINDS:
         nbytes = bytes_of[kind]
-        save_mbps = median([b / s / 1e6 for b, s in zip(pick(kind, False, "bytes"), pick(kind, False, "reply_seconds"))])
-        save_wall_mbps = median([b / s / 1e6 for b, s in zip(pick(kind, False, "bytes"), pick(kind, False, "wall_seconds"))])
+        save_mbps = median([b / s / 1e6 for b, s in zip(pick(kind, False, "bytes"),
+                                                        pick(kind, False, "reply_seconds"))])
+        save_wall_mbps = median([b / s / 1e6 for b, s in zip(pick(kind, False, "bytes"),
+                                                             pick(kind, False, "wall_seconds"))])
         raw_mbps = median([x["bytes"] / x["seconds"] / 1e6 for x in raws if x["kind"] == kind])
         sync_stall = median(pick(kind, False, "total_stall_ms"))
         async_total = median(pick(kind, True, "total_stall_ms"))

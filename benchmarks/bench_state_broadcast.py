@@ -41,12 +41,13 @@ def leaves(state, out):
 def worker(args) -> None:
     import torch
     import torch.distributed as dist
-    from ringtop.agent.model import build_tiny_gpt
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_model_state_dict,
         get_optimizer_state_dict,
     )
+
+    from ringtop.agent.model import build_tiny_gpt
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()

@@ -64,7 +64,8 @@ def _consolidate(sharded: str, out: str) -> int:
     if target.exists():
         raise ckpt.CheckpointError(f"{target} exists; choose a new path")
     tmp_target = target.with_name(f".{target.name}.tmp")
-    ckpt.write_full(tmp_target, int(meta["step"]), state["model"], state["optim"], {**meta, "consolidated_from": str(source)})
+    ckpt.write_full(tmp_target, int(meta["step"]), state["model"], state["optim"],
+                    {**meta, "consolidated_from": str(source)})
     tmp_target.rename(target)
     print(f"wrote {target} (full checkpoint of step {meta['step']} from {source})")
     return 0

@@ -307,7 +307,7 @@ def _demo(args: argparse.Namespace) -> int:
 def _add_key_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keys", default=None, metavar="FILE",
                         help="the run's connection file (from `ringtop connect-info` on its node): its keys, and "
-                             "its addresses unless --connect/--control say otherwise")
+                             "its addresses unless --connect (and --control) say otherwise")
     parser.add_argument("--insecure", action="store_true",
                         help="no keys: only for a run started with --insecure")
 
@@ -331,26 +331,31 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("run", nargs="?", default=None, help="run id (or prefix); default: your only live run")
 
     replay = sub.add_parser("replay", help="open the UI over recorded logs (LOGDIR/rank-R.jsonl)")
-    replay.add_argument("logdir")
+    replay.add_argument("logdir", help="a run's --log-dir, or the id of a live run of yours (its logs)")
 
     run = sub.add_parser("run", help="launch N ranks (as torchrun does); agent options follow",
                          epilog="Agent options: see `python -m ringtop.agent --help`.", allow_abbrev=False)
     run.add_argument("--nproc", type=int, default=2, help="ranks on this node (default %(default)s)")
     run.add_argument("--ui", action="store_true", help="open the UI while the ranks train")
 
-    demo = sub.add_parser("demo", help="2 CPU ranks training tiny-gpt, with the UI (or --headless)")
+    demo = sub.add_parser("demo", help="2 CPU ranks training tiny-gpt, with the UI (or --headless)",
+                          description="Two CPU ranks (gloo) train the built-in tiny GPT on synthetic tokens, "
+                                      "with the UI attached; logs and checkpoints go under --log-dir.")
     demo.add_argument("--headless", action="store_true", help="no UI: logs, progress lines and a summary")
-    demo.add_argument("--nproc", type=int, default=2)
-    demo.add_argument("--steps", type=int, default=None)
-    demo.add_argument("--model-size", default="1m", choices=("1m", "10m", "25m", "125m"))
-    demo.add_argument("--log-dir", default=None)
+    demo.add_argument("--nproc", type=int, default=2, help="ranks (default %(default)s)")
+    demo.add_argument("--steps", type=int, default=None,
+                      help=f"optimizer steps (default {DEMO_STEPS_UI} with the UI, {DEMO_STEPS_HEADLESS} headless)")
+    demo.add_argument("--model-size", default="1m", choices=("1m", "10m", "25m", "125m"),
+                      help="tiny-gpt's size in parameters (default %(default)s)")
+    demo.add_argument("--log-dir", default=None,
+                      help="where logs and checkpoints go (default runs/demo-DATE-TIME)")
 
     ctl = sub.add_parser("ctl", help="send a command to a running job and print the reply")
     ctl.add_argument("--connect", default=None, help="rank 0's control address; default: that of your only live "
                      "run (or of --run)")
     ctl.add_argument("--run", default=None, help="run id (or prefix) or connection file of the run to command")
     _add_key_options(ctl)
-    ctl.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the result")
+    ctl.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the result (default %(default)s)")
     ctl.add_argument("--json", action="store_true", help="print the replies as JSON lines")
     ctl.add_argument("command", help=" | ".join(COMMANDS))
     ctl.add_argument("args", nargs="*", help="KEY=VALUE arguments, e.g. kind=full")

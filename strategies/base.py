@@ -230,7 +230,9 @@ class Strategy(ABC):
 
     def release_gradients(self) -> None:
         """Drop the last step's gradients (the next step recomputes them): a switch then builds the
-        new wrapping in memory the old one no longer needs."""
+        new wrapping in memory the old one no longer needs. Default: keep them (DeepSpeed and the
+        pipeline hold theirs inside their own engines)."""
+        return None
 
     @abstractmethod
     def teardown(self) -> None: ...

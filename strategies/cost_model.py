@@ -463,3 +463,14 @@ def implementation_specs(strategy: str, param_count: int, dtype: str = "fp32") -
     if canonical_strategy(strategy).startswith("zero"):
         return ModelSpec(param_count, compute, compute, 12), ModelSpec(param_count, compute, compute, 12)
     return ModelSpec(param_count, 4, 4, 8), ModelSpec(param_count, compute, 4, 8)
+
+
+def implementation_cost(strategy: str, ranks: int, param_count: int, dtype: str = "fp32", *,
+                        gloo: bool = False) -> StrategyCost:
+    """What ringtop's own implementation of `strategy` holds per rank between steps and sends per
+    step: the one answer to "what would strategy X hold here" that the agent's prediction, the
+    switch picker and the Memory tab's fit table all give."""
+    state, wire = implementation_specs(strategy, param_count, dtype)
+    s = canonical_strategy(strategy)
+    return StrategyCost(strategy=s, ranks=ranks, pp_stages=1, memory=memory_per_rank(s, ranks, state),
+                        comm=comm_per_step(s, ranks, wire, gloo_reduce_scatter_as_all_reduce=gloo))

@@ -148,7 +148,8 @@ def _input_stalls(windows: list[RankWindow]) -> list[Verdict]:
 def _memory_pressure(windows: list[RankWindow], run: RunContext) -> list[Verdict]:
     out = []
     for w in windows:
-        near_full = run.device_capacity_bytes > 0 and w.cuda_reserved_bytes / run.device_capacity_bytes > MEMORY_NEAR_FULL
+        near_full = (run.device_capacity_bytes > 0
+                     and w.cuda_reserved_bytes / run.device_capacity_bytes > MEMORY_NEAR_FULL)
         if w.cuda_alloc_retries > 0 or near_full:
             used = w.cuda_reserved_bytes / run.device_capacity_bytes if run.device_capacity_bytes else 0.0
             out.append(Verdict(

@@ -78,7 +78,8 @@ def check_command_ds_config(cfg: dict[str, Any]) -> None:
             "write files - profilers, monitors, offload paths - are taken only from --ds-config at launch)")
 
 
-def merge_ds_config(user: dict[str, Any] | None, stage: int, world_size: int | None, owned: Owned) -> tuple[dict[str, Any], Owned]:
+def merge_ds_config(user: dict[str, Any] | None, stage: int, world_size: int | None,
+                    owned: Owned) -> tuple[dict[str, Any], Owned]:
     """The config to pass to `deepspeed.initialize`, and ringtop's settings after adopting the file's.
     `world_size` None (not known yet, when options are parsed) skips the global batch check."""
     cfg = copy.deepcopy(user or {})
@@ -89,7 +90,8 @@ def merge_ds_config(user: dict[str, Any] | None, stage: int, world_size: int | N
     if cfg.get("fp16", {}).get("enabled") is True:
         raise DSConfigError("--ds-config enables fp16: ringtop supports fp32 and bf16 (--dtype bf16)")
 
-    batch_size = _adopt(cfg, "train_micro_batch_size_per_gpu", owned.batch_size, "batch_size", "--batch-size", owned, int)
+    batch_size = _adopt(cfg, "train_micro_batch_size_per_gpu", owned.batch_size, "batch_size", "--batch-size",
+                        owned, int)
     grad_clip = _adopt(cfg, "gradient_clipping", owned.grad_clip, "grad_clip", "--grad-clip", owned, float)
     accumulation = cfg.get("gradient_accumulation_steps", AUTO)
     if accumulation not in (AUTO, 1):
@@ -106,7 +108,8 @@ def merge_ds_config(user: dict[str, Any] | None, stage: int, world_size: int | N
     bf16 = cfg.get("bf16", {}).get("enabled", AUTO)
     file_dtype = None if bf16 == AUTO else ("bf16" if bf16 else "fp32")
     if file_dtype is not None and file_dtype != owned.dtype and "dtype" in owned.explicit:
-        raise DSConfigError(f"--ds-config says bf16.enabled={bf16} but --dtype {owned.dtype} was given; make them agree")
+        raise DSConfigError(f"--ds-config says bf16.enabled={bf16} but --dtype {owned.dtype} was given; "
+                            "make them agree")
     dtype = file_dtype if (file_dtype is not None and "dtype" not in owned.explicit) else owned.dtype
     cfg["bf16"] = {**cfg.get("bf16", {}), "enabled": dtype == "bf16"}
 

@@ -278,7 +278,8 @@ class PipelineStrategy(Strategy):
         if not _is_builtin_transformer(model):
             raise StrategyError("pp splits only the built-in transformer")
         try:
-            split = ps.check_split(split, len(model.blocks), stages) if split else ps.balanced_split(len(model.blocks), stages)
+            split = (ps.check_split(split, len(model.blocks), stages) if split
+                     else ps.balanced_split(len(model.blocks), stages))
         except ValueError as exc:
             raise StrategyError(f"pp: {exc}") from None
         out = []

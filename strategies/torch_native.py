@@ -9,13 +9,13 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, distribute_tensor
-from torch.nn.parallel import DistributedDataParallel
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
 )
+from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.nn.parallel import DistributedDataParallel
 
 from .base import ModelCall, Strategy, StrategyError, optimizer_state_tensors, tensor_bytes, unique_parameters
 

@@ -61,7 +61,8 @@ class ZeroStrategy(Strategy):
         try:
             self.ds_config, _ = merge_ds_config(
                 self.options.get("ds_config"), self.stage, ctx.world_size,
-                Owned(settings.batch_size, settings.grad_clip, settings.dtype, frozenset(("batch_size", "grad_clip", "dtype"))),
+                Owned(settings.batch_size, settings.grad_clip, settings.dtype,
+                      frozenset(("batch_size", "grad_clip", "dtype"))),
             )
         except DSConfigError as exc:
             raise StrategyError(str(exc)) from None

@@ -74,7 +74,8 @@ class AgentRun:
             if all(any(s.step >= step for s in self.steps(r)) for r in range(self.nproc)):
                 return
             if self.proc.poll() is not None:
-                raise AssertionError(f"run exited ({self.proc.returncode}) before step {step}:\n{self.output()[-3000:]}")
+                raise AssertionError(f"run exited ({self.proc.returncode}) before step {step}:\n"
+                                     f"{self.output()[-3000:]}")
             time.sleep(0.1)
         raise AssertionError(f"no step {step} within {timeout_s}s:\n{self.output()[-3000:]}")
 

@@ -7,11 +7,10 @@ import subprocess
 import sys
 
 import pytest
+from conftest import agent_env
 
 from ringtop.agent.config import ConfigError, parse_agent_args
 from ringtop.protocol import Bye, Hello, Step
-
-from conftest import agent_env
 
 
 @pytest.mark.parametrize(
@@ -108,7 +107,8 @@ def test_a_bad_model_factory_is_named(model, says):
 @pytest.mark.parametrize("model, nproc", [("user_factories:model_and_loss", 2),
                                           ("user_factories:model_returning_loss", 0)])
 def test_a_users_own_model_and_data_train_under_the_agent(launch_agents, model, nproc):
-    run = launch_agents(nproc, "--model", model, "--data", "user_factories:batches", "--steps", "5", "--batch-size", "4")
+    run = launch_agents(nproc, "--model", model, "--data", "user_factories:batches", "--steps", "5",
+                        "--batch-size", "4")
     assert run.wait(80) == 0, run.output()[-3000:]
     for rank in range(max(nproc, 1)):
         msgs = run.messages(rank)

@@ -6,13 +6,12 @@ import time
 
 import pytest
 import zmq
+from numerics import GRAD_NORM_RTOL, LOSS_RTOL, assert_series_close
+from reference import reference_run
 
 from ringtop.agent.model import build_tiny_gpt, count_params
 from ringtop.protocol import Bye, Hello, ProtocolError, Step, decode
 from ringtop.protocol.curve import secure_client
-
-from numerics import GRAD_NORM_RTOL, LOSS_RTOL, assert_series_close
-from reference import reference_run
 
 pytestmark = pytest.mark.timeout(150)
 

@@ -15,6 +15,7 @@ import sys
 import msgspec
 import pytest
 import zmq
+from conftest import agent_env, poll_until
 
 from ringtop.agent.control import ControlServer
 from ringtop.agent.gatekeeper import Gatekeeper
@@ -23,8 +24,6 @@ from ringtop.agent.relay import Relay
 from ringtop.cli.ctl import RefusedError, send_command
 from ringtop.protocol import Bye, Command, Event, Step, connection_file, curve, decode, encode, free_tcp_port
 from ringtop.protocol.curve import ClientKeys, secure_client
-
-from conftest import agent_env, poll_until
 
 pytestmark = pytest.mark.timeout(180)
 

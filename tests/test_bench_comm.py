@@ -11,10 +11,9 @@ import sys
 import textwrap
 
 import pytest
+from conftest import agent_env
 
 from ringtop.cli.bench import BenchError, parse_bytes, parse_ops, render_table
-
-from conftest import agent_env
 
 NPROC = 2
 MID_BYTES = 4 << 20  # the size compared with the plain loop
@@ -26,7 +25,8 @@ PLAIN_LOOP = textwrap.dedent("""
     import datetime, json, sys, time
     import torch, torch.distributed as dist
 
-    size_bytes, iters, warmup, rounds, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+    size_bytes, iters, warmup, rounds, out = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]),
+                                              int(sys.argv[4]), sys.argv[5])
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     x = torch.ones(size_bytes // 4, dtype=torch.float32)
     for _ in range(warmup):

@@ -10,15 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import agent_env
+from numerics import LOSS_RTOL, assert_series_close
+from reference import reference_run
 from safetensors import safe_open
 
 from ringtop.agent.checkpoint import load_full_files, read_meta, resolve
 from ringtop.cli.launch import descendants, kill_all
 from ringtop.protocol import Event
-
-from conftest import agent_env
-from numerics import LOSS_RTOL, assert_series_close
-from reference import reference_run
 
 BATCH, SEQ, LR = 4, 32, 1e-3
 COMMON = ("--batch-size", str(BATCH), "--seq-len", str(SEQ), "--lr", str(LR))

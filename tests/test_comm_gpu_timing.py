@@ -14,6 +14,7 @@ import textwrap
 import pytest
 import torch
 from conftest import agent_env, run_worker_script
+
 from ringtop.agent.instruments.comm_tracer import CommTracer
 
 
@@ -257,7 +258,8 @@ REAL_CUDA = textwrap.dedent("""
 """)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: times real NCCL collectives with CUDA events")
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="needs a CUDA device: times real NCCL collectives with CUDA events")
 @pytest.mark.timeout(180)
 def test_gpu_timing_with_real_cuda_events_on_nccl(tmp_path):
     """On a GPU: six NCCL all-reduces are timed by CUDA events without a synchronize in the tracer;

@@ -6,10 +6,10 @@ from __future__ import annotations
 from test_comm_view import cleared, hello, step, verdict
 from test_tui_app import cell, column_labels, static_text, table_cell, wait_until
 from textual.widgets import DataTable, TabbedContent
+from ui_waits import eventually
 
 from ringtop.protocol import Event
 from ringtop.tui.app import RingtopApp, TelemetryBatch
-from ui_waits import eventually
 
 SIZE = (120, 50)
 

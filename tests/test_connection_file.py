@@ -9,10 +9,9 @@ import sys
 import time
 
 import pytest
+from conftest import agent_env
 
 from ringtop.protocol import connection_file as cf
-
-from conftest import agent_env
 
 
 @pytest.fixture
@@ -24,7 +23,8 @@ def runtime(tmp_path, monkeypatch):
 
 def info(run_id: str, pid: int | None = None, host: str | None = None, started: float = 0.0) -> cf.ConnectionInfo:
     return cf.ConnectionInfo(run_id=run_id, pid=os.getpid() if pid is None else pid, host=host or socket.gethostname(),
-                             publish="tcp://127.0.0.1:1", control="tcp://127.0.0.1:2", started_ts=started or time.time())
+                             publish="tcp://127.0.0.1:1", control="tcp://127.0.0.1:2",
+                             started_ts=started or time.time())
 
 
 def dead_pid() -> int:

@@ -7,14 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 import zmq
+from numerics import assert_state_close
+from reference import reference_run
 from safetensors.torch import load_file
 
 from ringtop.cli.ctl import send_command
 from ringtop.protocol import UI_RANK, Bye, Command, Event, Reply, decode, encode, free_tcp_port
 from ringtop.protocol.curve import secure_client
-
-from numerics import assert_state_close
-from reference import reference_run
 
 pytestmark = pytest.mark.timeout(200)
 

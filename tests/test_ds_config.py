@@ -53,7 +53,8 @@ def test_contradictions_are_refused_with_both_sides_named(change, explicit, says
 def test_zero3_keeps_every_parameter_partitioned_unless_the_user_says_otherwise():
     cfg, _ = merge_ds_config({}, 3, 2, Owned(8, 0.0, "fp32"))
     assert cfg["zero_optimization"]["stage3_param_persistence_threshold"] == 0
-    cfg, _ = merge_ds_config({"zero_optimization": {"stage3_param_persistence_threshold": 1e5}}, 3, 2, Owned(8, 0.0, "fp32"))
+    cfg, _ = merge_ds_config({"zero_optimization": {"stage3_param_persistence_threshold": 1e5}}, 3, 2,
+                             Owned(8, 0.0, "fp32"))
     assert cfg["zero_optimization"]["stage3_param_persistence_threshold"] == 1e5
 
 
@@ -113,7 +114,8 @@ def test_paths_in_commands_stay_inside_the_run(tmp_path):
     (tmp_path / "secret").write_text("x")
     (run / "link").symlink_to(tmp_path / "secret")
     assert inside_run_directory("ds.json", str(run), "ds_config") == (run / "ds.json").resolve()
-    assert inside_run_directory(str(run / "sub" / "a.json"), str(run), "ds_config") == (run / "sub" / "a.json").resolve()
+    assert (inside_run_directory(str(run / "sub" / "a.json"), str(run), "ds_config")
+            == (run / "sub" / "a.json").resolve())
     for escape in ("../secret", str(tmp_path / "secret"), "link", "sub/../../x", "/etc/passwd"):
         with pytest.raises(OutsideRunError, match="inside the run's checkpoint directory"):
             inside_run_directory(escape, str(run), "ds_config")

@@ -5,12 +5,11 @@ when a strategy really trains differently: each run here has one deliberate mist
 from __future__ import annotations
 
 import pytest
-
-from ringtop.agent.checkpoint import load_full_files
-
 from conftest import TESTS_DIR
 from numerics import assert_state_close, assert_trains_like_the_reference
 from reference import reference_run
+
+from ringtop.agent.checkpoint import load_full_files
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -8,7 +8,6 @@ import sys
 import textwrap
 
 import pytest
-
 from conftest import agent_env
 
 SCRIPT = textwrap.dedent("""

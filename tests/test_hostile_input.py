@@ -13,17 +13,16 @@ import time
 import msgspec
 import pytest
 import zmq
+from conftest import poll_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ringtop.agent.control import ControlServer
 from ringtop.agent.relay import Relay
 from ringtop.protocol import Bye, Command, Hello, ProtocolError, Step, decode, encode, free_tcp_port, from_json_line
-from ringtop.protocol.messages import MESSAGE_TYPES
 from ringtop.protocol.curve import secure_client
+from ringtop.protocol.messages import MESSAGE_TYPES
 from ringtop.tui.connection import TelemetryClient
-
-from conftest import poll_until
 
 pytestmark = pytest.mark.timeout(120)
 

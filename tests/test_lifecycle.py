@@ -11,11 +11,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from conftest import agent_env, poll_until
 
 from ringtop.cli.launch import descendants, kill_all
 from ringtop.protocol import Bye, Step, free_tcp_port, read_log
-
-from conftest import agent_env, poll_until
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -23,7 +22,8 @@ pytestmark = pytest.mark.timeout(150)
 def agent_args(tmp_path: Path) -> list[str]:
     ports = [f"tcp://127.0.0.1:{free_tcp_port()}" for _ in range(3)]
     return ["--steps", "0", "--batch-size", "2", "--seq-len", "16", "--log-dir", str(tmp_path / "logs"),
-            "--checkpoint-dir", str(tmp_path / "ckpt"), "--publish", ports[0], "--relay", ports[1], "--control", ports[2]]
+            "--checkpoint-dir", str(tmp_path / "ckpt"), "--publish", ports[0], "--relay", ports[1],
+            "--control", ports[2]]
 
 
 def trained(log_dir: Path) -> bool:

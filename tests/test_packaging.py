@@ -21,13 +21,14 @@ def test_built_wheel_holds_the_ringtop_namespace_and_imports_from_it(tmp_path):
     tops = {n.split("/")[0] for n in names if not n.startswith("ringtop-")}
     assert tops == {"ringtop"}, f"only the ringtop namespace is installed, found {tops}"
     for room in ("protocol", "agent", "strategies", "tui", "cli"):
-        assert f"ringtop/{room}/__init__.py" in names
+        for source in (REPO / room).rglob("*.py"):  # every module, subpackages too
+            assert f"ringtop/{room}/{source.relative_to(REPO / room).as_posix()}" in names, source
     assert "ringtop/protocol/README.md" in names
     assert any(n.endswith("entry_points.txt") for n in names)
 
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
-    probe = ("import ringtop.protocol, ringtop.agent.config, ringtop.tui.view_model, ringtop.cli.main;"
+    probe = ("import ringtop.protocol, ringtop.agent.runner, ringtop.tui.app, ringtop.cli.main;"
              "print(ringtop.protocol.__file__)")
     out = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(site)!r}); {probe}"],
                          capture_output=True, text=True, cwd=tmp_path, timeout=60)

@@ -4,11 +4,10 @@ training that still equals one process with the same batch."""
 from __future__ import annotations
 
 import pytest
-
-from ringtop.protocol import Event, Hello, Timeline
-
 from numerics import LOSS_RTOL, assert_series_close
 from reference import reference_run
+
+from ringtop.protocol import Event, Hello, Timeline
 
 pytestmark = pytest.mark.timeout(240)
 BATCH, SEQ, LR = 8, 32, 1e-3

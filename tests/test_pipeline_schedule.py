@@ -141,7 +141,8 @@ def test_estimates_recover_the_transfer_time_and_the_breakdown_adds_up():
     assert b.theory == pytest.approx(1 / 5) and b.replay_balanced == pytest.approx(b.theory)
     assert b.measured == pytest.approx(true.pipeline_bubble)
     assert b.from_imbalance > 0 and b.from_transfers > 0 and b.from_overhead == pytest.approx(0)
-    assert b.from_schedule + b.from_imbalance + b.from_transfers + b.from_overhead + b.unexplained == pytest.approx(b.measured)
+    assert (b.from_schedule + b.from_imbalance + b.from_transfers + b.from_overhead + b.unexplained
+            == pytest.approx(b.measured))
     assert b.unexplained == pytest.approx(0, abs=1e-12)
 
 

@@ -11,12 +11,12 @@ import re
 import pytest
 from test_tui_app import cell, static_text, table_cell, wait_until
 from textual.widgets import DataTable, TabbedContent
+from ui_waits import eventually, repainted
 
 from ringtop.protocol import Hello, MemorySample, StageSpan, Step, Timeline
 from ringtop.tui.app import RingtopApp
 from ringtop.tui.pipeline import PipelineState, draw_row
 from ringtop.tui.view_model import RunView
-from ui_waits import eventually, repainted
 
 # GPipe, N = 2 stages, M = 2 micro-batches, no transfer time. Stage 0: forward 10 ms, backward 20 ms
 # per micro-batch; stage 1 is slower: 15 and 30 ms. Each op starts as soon as its input is there:

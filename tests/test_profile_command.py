@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from ringtop.protocol import Event
 
 pytestmark = pytest.mark.timeout(180)

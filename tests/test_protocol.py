@@ -56,10 +56,10 @@ from ringtop.protocol import (
     to_json_line,
     validate_command,
 )
-from ringtop.protocol.commands import CheckpointArgs, StatusArgs, StopArgs
 from ringtop.protocol.codec import MAX_DEPTH
-from ringtop.protocol.messages import MAX_WORLD_SIZE
+from ringtop.protocol.commands import CheckpointArgs, StatusArgs, StopArgs
 from ringtop.protocol.endpoints import is_loopback, with_port
+from ringtop.protocol.messages import MAX_WORLD_SIZE
 
 README = Path(__file__).resolve().parents[1] / "protocol" / "README.md"
 

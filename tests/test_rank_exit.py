@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import agent_env
 
 pytestmark = pytest.mark.timeout(120)

@@ -6,12 +6,11 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-
-from ringtop.protocol import Hello
-
 from conftest import start_agents, stop_process_group
 from numerics import GRAD_NORM_RTOL, LOSS_RTOL, assert_series_close, assert_trains_like_the_reference, mean_losses
 from reference import reference_run
+
+from ringtop.protocol import Hello
 
 STEPS, BATCH, SEQ, LR = 20, 4, 32, 1e-3
 COMMON = ("--steps", str(STEPS), "--batch-size", str(BATCH), "--seq-len", str(SEQ), "--lr", str(LR),

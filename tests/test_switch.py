@@ -8,12 +8,11 @@ import json
 from pathlib import Path
 
 import pytest
-
-from ringtop.protocol import Bye, Event, Hello, Step
-
 from conftest import TESTS_DIR
 from numerics import LOSS_RTOL, assert_series_close
 from reference import reference_run
+
+from ringtop.protocol import Bye, Event, Hello, Step
 
 BATCH, SEQ, LR = 4, 32, 3e-4
 # One step between switches keeps the whole walk (43 switches) inside ~50 steps: beyond ~70 steps

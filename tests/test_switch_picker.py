@@ -13,12 +13,12 @@ import pytest
 import zmq
 from test_tui_app import header_text, make_hello, make_step, static_text, wait_until
 from textual.widgets import DataTable, Input, Static, TabbedContent
+from ui_waits import eventually
 
 from ringtop.protocol import Reply, decode, encode, free_tcp_port
 from ringtop.tui.actions import SWITCH_TARGETS, parse_micro_batches
 from ringtop.tui.app import RingtopApp
 from ringtop.tui.screens import MicroBatchesPrompt, SwitchPicker
-from ui_waits import eventually
 
 pytestmark = pytest.mark.timeout(60)
 SIZE = (140, 40)

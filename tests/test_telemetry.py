@@ -32,3 +32,24 @@ def test_nothing_is_emitted_after_the_bye(tmp_path):
     messages = list(read_log(tmp_path / "rank-1.jsonl"))
     assert [type(m) for m in messages] == [Bye]
     assert messages[0].rank == 1 and messages[0].reason == "stopped"
+
+
+@pytest.mark.timeout(60)
+def test_the_log_keeps_the_bye_when_the_socket_is_gone(tmp_path):
+    """A rank stopped while it flushes: its ZeroMQ context is terminated under the telemetry thread
+    (seen in CI: the launcher's SIGTERM, then the exit path's term). Sends fail; the log still ends
+    with the Bye."""
+    import zmq
+
+    from ringtop.protocol import free_tcp_port
+
+    ctx = zmq.Context()
+    sender = Telemetry(rank=0, relay_address=f"tcp://127.0.0.1:{free_tcp_port()}", log_dir=str(tmp_path),
+                       context=ctx)
+    sender._subscribed = True  # as if the relay had subscribed: every message goes to the socket too
+    sender.emit(Heartbeat(step=1))
+    ctx.destroy(linger=0)  # closes the sender's socket under it
+    sender.close(Bye(reason="interrupted: SIGTERM", ok=False))
+    messages = list(read_log(tmp_path / "rank-0.jsonl"))
+    assert isinstance(messages[-1], Bye) and messages[-1].reason == "interrupted: SIGTERM"
+    assert sender.drops >= 1, "what the socket could not send is counted"

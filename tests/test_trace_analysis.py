@@ -12,6 +12,7 @@ import textwrap
 
 import pytest
 from conftest import run_worker_script
+
 from ringtop.agent.trace_analysis import (
     analyze_trace,
     collective_kind,
@@ -131,8 +132,12 @@ def test_host_spans_are_counted_once_when_there_is_no_execution_span():
 
 
 def test_gpu_trace_kernels_belong_to_the_step_that_launched_them():
-    launch = lambda ts, corr: X("cudaLaunchKernel", ts, 2, cat="cuda_runtime", correlation=corr)
-    k = lambda name, ts, dur, corr, stream=7: X(name, ts, dur, tid=stream, pid=0, cat="kernel", correlation=corr)
+    def launch(ts, corr):
+        return X("cudaLaunchKernel", ts, 2, cat="cuda_runtime", correlation=corr)
+
+    def k(name, ts, dur, corr, stream=7):
+        return X(name, ts, dur, tid=stream, pid=0, cat="kernel", correlation=corr)
+
     ev = [
         X("ProfilerStep#1", 0, 50, cat="user_annotation"), X("ProfilerStep#2", 50, 150, cat="user_annotation"),
         launch(5, 1), launch(10, 2), launch(20, 3), launch(60, 4), launch(70, 5),
@@ -179,7 +184,9 @@ def test_point_to_point_waits_are_kept_apart_from_exposed_comm():
 
 
 def test_gpu_send_recv_kernels_are_p2p_and_only_their_uncovered_part_is_wait():
-    k = lambda name, ts, dur, stream: X(name, ts, dur, tid=stream, pid=0, cat="kernel")
+    def k(name, ts, dur, stream):
+        return X(name, ts, dur, tid=stream, pid=0, cat="kernel")
+
     a = analyze_trace([k("ncclDevKernel_SendRecv", 0, 50, 20), k("sm90_gemm", 30, 10, 7),
                        k("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 60, 10, 20)])
     assert a.timeline == "gpu"

@@ -8,11 +8,11 @@ import threading
 import pytest
 import zmq
 from textual.widgets import DataTable, RichLog, Static
+from ui_waits import eventually
 
 from ringtop.protocol import Event, Hello, Reply, Step, encode, free_tcp_port
 from ringtop.tui.app import RingtopApp
 from ringtop.tui.sanitize import visible
-from ui_waits import eventually
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -24,7 +24,8 @@ def hostile_messages(seq: int) -> list[tuple[bytes, object]]:
                    strategy="ddp", model="tiny-gpt") for r in (0, 1)]
     return [
         *((f"hello.{h.rank}".encode(), h) for h in hello),
-        *((f"step.{r}".encode(), Step(rank=r, seq=seq + 1, ts=1001.0, step=3, loss=2.5, step_ms=100.0)) for r in (0, 1)),
+        *((f"step.{r}".encode(), Step(rank=r, seq=seq + 1, ts=1001.0, step=3, loss=2.5, step_ms=100.0))
+          for r in (0, 1)),
         (b"event.0", Event(rank=0, seq=seq + 2, ts=1002.0, level="warn", kind="note", text=f"look{ESCAPES}here")),
         (b"reply.0", Reply(rank=0, seq=seq + 3, ts=1003.0, id=f"id{ESCAPES}", status="error", cmd="status",
                            error=f"bad{ESCAPES}")),

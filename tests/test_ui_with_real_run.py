@@ -69,7 +69,9 @@ async def test_a_ui_without_the_runs_keys_gets_nothing_and_says_why(launch_agent
                          (stolen_server_key, "refused this client's key")):
         app = RingtopApp(publish_addr=run.publish, control_addr=run.control, keys=keys)
         async with app.run_test(size=(160, 40)) as pilot:
-            await wait_until(pilot, lambda: reason in app.header_text().plain, 30, f"the header to say {reason!r}")
+            def says(app=app, reason=reason) -> bool:
+                return reason in app.header_text().plain
+            await wait_until(pilot, says, 30, f"the header to say {reason!r}")
             assert "refuses this UI" in app.header_text().plain
             assert not app.view.ranks and not app.view.facts.run_id, "nothing of the run reached this UI"
     assert run.proc.poll() is None, "the run trains on"

@@ -26,7 +26,8 @@ def test_hello_sets_run_facts_and_rows():
     v.apply(hello(1), now=1.0)
     f = v.facts
     assert (f.run_id, f.world_size, f.strategy, f.model, f.param_count) == ("run-abc", 2, "ddp", "tiny-gpt", 1_234_567)
-    assert (f.backend, f.device, f.torch_version, f.batch_size, f.seq_len, f.steps) == ("gloo", "cpu", "2.13.0", 8, 128, 100)
+    assert ((f.backend, f.device, f.torch_version, f.batch_size, f.seq_len, f.steps)
+            == ("gloo", "cpu", "2.13.0", 8, 128, 100))
     assert [r.rank for r in v.rows()] == [0, 1]
     assert v.ranks[1].host == "node-1"
     assert [e.kind for e in v.events] == ["hello", "hello"]
@@ -440,29 +441,58 @@ def _seed_run(strategy="zero2", options=None, world_size=8, device="cuda:0", cap
     return v
 
 
-def test_fit_table_reproduces_the_chapter_and_marks_the_run():
+def test_fit_table_gives_each_strategy_as_ringtop_runs_it_and_marks_the_run():
+    """The chapter's 7.6e9-param bf16 model on 8 ranks, each strategy as ringtop implements it:
+    the torch strategies keep fp32 params and grads (4 B each) and AdamW's two fp32 moments (8 B);
+    DeepSpeed keeps bf16 params and grads (2 B each) and an fp32 master plus moments (12 B), the
+    optimizer sharded from stage 1. Not this run's optimizer bytes applied to every strategy."""
     from ringtop.tui.memory import fit_table
 
     ft = fit_table(_seed_run())
     rows = {r.strategy: r for r in ft.rows}
     assert list(rows) == ["ddp", "zero1", "zero2", "zero3", "fsdp-full", "fsdp-grad-op", "fsdp-no-shard"]
-    # 7.6e9 x 2 B = 15.2 GB; /8 = 1.9 GB; optimizer 7.6e9 x 8 = 60.8 GB, /8 = 7.6 GB
-    assert rows["ddp"].state_bytes == 15_200_000_000 + 15_200_000_000 + 60_800_000_000  # 91.2 GB
-    assert rows["zero1"].state_bytes == 15_200_000_000 + 15_200_000_000 + 7_600_000_000  # 38.0 GB
-    assert rows["zero2"].state_bytes == 15_200_000_000 + 1_900_000_000 + 7_600_000_000  # 24.7 GB
-    assert rows["zero3"].state_bytes == 1_900_000_000 + 1_900_000_000 + 7_600_000_000  # 11.4 GB
-    assert rows["fsdp-full"].state_bytes == rows["zero3"].state_bytes
+    p = 7_600_000_000
+    assert rows["ddp"].state_bytes == p * (4 + 4 + 8)  # 121.6 GB
     assert rows["fsdp-no-shard"].state_bytes == rows["ddp"].state_bytes
-    # on 80 GB devices with nothing else measured yet: only plain DDP / NO_SHARD does not fit
+    assert rows["fsdp-full"].state_bytes == p * (4 + 4 + 8) // 8  # 15.2 GB
+    assert rows["zero1"].state_bytes == p * 2 + p * 2 + p * 12 // 8  # 15.2 + 15.2 + 11.4 = 41.8 GB
+    assert rows["zero2"].state_bytes == p * 2 + p * 2 // 8 + p * 12 // 8  # 28.5 GB
+    assert rows["zero3"].state_bytes == (p * 2 + p * 2 + p * 12) // 8  # 15.2 GB
+    assert rows["zero1"].optimizer_bytes == rows["zero3"].optimizer_bytes == p * 12 // 8
+    assert rows["ddp"].optimizer_bytes == p * 8
+    # on 80 GB devices with nothing else measured yet: only the replicating ones do not fit
     assert ft.capacity_bytes == 80 * 10**9 and ft.allowance_bytes == 0
     assert [s for s, r in rows.items() if not r.fits] == ["ddp", "fsdp-no-shard"]
-    assert rows["zero1"].capacity_pct == pytest.approx(38.0 / 80 * 100)
+    assert rows["zero1"].capacity_pct == pytest.approx(41.8 / 80 * 100)
     assert [s for s, r in rows.items() if r.current] == ["zero2"]
-    # ring all-reduce of 15.2 GB of grads over 8: 2 x 7/8 x 15.2 = 26.6 GB sent per rank
-    assert rows["ddp"].wire_bytes_per_step == 26_600_000_000
-    # fsdp with its sharding option is marked as the matching row
+    # DDP reduces fp32 gradients: a ring all-reduce of 30.4 GB over 8 sends 2 x 7/8 x 30.4 = 53.2 GB
+    assert rows["ddp"].wire_bytes_per_step == 53_200_000_000
     marked = fit_table(_seed_run("fsdp", {"sharding": "grad-op"}))
     assert [r.strategy for r in marked.rows if r.current] == ["fsdp-grad-op"]
+
+
+@pytest.mark.parametrize("strategy, optimizer_bytes_per_param", [("ddp", 8), ("zero3", 12)])
+def test_the_fit_table_and_the_switch_picker_give_one_answer(strategy, optimizer_bytes_per_param):
+    """Issue 13: under ddp the table showed ZeRO with ddp's optimizer bytes, under zero3 ddp with
+    ZeRO's, while the picker was right. Whatever the run, both now give the same figures."""
+    from ringtop.protocol import Sharding
+    from ringtop.tui.actions import switch_rows
+    from ringtop.tui.memory import fit_table
+
+    v = RunView()
+    for r in range(2):
+        v.apply(Hello(rank=r, run_id="x", world_size=2, host="h", backend="gloo", device="cpu", strategy=strategy,
+                      sharding=Sharding(), dtype="fp32", optimizer_bytes_per_param=optimizer_bytes_per_param,
+                      param_count=1_000_000), now=1.0)
+    table = {r.strategy: (r.params_bytes, r.grads_bytes, r.optimizer_bytes, r.wire_bytes_per_step)
+             for r in fit_table(v).rows}
+    picker = {row.target.key: (row.params_bytes, row.grads_bytes, row.optimizer_bytes, row.sent_bytes)
+              for row in switch_rows(v)}
+    shared = set(table) & set(picker)
+    assert {"ddp", "zero1", "zero2", "zero3", "fsdp-full"} <= shared
+    for name in shared:
+        assert table[name] == picker[name], name
+    assert table["ddp"][2] == 8_000_000 and table["zero3"][2] == 12_000_000 // 2
 
 
 def test_fit_capacity_on_cpu_is_this_hosts_memory_shared_by_its_ranks():

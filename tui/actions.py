@@ -11,16 +11,10 @@ For the strategy the run uses now, the optimizer bytes per parameter come from i
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from ringtop.strategies.cost_model import (
-    implementation_specs,
-    comm_per_step,
-    memory_per_rank,
-    sharding_of,
-)
+from ringtop.strategies.cost_model import implementation_cost, sharding_of
 
 from .memory import current_strategy
 from .view_model import RunView
@@ -78,12 +72,9 @@ def switch_rows(view: RunView) -> list[SwitchRow]:
                            if on) or "-"
         params = grads = optim = sent = None
         if f.param_count > 0 and n >= 1:
-            state, wire = implementation_specs(t.key, f.param_count, f.dtype or "fp32")
-            if t.key == current and f.optimizer_bytes_per_param > 0:
-                state = dataclasses.replace(state, optimizer_bytes_per_param=f.optimizer_bytes_per_param)
-            mem = memory_per_rank(t.key, n, state)
-            params, grads, optim = mem.params_bytes, mem.grads_bytes, mem.optimizer_bytes
-            sent = comm_per_step(t.key, n, wire, gloo_reduce_scatter_as_all_reduce=f.backend == "gloo").sent_bytes
+            cost = implementation_cost(t.key, n, f.param_count, f.dtype or "fp32", gloo=f.backend == "gloo")
+            params, grads, optim = cost.memory.params_bytes, cost.memory.grads_bytes, cost.memory.optimizer_bytes
+            sent = cost.comm.sent_bytes
         rows.append(SwitchRow(t, sharded, params, grads, optim, sent, t.key == current))
     return rows
 

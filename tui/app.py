@@ -27,6 +27,7 @@ from textual.widgets import DataTable, Footer, RichLog, Sparkline, Static, Tabbe
 from ringtop.protocol.curve import ClientKeys
 
 from . import fmt
+from .actions import switch_rows
 from .comm import busbw_series, comm_window, peak_ref, slowest_rank
 from .comm_tab import (
     alert_verdict_line,
@@ -40,7 +41,6 @@ from .comm_tab import (
     ranks_rows,
     verdict_panel,
 )
-from .actions import switch_rows
 from .connection import TelemetryClient
 from .memory import fit_table
 from .memory_tab import fit_caption, fit_columns, fit_rows, memory_caption, memory_columns, memory_rows, on_gpu
@@ -98,8 +98,8 @@ COLUMNS: list[tuple[str, str, int]] = [
     ("note", "note", 22),
 ]
 NUMERIC = {"rank", "step", "step_ms", "loss", "tok_s", "mem", "comm_mb_s", "comm_kinds", "idle_pct", "cpu", "drops"}
-# idle% = (data + exposed comm) / step: the DESIGN's "time a rank waits on data or exposed
-# communication". It replaces a separate comm% column (exposed comm / step), which would differ only by
+# idle% = (data + exposed comm) / step: the time a rank waits on data or on exposed
+# communication. It replaces a separate comm% column (exposed comm / step), which would differ only by
 # the data time and does not fit 120 columns beside it; the exposed share is on the busbw chart line
 # below the table and per rank on the Comm tab.
 TABLE_WIDTH = 118

@@ -211,7 +211,7 @@ def exposed_text(w: CommWindow) -> Text:
 
 
 def overview_comm_label(w: CommWindow, ref: PeakRef) -> Text:
-    """The Overview's busbw chart label, as the DESIGN sketch: busbw, of peak, exposed share."""
+    """The Overview's busbw chart label: busbw, its share of the link's peak, the exposed share of the step."""
     t = Text(no_wrap=True, overflow="ellipsis")
     t.append(f"{'busbw GB/s':<14}", style="bold")
     t.append(f"{gbps(w.busbw_gbps):>8}")

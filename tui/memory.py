@@ -18,9 +18,9 @@ from ringtop.strategies.cost_model import (
     DTYPE_BYTES,
     ModelSpec,
     canonical_strategy,
+    implementation_cost,
     memory_per_rank,
     sharding_of,
-    which_fit,
 )
 
 from . import fmt
@@ -169,19 +169,19 @@ def fit_table(view: RunView, ui_host: str | None = None, ui_host_mem_bytes: int 
     allowance = max((r.mem_peak_other_bytes for r in view.rows()), default=0)
     gloo = view.facts.backend == "gloo"
     current = current_strategy(view.facts)
-    results = which_fit(spec, n, capacity, allowance, strategies=FIT_STRATEGIES,
-                        gloo_reduce_scatter_as_all_reduce=gloo)
     rows = []
-    for res in results:
-        mem = res.cost.memory
-        sh = sharding_of(res.strategy)
+    for strategy in FIT_STRATEGIES:
+        cost = implementation_cost(strategy, n, spec.params, view.facts.dtype or "fp32", gloo=gloo)
+        mem = cost.memory
+        need = mem.total_bytes + allowance
+        sh = sharding_of(cost.strategy)
         sharded = "+".join(name for name, on in (("params", sh.params), ("grads", sh.grads), ("optim", sh.optimizer))
                            if on) or "-"
         rows.append(FitRow(
-            strategy=res.strategy, sharded=sharded, params_bytes=mem.params_bytes, grads_bytes=mem.grads_bytes,
-            optimizer_bytes=mem.optimizer_bytes, state_bytes=mem.total_bytes, need_bytes=res.need_bytes,
-            fits=res.fits if capacity > 0 else None,
-            capacity_pct=100.0 * res.need_bytes / capacity if capacity > 0 else math.nan,
-            wire_bytes_per_step=res.cost.comm.sent_bytes, current=res.strategy == current,
+            strategy=cost.strategy, sharded=sharded, params_bytes=mem.params_bytes, grads_bytes=mem.grads_bytes,
+            optimizer_bytes=mem.optimizer_bytes, state_bytes=mem.total_bytes, need_bytes=need,
+            fits=need <= capacity if capacity > 0 else None,
+            capacity_pct=100.0 * need / capacity if capacity > 0 else math.nan,
+            wire_bytes_per_step=cost.comm.sent_bytes, current=cost.strategy == current,
         ))
     return FitTable(rows, capacity, capacity_text, allowance, spec, n, gloo, current)

@@ -260,7 +260,8 @@ def fit_caption(ft: FitTable | None, view: RunView) -> Text:
         return t
     m = ft.model
     t.append(f" — cost model for {fmt.count(m.params)} params × {ft.ranks} rank{'s' if ft.ranks != 1 else ''}, "
-             f"{view.facts.dtype} ({m.param_bytes} B/param), optimizer {m.optimizer_bytes_per_param} B/param")
+             f"{view.facts.dtype}, each strategy as ringtop runs it (torch: fp32 state, AdamW 8 B/param; "
+             "DeepSpeed: fp32 master + moments 12 B/param)")
     if ft.current:
         t.append(";  ▶ this run", style="bold magenta")
     else:

@@ -33,8 +33,8 @@ from ringtop.protocol import (
 )
 
 from . import fmt
-from .sanitize import visible
 from .pipeline import PipelineState
+from .sanitize import visible
 
 HISTORY_POINTS = 240
 """Points kept per chart history (per rank and cross-rank)."""
@@ -207,7 +207,7 @@ class RankRow:
     """Wall time with a collective in flight in the latest step (Step.comm_busy_ms)."""
     idle_pct: float = math.nan
     """idle_ms / step_ms, in percent: the share of the step this rank waited on input or on exposed
-    communication, or in a pipeline on its stage's bubble (DESIGN's idle %). From Step.idle_ms when the
+    communication, or in a pipeline on its stage's bubble. From Step.idle_ms when the
     agent sends it (> 0), else (data_ms + comm_blocked_ms) / step_ms."""
     idle_ms: float = 0.0
     """Step.idle_ms of the latest step (0 when the agent does not send it)."""

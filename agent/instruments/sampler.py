@@ -69,9 +69,12 @@ class GpuReader:
             index=self.index, name=name.decode() if isinstance(name, bytes) else str(name),
             util_percent=float(util.gpu), mem_used_bytes=int(mem.used), mem_total_bytes=int(mem.total),
             power_w=self._call(lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0, 0.0),
-            temperature_c=float(self._call(lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU), 0)),
-            pcie_tx_bytes_per_s=1024.0 * self._call(lambda: nvml.nvmlDeviceGetPcieThroughput(handle, nvml.NVML_PCIE_UTIL_TX_BYTES), 0),
-            pcie_rx_bytes_per_s=1024.0 * self._call(lambda: nvml.nvmlDeviceGetPcieThroughput(handle, nvml.NVML_PCIE_UTIL_RX_BYTES), 0),
+            temperature_c=float(self._call(
+                lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU), 0)),
+            pcie_tx_bytes_per_s=1024.0 * self._call(
+                lambda: nvml.nvmlDeviceGetPcieThroughput(handle, nvml.NVML_PCIE_UTIL_TX_BYTES), 0),
+            pcie_rx_bytes_per_s=1024.0 * self._call(
+                lambda: nvml.nvmlDeviceGetPcieThroughput(handle, nvml.NVML_PCIE_UTIL_RX_BYTES), 0),
             pcie_generation=self._call(lambda: nvml.nvmlDeviceGetCurrPcieLinkGeneration(handle), 0),
             pcie_width=self._call(lambda: nvml.nvmlDeviceGetCurrPcieLinkWidth(handle), 0),
             nvlink_links=self.links, nvlink_version=self.nvlink_version,
