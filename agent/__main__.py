@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from ringtop.strategies.base import StrategyError
 
-from .checkpoint import CheckpointError
+from .checkpoint_format import CheckpointError
 from .config import ConfigError, parse_agent_args
 from .distributed import DeviceError, exit_rank, init_distributed
 from .factories import FactoryError

@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 
 from ringtop.protocol import EndpointError, Endpoints, check_bind_safe, parse_tcp
+from ringtop.strategies.cost_model import canonical_strategy
 from ringtop.strategies.ds_config import (
     DSConfigError,
     Owned,
@@ -78,6 +79,11 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     pp_schedule: str = "gpipe"
     micro_batches: int = 4
     pp_split: tuple[int, ...] | None = None
+
+    @property
+    def canonical_strategy(self) -> str:
+        """The cost model's name for this strategy (`fsdp` + `grad-op` -> `fsdp-grad-op`)."""
+        return canonical_strategy(self.strategy, self.fsdp_sharding)
 
     def strategy_options(self) -> dict[str, Any]:
         """Options for the strategy's constructor (a DeepSpeed config is loaded here, once)."""

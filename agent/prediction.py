@@ -7,7 +7,13 @@ optimizer state after the optimizer step, gradients right after backward.
 from __future__ import annotations
 
 from ringtop.protocol import Prediction
-from ringtop.strategies.cost_model import ModelSpec, comm_per_step, implementation_specs, memory_per_rank
+from ringtop.strategies.cost_model import (
+    ModelSpec,
+    canonical_strategy,
+    comm_per_step,
+    implementation_specs,
+    memory_per_rank,
+)
 
 ADAM_STEP_BYTES = 4
 """torch's AdamW keeps `step` as a float32 scalar tensor per parameter tensor it updates."""
@@ -17,7 +23,7 @@ def predict(strategy: str, fsdp_sharding: str, world_size: int, param_count: int
             dtype: str, backend: str) -> tuple[Prediction, int]:
     """(prediction, optimizer bytes per parameter the model assumed)."""
     deepspeed = strategy.startswith("zero")
-    canonical = f"fsdp-{fsdp_sharding}" if strategy == "fsdp" else strategy
+    canonical = canonical_strategy(strategy, fsdp_sharding)
     spec, wire = implementation_specs(canonical, param_count, dtype)
     optimizer_bytes_per_param = spec.optimizer_bytes_per_param
     memory = memory_per_rank(canonical, world_size, spec)

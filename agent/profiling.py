@@ -2,7 +2,7 @@
 Chrome trace, and reports the exposed communication read from the trace (communication minus its
 overlap with compute) beside the live estimate the tracer gave for the same steps.
 
-Each profiled training step (the strategy's `run_step`, entered through `comm_tracing.active`) is
+Each profiled training step (the strategy's `run_step`, entered through `collective_hooks.active`) is
 marked in the trace as a `ProfilerStep#N` span, so the analysis counts step by step and leaves out
 what the agent does between steps (data loading, the control channel's broadcast). Point-to-point
 waits (a pipeline's send/recv) are reported apart from exposed collective communication."""
@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ringtop.strategies import comm_tracing
+from ringtop.strategies import collective_hooks
 
 from .trace_analysis import analyze_trace
 
@@ -37,7 +37,7 @@ class ProfileSession:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         self.profiler = torch.profiler.profile(activities=activities)
         self.profiler.__enter__()
-        comm_tracing.step_annotation = self._step_span
+        collective_hooks.step_annotation = self._step_span
 
     def _step_span(self) -> torch.profiler.record_function:
         return torch.profiler.record_function(f"ProfilerStep#{self.first_step + len(self.live_blocked_ms)}")
@@ -50,8 +50,8 @@ class ProfileSession:
         return len(self.live_blocked_ms) >= self.steps
 
     def finish(self) -> dict[str, Any]:
-        if comm_tracing.step_annotation == self._step_span:
-            comm_tracing.step_annotation = None
+        if collective_hooks.step_annotation == self._step_span:
+            collective_hooks.step_annotation = None
         self.profiler.__exit__(None, None, None)
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / f"step-{self.first_step:08d}-rank-{self.rank}.json"

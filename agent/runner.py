@@ -13,7 +13,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import msgspec
 import torch
@@ -33,19 +33,19 @@ from ringtop.protocol import (
     connection_file,
     curve,
 )
-from ringtop.strategies import comm_tracing
+from ringtop.strategies import collective_hooks
 from ringtop.strategies.base import DistContext, Strategy, TrainSettings, unique_parameters
 from ringtop.strategies.diagnosis import RunContext
 from ringtop.strategies.pipeline import PipelineStrategy
 from ringtop.strategies.registry import build_strategy
 from ringtop.strategies.torch_native import full_optimizer_template
 
-from . import checkpoint as ckpt
-from .checkpointing import CheckpointManager
+from . import checkpoint_format as ckpt
+from .checkpoint_saver import CheckpointManager
 from .config import BUILTIN_DATA, BUILTIN_MODEL, AgentConfig
 from .control import ControlServer, PendingCommand, StepSync, broadcast_bytes, scatter_fixed
 from .data import synthetic_batches
-from .diagnostician import Diagnostician
+from .diagnosis_exchange import Diagnostician
 from .factories import BuildContext, batch_to, batch_tokens, call_model, user_data, user_model
 from .gatekeeper import Gatekeeper
 from .instruments.comm_tracer import CommSummary, CommTracer
@@ -206,7 +206,7 @@ class Runner:
         self.tracer = CommTracer()
         capacity = (torch.cuda.get_device_properties(self.ctx.device).total_memory
                     if self.ctx.device.type == "cuda" else 0)
-        canonical = f"fsdp-{self.cfg.fsdp_sharding}" if self.cfg.strategy == "fsdp" else self.cfg.strategy
+        canonical = self.cfg.canonical_strategy
         run = RunContext(strategy=canonical, world_size=self.ctx.world_size, param_count=self.param_count,
                          device_capacity_bytes=capacity, link_peak_gbps=self.cfg.link_gbps)
         self.diagnostician = Diagnostician(self.ctx.rank, self.ctx.world_size, self.control_group, run, self._event)
@@ -244,11 +244,7 @@ class Runner:
         self._event("warn", "insecure", text)
 
     def _strategy_facts(self) -> dict[str, Any]:
-        facts = self.cfg.strategy_facts()
-        if isinstance(self.strategy, PipelineStrategy):
-            facts.update(stages=self.strategy.num_stages, micro_batches=self.strategy.micro_batches,
-                         schedule=self.strategy.schedule, replicas=self.strategy.replicas)
-        return facts
+        return {**self.cfg.strategy_facts(), **self.strategy.live_facts()}
 
     def _count_pipeline_stages(self, model: torch.nn.Module) -> None:
         """A pipeline's stages differ in size: count them on the whole model, before it is split."""
@@ -312,7 +308,7 @@ class Runner:
                 model.load_state_dict(model_state)  # weights in before wrapping: some wrappers copy them at init
             self._count_pipeline_stages(model)
             if self.cfg.telemetry:
-                comm_tracing.install()  # before the strategy's libraries look up (and keep) the functions
+                collective_hooks.install()  # before the strategy's libraries look up (and keep) the functions
             self.strategy.weights_identical = resumed is not None
             self.strategy.setup(model.to(self.ctx.device), self._make_optimizer, self.ctx, self._settings())
             if resumed is not None:
@@ -376,7 +372,7 @@ class Runner:
             def model_call(model, batch):
                 time.sleep(extra_s)  # injected: this rank computes longer
                 return call_model(model, batch)
-        comm_tracing.comm_delay_s = cfg.inject_comm_delay_ms / 1e3
+        collective_hooks.comm_delay_s = cfg.inject_comm_delay_ms / 1e3
         step_ends: list[float] | None = [] if cfg.step_times_file and self.ctx.rank == 0 else None
         while cfg.steps == 0 or self.step < cfg.steps:
             if self.sync is not None:
@@ -505,33 +501,16 @@ class Runner:
     # ------------------------------------------------------------------ commands
 
     def _apply(self, pending: PendingCommand) -> None:
+        """One command, on every rank at the same step boundary: its handler's result is the
+        `done` reply; a handler that answers later (a background save, a profile) returns LATER."""
         command = pending.command
         try:
-            if command.cmd == "checkpoint":
-                result = self._checkpoint(pending.args.kind, pending.args.background)
-                if result is None:
-                    self._checkpoint_command = command
-                    return  # answered when the background save is done
-            elif command.cmd == "stop":
-                self.stop_reason = f"stopped by user: {pending.args.reason}"
-                result = {"step": self.step}
-            elif command.cmd == "switch":
-                if self.profiling is not None:
-                    raise RuntimeError("a profile is being recorded; switch after it finishes")
-                if self.checkpoints.busy:
-                    raise RuntimeError("a checkpoint is being written; switch after it is done")
-                result = self._switch(pending.args)
-            elif command.cmd == "set":
-                result = self._set_micro_batches(pending.args.micro_batches)
-            elif command.cmd == "profile":
-                if self.profiling is not None:
-                    raise RuntimeError("a profile is already being recorded")
-                directory = Path(self.cfg.log_dir or ".") / "profile"
-                self.profiling = ProfileSession(pending.args.steps, self.step + 1, directory, self.ctx.rank, command)
-                self._event("info", "profile", f"profiling steps {self.step + 1}..{self.step + pending.args.steps}")
-                return  # answered when the last profiled step is done
-            else:
+            handler = COMMAND_HANDLERS.get(command.cmd)
+            if handler is None:
                 raise ValueError(f"command {command.cmd!r} cannot be applied at a step boundary")
+            result = handler(self, pending)
+            if result is LATER:
+                return
         except Exception as exc:
             if self.control is not None:
                 self.control.reply(command, "error", error=f"{type(exc).__name__}: {exc}", code="failed")
@@ -541,6 +520,36 @@ class Runner:
             return
         if self.control is not None:
             self.control.reply(command, "done", result=result)
+
+    def _command_checkpoint(self, pending: PendingCommand) -> dict[str, Any] | object:
+        result = self._checkpoint(pending.args.kind, pending.args.background)
+        if result is None:
+            self._checkpoint_command = pending.command
+            return LATER  # answered when the background save is done
+        return result
+
+    def _command_stop(self, pending: PendingCommand) -> dict[str, Any]:
+        self.stop_reason = f"stopped by user: {pending.args.reason}"
+        return {"step": self.step}
+
+    def _command_switch(self, pending: PendingCommand) -> dict[str, Any]:
+        if self.profiling is not None:
+            raise RuntimeError("a profile is being recorded; switch after it finishes")
+        if self.checkpoints.busy:
+            raise RuntimeError("a checkpoint is being written; switch after it is done")
+        return self._switch(pending.args)
+
+    def _command_set(self, pending: PendingCommand) -> dict[str, Any]:
+        return self._set_micro_batches(pending.args.micro_batches)
+
+    def _command_profile(self, pending: PendingCommand) -> object:
+        if self.profiling is not None:
+            raise RuntimeError("a profile is already being recorded")
+        steps = pending.args.steps
+        directory = Path(self.cfg.log_dir or ".") / "profile"
+        self.profiling = ProfileSession(steps, self.step + 1, directory, self.ctx.rank, pending.command)
+        self._event("info", "profile", f"profiling steps {self.step + 1}..{self.step + steps}")
+        return LATER  # answered when the last profiled step is done
 
     def _set_micro_batches(self, micro_batches: int) -> dict[str, Any]:
         if not isinstance(self.strategy, PipelineStrategy):
@@ -610,8 +619,7 @@ class Runner:
             self.strategy.attach_comm_recorder(self.tracer)
             self.tracer.drain()
         if self.diagnostician is not None:
-            canonical = f"fsdp-{new_cfg.fsdp_sharding}" if new_cfg.strategy == "fsdp" else new_cfg.strategy
-            self.diagnostician.run = dataclasses.replace(self.diagnostician.run, strategy=canonical)
+            self.diagnostician.run = dataclasses.replace(self.diagnostician.run, strategy=new_cfg.canonical_strategy)
         result = {"from": old, "to": new.describe(), "step": self.step, "seconds": round(seconds, 4)}
         self._event("info", "switch", f"switched {old} -> {new.describe()} at step {self.step} in {seconds:.2f} s",
                     result)
@@ -726,6 +734,19 @@ class Runner:
         if self.gate is not None:
             self.gate.stop()
         self.strategy.teardown()
+
+
+LATER = object()
+"""A command handler's result when the reply comes later (a background save, a profile)."""
+
+COMMAND_HANDLERS: dict[str, Callable[[Runner, PendingCommand], Any]] = {
+    "checkpoint": Runner._command_checkpoint,
+    "stop": Runner._command_stop,
+    "switch": Runner._command_switch,
+    "set": Runner._command_set,
+    "profile": Runner._command_profile,
+}
+"""Every command applied at a step boundary (all but the immediate `status`)."""
 
 
 def _raise_interrupted(signum, frame):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 
 def _info(path: str) -> int:
-    from ringtop.agent import checkpoint as ckpt
+    from ringtop.agent import checkpoint_format as ckpt
 
     where = ckpt.resolve(path, path)
     meta = ckpt.read_meta(where)
@@ -50,7 +50,7 @@ def _consolidate(sharded: str, out: str) -> int:
     import torch
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    from ringtop.agent import checkpoint as ckpt
+    from ringtop.agent import checkpoint_format as ckpt
 
     source = ckpt.resolve(sharded, sharded)
     meta = ckpt.read_meta(source)
@@ -80,7 +80,7 @@ def main(argv: list[str]) -> int:
     cons.add_argument("sharded")
     cons.add_argument("out")
     args = parser.parse_args(argv)
-    from ringtop.agent.checkpoint import CheckpointError
+    from ringtop.agent.checkpoint_format import CheckpointError
 
     try:
         if args.verb == "info":

@@ -83,7 +83,7 @@ nccl_timing() {  # CUDA-event timing of NCCL collectives against NCCL's own (Wor
   cat > "$work/nccl_timing.py" <<'PY'
 import datetime, time
 import torch, torch.distributed as dist
-from ringtop.strategies import comm_tracing
+from ringtop.strategies import collective_hooks
 from ringtop.agent.instruments.comm_tracer import CommTracer
 
 torch.cuda.set_device(0)
@@ -102,7 +102,7 @@ torch.cuda.synchronize()
 bad = 0
 for kind, op in ops.items():
     tracer, works, issue_s = CommTracer(), [], 0.0
-    with comm_tracing.active(tracer):
+    with collective_hooks.active(tracer):
         for _ in range(8):
             a @ a                                                     # compute queued before each
             t0 = time.perf_counter()

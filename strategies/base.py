@@ -112,6 +112,11 @@ class Strategy(ABC):
         """Why this strategy cannot run on `device` in this environment, or None if it can."""
         return None
 
+    def live_facts(self) -> dict[str, Any]:
+        """What the Hello says about this strategy beyond its options, as it runs now (a pipeline's
+        stages and micro-batches); nothing for most."""
+        return {}
+
     def describe(self) -> str:
         """Name with the options that change behaviour, e.g. `fsdp(full)`."""
         return self.name
@@ -132,10 +137,10 @@ class Strategy(ABC):
 
     def run_step(self, batch: Any, call_model: ModelCall, phases: PhaseMarker) -> torch.Tensor:
         """One optimizer step; marks 'forward', 'backward', 'optimizer' as each phase ends."""
-        from . import comm_tracing
+        from . import collective_hooks
 
         measure, self._measure_next = self._measure_next, False
-        with comm_tracing.active(self._recorder if self.traces_torch_collectives else None):
+        with collective_hooks.active(self._recorder if self.traces_torch_collectives else None):
             self._zero_grad()
             loss = self._forward(batch, call_model)
             phases.mark("forward")

@@ -12,7 +12,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from . import comm_tracing
+from . import collective_hooks
 from .base import CommRecorder, DistContext, ModelCall, OptimizerFactory, ShardingSpec, StrategyError, TrainSettings
 from .torch_native import TorchNativeStrategy
 
@@ -73,25 +73,25 @@ class DDPStrategy(TorchNativeStrategy):
         completion. On NCCL it completes once the work is enqueued, so for CUDA buckets (when the
         recorder takes device records) a CUDA event recorded before the issue and one recorded in
         the future's callback, whose stream c10 makes wait for the all-reduce, time it on the device
-        (`comm_tracing.device_start` / `device_end`), read later without synchronising.
+        (`collective_hooks.device_start` / `device_end`), read later without synchronising.
         """
         group = dist.group.WORLD
         group_size = dist.get_world_size()
-        lane = comm_tracing.lane_of(group)
+        lane = collective_hooks.lane_of(group)
         device = getattr(recorder, "end_device", None) is not None
 
         def traced_allreduce(state, bucket):  # DDP rejects string annotations (this module has postponed ones)
             buffer = bucket.buffer()
             handle = recorder.begin("all_reduce", buffer.numel() * buffer.element_size(), group_size)
-            start = comm_tracing.device_start(buffer) if device else None
+            start = collective_hooks.device_start(buffer) if device else None
             fut = default_hooks.allreduce_hook(group, bucket)
 
             def finished(f):
                 if start is not None:
-                    comm_tracing.device_end(recorder, handle, start, lane)
+                    collective_hooks.device_end(recorder, handle, start, lane)
                 else:
-                    if comm_tracing.comm_delay_s:
-                        time.sleep(comm_tracing.comm_delay_s)
+                    if collective_hooks.comm_delay_s:
+                        time.sleep(collective_hooks.comm_delay_s)
                     recorder.end(handle)
                 return f.value()
 

@@ -246,6 +246,10 @@ class PipelineStrategy(Strategy):
     def micro_batches(self) -> int:
         return self.options["micro_batches"]
 
+    def live_facts(self) -> dict[str, Any]:
+        return {"stages": self.num_stages, "micro_batches": self.micro_batches, "schedule": self.schedule,
+                "replicas": self.replicas}
+
     def describe(self) -> str:
         stages = self.options.get("stages")
         s = f"{stages} stages" if stages else "stages=world"

@@ -127,7 +127,7 @@ def mean_losses(run) -> list[float]:
 def assert_trains_like_the_reference(run, reference, steps: int, lr: float, first_step: int = 1) -> None:
     """Losses and gradient norms of a finished 2-rank data-parallel run (steps `first_step`..`steps`)
     and the parameters of its full checkpoint at `steps`, against the single-process reference."""
-    from ringtop.agent.checkpoint import load_full_files
+    from ringtop.agent.checkpoint_format import load_full_files
 
     first = first_step - 1
     assert_series_close(mean_losses(run), reference.losses[first:steps], rtol=LOSS_RTOL, what="loss",

@@ -15,7 +15,7 @@ from numerics import LOSS_RTOL, assert_series_close
 from reference import reference_run
 from safetensors import safe_open
 
-from ringtop.agent.checkpoint import load_full_files, read_meta, resolve
+from ringtop.agent.checkpoint_format import load_full_files, read_meta, resolve
 from ringtop.cli.launch import descendants, kill_all
 from ringtop.protocol import Event
 
@@ -153,7 +153,7 @@ def _share_worker(rank: int, port: int, out: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    from ringtop.agent.checkpointing import this_ranks_share
+    from ringtop.agent.checkpoint_saver import this_ranks_share
     from ringtop.agent.distributed import exit_rank
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -191,7 +191,7 @@ def test_each_rank_stages_only_its_share_of_the_replicated_state(tmp_path):
 
 
 def test_a_background_copy_does_not_share_memory_with_training():
-    from ringtop.agent.checkpointing import detached_copy
+    from ringtop.agent.checkpoint_saver import detached_copy
 
     weight = torch.ones(3)
     state = ({"w": weight}, {"state": {"w": {"exp_avg": weight * 2}}, "param_groups": [{"lr": 0.1}]})
@@ -204,7 +204,7 @@ def test_a_background_copy_does_not_share_memory_with_training():
 
 
 def test_a_background_copy_keeps_a_tied_weight_one_tensor():
-    from ringtop.agent.checkpointing import detached_copy
+    from ringtop.agent.checkpoint_saver import detached_copy
 
     embedding = torch.ones(4, 2)
     state = {"tok_emb.weight": embedding, "head.weight": embedding.view(4, 2), "other": embedding[1:]}

@@ -1,7 +1,7 @@
 """The GPU path of collective timing: device records (CUDA events) resolved lazily at the step
 boundary, never by synchronising. No GPU here, so the CUDA events are a stand-in (`FakeCudaEvent`,
 named as such): it refuses `synchronize`/`wait` and refuses `elapsed_time` before completion, as
-CUDA's does. The collectives around it are real: a 2-rank gloo run drives `comm_tracing`'s GPU
+CUDA's does. The collectives around it are real: a 2-rank gloo run drives `collective_hooks`'s GPU
 branch and DDP's comm hook with the stand-in clock. The last test runs the real thing on a GPU."""
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def test_gpu_timing_with_fake_cuda_events_mixes_with_host_records_without_losing
 GLOO_WITH_FAKE_CLOCK = textwrap.dedent("""
     import datetime, json, sys, time
     import torch, torch.distributed as dist
-    from ringtop.strategies import comm_tracing
+    from ringtop.strategies import collective_hooks
     from ringtop.strategies.base import DistContext, TrainSettings
     from ringtop.strategies.ddp import DDPStrategy
     from ringtop.agent.instruments.comm_tracer import CommTracer
@@ -124,7 +124,7 @@ GLOO_WITH_FAKE_CLOCK = textwrap.dedent("""
             raise AssertionError("synchronize called")
 
     class FakeCudaTiming:
-        # Stand-in for comm_tracing.CudaTiming: every tensor counts as a device tensor, one stream.
+        # Stand-in for collective_hooks.CudaTiming: every tensor counts as a device tensor, one stream.
         STREAM = "compute-stream"
         def is_device_tensor(self, t): return True
         def in_use(self): return True
@@ -140,11 +140,11 @@ GLOO_WITH_FAKE_CLOCK = textwrap.dedent("""
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank, out = dist.get_rank(), {}
-    comm_tracing.device_timing = FakeCudaTiming()
+    collective_hooks.device_timing = FakeCudaTiming()
     tracer = CommTracer()
-    comm_tracing.install()                                        # (imports torch's pipelining: slow)
+    collective_hooks.install()                                        # (imports torch's pipelining: slow)
     dist.barrier()                                                # start together (untraced)
-    with comm_tracing.active(tracer):
+    with collective_hooks.active(tracer):
         if rank == 1:
             time.sleep(0.2)                                       # rank 0 waits for rank 1
         w = dist.all_reduce(torch.ones(1000), async_op=True)     # 4000 bytes
@@ -164,7 +164,7 @@ GLOO_WITH_FAKE_CLOCK = textwrap.dedent("""
                         p2p=s.p2p_wait_ms, pending=s.pending, busy=s.busy_ms)
 
     FakeCudaEvent.held = True                                     # the device has not got there yet
-    with comm_tracing.active(tracer):
+    with collective_hooks.active(tracer):
         dist.all_reduce(torch.ones(10))
     s = tracer.drain()
     out["held"] = dict(kinds=[k.kind for k in s.kinds], pending=s.pending)
@@ -197,7 +197,7 @@ GLOO_WITH_FAKE_CLOCK = textwrap.dedent("""
 
 @pytest.mark.timeout(120)
 def test_gpu_timing_with_fake_cuda_events_on_real_gloo_collectives(tmp_path):
-    """comm_tracing's GPU branch and DDP's hook with a stand-in device clock on real 2-rank gloo
+    """collective_hooks's GPU branch and DDP's hook with a stand-in device clock on real 2-rank gloo
     collectives: async, blocking and point-to-point ops become device records, waits on the
     compute stream become stalls (p2p ones apart), and unfinished events are carried, not waited on."""
     script = tmp_path / "fake_clock.py"
@@ -229,7 +229,7 @@ def test_gpu_timing_with_fake_cuda_events_on_real_gloo_collectives(tmp_path):
 REAL_CUDA = textwrap.dedent("""
     import datetime, json, os, time
     import torch, torch.distributed as dist
-    from ringtop.strategies import comm_tracing
+    from ringtop.strategies import collective_hooks
     from ringtop.agent.instruments.comm_tracer import CommTracer
 
     torch.cuda.set_device(0)
@@ -238,7 +238,7 @@ REAL_CUDA = textwrap.dedent("""
     dist.all_reduce(x)                       # communicator warm-up, not traced
     torch.cuda.synchronize()
     tracer, works = CommTracer(), []
-    with comm_tracing.active(tracer):
+    with collective_hooks.active(tracer):
         for _ in range(5):
             y = x * 2                        # some compute on the stream before each
             works.append(dist.all_reduce(y, async_op=True))

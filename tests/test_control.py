@@ -101,3 +101,11 @@ def test_status_checkpoint_bad_input_stop_and_resume(launch_agents):
 def test_a_command_to_an_absent_job_times_out_clearly():
     with pytest.raises(TimeoutError, match="no reply"):
         list(send_command(f"tcp://127.0.0.1:{free_tcp_port()}", "status", {}, timeout_s=0.5))
+
+
+def test_every_command_but_the_immediate_ones_has_a_step_boundary_handler():
+    """A command the protocol accepts but the runner cannot apply would only fail at run time."""
+    from ringtop.agent.runner import COMMAND_HANDLERS
+    from ringtop.protocol import COMMANDS, IMMEDIATE_COMMANDS
+
+    assert set(COMMAND_HANDLERS) == set(COMMANDS) - set(IMMEDIATE_COMMANDS)

@@ -9,7 +9,7 @@ from conftest import TESTS_DIR
 from numerics import assert_state_close, assert_trains_like_the_reference
 from reference import reference_run
 
-from ringtop.agent.checkpoint import load_full_files
+from ringtop.agent.checkpoint_format import load_full_files
 
 pytestmark = pytest.mark.timeout(240)
 

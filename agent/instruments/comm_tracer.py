@@ -5,7 +5,7 @@ Both only append to lists; `drain` at the step boundary turns them into per-kind
 
 Two clocks. Host records (`end`, `blocked`, `blocked_p2p`) carry `perf_counter_ns` times: that is
 the CPU / gloo path, where a work's future completes when the collective has finished. Device
-records (`end_device`, `blocked_device`) carry two CUDA events each (see `strategies/comm_tracing`
+records (`end_device`, `blocked_device`) carry two CUDA events each (see `strategies/collective_hooks`
 for where they are recorded): on NCCL the future completes when the work is *enqueued*, so only
 the device knows when it ran. `drain` never synchronises: it polls each pending device record's
 events with `query()`, turns the completed ones into intervals, and carries the rest to the next

@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from ringtop.strategies.base import Strategy
 
-from . import checkpoint as ckpt
+from . import checkpoint_format as ckpt
 
 
 @dataclass
