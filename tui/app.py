@@ -42,6 +42,7 @@ from .comm_tab import (
     verdict_panel,
 )
 from .connection import TelemetryClient
+from .health import health_line
 from .memory import fit_table
 from .memory_tab import fit_caption, fit_columns, fit_rows, memory_caption, memory_columns, memory_rows, on_gpu
 from .pipeline import idle_rows
@@ -184,6 +185,7 @@ class RingtopApp(App):
     #verdicts { height: auto; margin: 1 1 0 1; padding: 0 1; border-left: thick $warning; }
     .chart Sparkline { width: 1fr; }
     #alert { height: auto; max-height: 3; margin: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
+    #health { height: 1; margin: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
     #event-log { height: 1fr; }
     #ops { height: auto; max-height: 8; margin: 0 1; border-bottom: solid $panel-lighten-2; text-wrap: nowrap;
            text-overflow: ellipsis; }
@@ -266,6 +268,7 @@ class RingtopApp(App):
             yield Static(id="conn")
         with TabbedContent(initial="overview"):
             with TabPane("1 Overview", id="overview"):
+                yield Static(id="health")
                 table: DataTable = DataTable(id="ranks", cursor_type="row", zebra_stripes=True)
                 yield table
                 with Horizontal(classes="chart"):
@@ -505,6 +508,7 @@ class RingtopApp(App):
         self._render_table()
         self._render_charts()
         self._render_alert()
+        self._set_static("#health", health_line(self.view, time.monotonic()))
         self._render_comm()
         self._render_memory()
         self._render_pipeline()

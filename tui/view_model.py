@@ -245,6 +245,8 @@ class RankRow:
     """Silent past DEAD_AFTER_S while others were heard: died without a Bye (or hung whole)."""
     ended_at: float | None = None
     """`now` of its Bye, or of its last message when it was found dead: which failure came first."""
+    step_seen: float | None = None
+    """`now` when its latest step arrived: heartbeats without steps are a stall (tui/health.py)."""
     bye_reason: str = ""
     bye_ok: bool = True
     slowest: bool = False
@@ -523,6 +525,7 @@ class RunView:
         row.last_ts = max(row.last_ts, msg.ts)
         row.silent_s = 0.0
         if isinstance(msg, Step):
+            row.step_seen = now
             self._on_step(row, msg)
         elif isinstance(msg, Timeline):
             self.pipeline.add(msg, host=row.host)

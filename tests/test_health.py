@@ -1,0 +1,109 @@
+"""The Overview's health line: healthy, or what is wrong and where — from real protocol messages
+through the real view model, on a clock the test sets; and through the real app and a Pilot."""
+
+from __future__ import annotations
+
+from textual.widgets import Static
+from ui_waits import eventually
+
+from ringtop.protocol import Event, Heartbeat, Hello, Step
+from ringtop.tui.app import RingtopApp
+from ringtop.tui.health import STALL_FACTOR, STALL_FLOOR_S, health_line, stalled_ranks
+from ringtop.tui.view_model import RunView
+
+
+def two_ranks_stepping(view: RunView, steps: int, step_s: float = 0.1, start: float = 100.0) -> float:
+    """Both ranks say hello and finish `steps` steps of `step_s` each; returns the clock after."""
+    for r in (0, 1):
+        view.apply(Hello(rank=r, seq=0, ts=1000.0, run_id="h", world_size=2, strategy="ddp"), now=start)
+    now = start
+    for n in range(1, steps + 1):
+        now = start + n * step_s
+        for r in (0, 1):
+            view.apply(Step(rank=r, seq=n, ts=1000.0 + n * step_s, step=n, loss=2.0, step_ms=step_s * 1e3), now=now)
+    return now
+
+
+def test_a_healthy_run_says_so():
+    view = RunView()
+    now = two_ranks_stepping(view, 20)
+    view.tick(now)
+    line = health_line(view, now).plain
+    assert line.startswith("● healthy") and "2 ranks" in line and "step 20" in line
+
+
+def test_a_rank_that_heartbeats_but_finishes_no_step_is_named_with_its_last_step():
+    """As a rank hung in a collective looks: its heartbeat thread goes on, its steps stop."""
+    view = RunView()
+    now = two_ranks_stepping(view, 20)  # 100 ms steps: the floor (10 s) decides, not 5 x 0.1 s
+    seq, n = {0: 21, 1: 21}, 20
+    limit_s = max(STALL_FLOOR_S, STALL_FACTOR * 0.1)
+    for t in range(1, 15):  # rank 0 keeps stepping; rank 1 only heartbeats, every second
+        now += 1.0
+        for _ in range(10):
+            n += 1
+            view.apply(Step(rank=0, seq=seq[0], ts=1000.0 + now, step=n, loss=2.0, step_ms=100.0), now=now)
+            seq[0] += 1
+        view.apply(Heartbeat(rank=1, seq=seq[1], ts=1000.0 + now, step=20), now=now)
+        seq[1] += 1
+        view.tick(now)
+        stalls = stalled_ranks(view, now)
+        if t <= limit_s:
+            assert stalls == [], f"{t} s after its last step is not a stall yet"
+        else:
+            assert [(s.rank, s.step) for s in stalls] == [(1, 20)]
+    line = health_line(view, now).plain
+    assert "rank 1: no step for 14 s (last 20)" in line, line
+    assert not line.startswith("● healthy")
+    assert not any(r.dead for r in view.ranks.values()), "heard from: stalled, not dead"
+
+
+def test_a_slow_rank_waits_longer_before_it_is_called_stalled():
+    view = RunView()
+    now = two_ranks_stepping(view, 10, step_s=4.0)  # 4 s steps: 5 x 4 = 20 s, above the floor
+    for _ in range(15):
+        now += 1.0
+        view.apply(Heartbeat(rank=0, seq=99, ts=2000.0, step=10), now=now)
+        view.apply(Heartbeat(rank=1, seq=99, ts=2000.0, step=10), now=now)
+    assert stalled_ranks(view, now) == [], "15 s is under five 4-second steps"
+    for _ in range(6):
+        now += 1.0
+        view.apply(Heartbeat(rank=0, seq=99, ts=2000.0, step=10), now=now)
+        view.apply(Heartbeat(rank=1, seq=99, ts=2000.0, step=10), now=now)
+    assert [s.rank for s in stalled_ranks(view, now)] == [0, 1]
+
+
+def test_verdicts_dead_ranks_and_lost_messages_are_named_worst_first():
+    view = RunView()
+    now = two_ranks_stepping(view, 5)
+    view.apply(Event(rank=0, seq=10, ts=1001.0, level="warn", kind="verdict", text="rank 1 is a straggler",
+                     data={"rule": "straggler", "rank": 1}), now=now)
+    view.apply(Step(rank=1, seq=9, ts=1002.0, step=6, loss=2.0, step_ms=100.0, drops=7), now=now)  # seq gap too
+    view.tick(now)
+    line = health_line(view, now).plain
+    assert "⚠ straggler (rank 1)" in line and "telemetry messages lost" in line
+    for r in (0, 1):
+        view.ranks[r].dead = r == 1
+    line = health_line(view, now).plain
+    assert line.startswith("✖ rank 1 dead"), line
+
+
+def test_a_replay_never_calls_a_rank_stalled():
+    view = RunView(watch_liveness=False)
+    two_ranks_stepping(view, 5)
+    assert stalled_ranks(view, now=10_000.0) == []
+
+
+async def test_the_health_line_heads_the_overview_at_100_by_30():
+    msgs = [Hello(rank=r, seq=0, ts=1000.0, run_id="h", world_size=2, strategy="ddp") for r in (0, 1)]
+    msgs += [Step(rank=r, seq=n, ts=1000.0 + n, step=n, loss=2.0, step_ms=100.0) for n in range(1, 6) for r in (0, 1)]
+    msgs.append(Event(rank=0, seq=6, ts=1006.0, level="warn", kind="verdict", text="communication-bound",
+                      data={"rule": "comm_bound"}))
+    app = RingtopApp(messages=msgs)
+    async with app.run_test(size=(100, 30)) as pilot:
+        def shown():
+            health = app.query_one("#health", Static)
+            assert "⚠ comm_bound" in str(health.content)
+            assert health.region.y < app.query_one("#ranks").region.y, "above the rank table"
+            assert health.region.height == 1 and health.region.width > 0
+        await eventually(pilot, shown)

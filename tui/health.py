@@ -1,0 +1,88 @@
+"""One line that says whether the run is healthy and, if not, what and where — the Overview's first.
+
+Pure: a function of the view model and the UI's clock. It gathers what other panels show in
+detail (active verdicts, the slowest rank, ranks that stopped finishing steps, dead ranks,
+dropped messages) so that a glance at the top of the Overview answers the 3 a.m. question.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rich.text import Text
+
+from .view_model import RunView
+
+STALL_FLOOR_S = 10.0
+"""No rank is called stalled sooner than this after its last step, however fast its steps are."""
+STALL_FACTOR = 5.0
+"""…nor before this many of its recent median steps have passed."""
+SLOWEST_SHOWN_PCT = 5.0
+"""The slowest rank is named from this much above the median rank (as the alert below the charts)."""
+
+
+@dataclass(frozen=True)
+class Stall:
+    rank: int
+    step: int
+    seconds: float
+    """Since the rank's last step arrived (UI clock)."""
+
+
+def stalled_ranks(view: RunView, now: float) -> list[Stall]:
+    """Ranks still heard from (heartbeats) that have finished no step for max(STALL_FLOOR_S,
+    STALL_FACTOR × their recent median step): hung in a collective or in their own code. None in
+    a replay, where arrival times say nothing."""
+    if not view.watch_liveness:
+        return []
+    out = []
+    for row in view.ranks.values():
+        if row.ended or row.dead or row.step_seen is None:
+            continue
+        recent = row.recent_step_ms()
+        limit_s = max(STALL_FLOOR_S, STALL_FACTOR * recent / 1e3 if math.isfinite(recent) else 0.0)
+        waited = now - row.step_seen
+        if waited > limit_s:
+            out.append(Stall(row.rank, row.step, waited))
+    return sorted(out, key=lambda s: (-s.seconds, s.rank))
+
+
+def health_line(view: RunView, now: float) -> Text:
+    """`● healthy …` in green, or the problems, the worst first, each with where."""
+    t = Text(no_wrap=True, overflow="ellipsis")
+    if not view.ranks:
+        t.append("○ no rank has reported yet", style="dim")
+        return t
+    problems: list[tuple[str, str]] = []
+    dead = sorted(r.rank for r in view.ranks.values() if r.dead)
+    if dead:
+        problems.append(("bold red", f"✖ rank{'s' if len(dead) > 1 else ''} {_ranks(dead)} dead"))
+    for stall in stalled_ranks(view, now)[:3]:
+        problems.append(("bold red", f"⏸ rank {stall.rank}: no step for {stall.seconds:.0f} s (last {stall.step})"))
+    verdicts = view.active_verdicts
+    if verdicts:
+        where = f" (rank {verdicts[0].rank})" if verdicts[0].rank is not None else ""
+        more = f" +{len(verdicts) - 1} more" if len(verdicts) > 1 else ""
+        problems.append(("bold yellow", f"⚠ {verdicts[0].rule}{where}{more}"))
+    slow = view.slowest_rank
+    if slow is not None and math.isfinite(view.slowest_excess_pct) and view.slowest_excess_pct >= SLOWEST_SHOWN_PCT:
+        problems.append(("yellow", f"▲ rank {slow} slowest +{view.slowest_excess_pct:.0f}%"))
+    drops = view.total_drops
+    if drops:
+        problems.append(("yellow", f"{drops:,} telemetry messages lost"))
+    if not problems:
+        steps = min((r.step for r in view.ranks.values()), default=0)
+        t.append("● healthy", style="bold green")
+        t.append(f"  {len(view.ranks)} rank{'s' if len(view.ranks) != 1 else ''} stepping, step {steps}, "
+                 "no verdict, no stall, nothing lost", style="green")
+        return t
+    for i, (style, text) in enumerate(problems):
+        if i:
+            t.append("  ·  ", style="dim")
+        t.append(text, style=style)
+    return t
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(str(r) for r in ranks[:8]) + (f" +{len(ranks) - 8}" if len(ranks) > 8 else "")
