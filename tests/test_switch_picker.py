@@ -12,12 +12,12 @@ import time
 import pytest
 import zmq
 from test_tui_app import header_text, make_hello, make_step, static_text, wait_until
-from textual.widgets import DataTable, Input, Static, TabbedContent
-from ui_waits import eventually
+from textual.widgets import DataTable, Input, Static
+from ui_waits import eventually, repainted
 
 from ringtop.protocol import Reply, decode, encode, free_tcp_port
 from ringtop.tui.actions import SWITCH_TARGETS, parse_micro_batches
-from ringtop.tui.app import RingtopApp
+from ringtop.tui.app import COMMAND_ACTIONS, RingtopApp
 from ringtop.tui.screens import MicroBatchesPrompt, SwitchPicker
 
 pytestmark = pytest.mark.timeout(60)
@@ -29,7 +29,8 @@ class FakeRankZero:
     ROUTER: rank 0's control server. Every command gets `ack`, then what `answer(cmd)` returns:
     ("done", result) or ("error", text); ("hold", ...) waits until `release()` before answering."""
 
-    def __init__(self, answer=None) -> None:
+    def __init__(self, answer=None, strategy: str = "ddp") -> None:
+        self.strategy = strategy
         self.pub_addr = f"tcp://127.0.0.1:{free_tcp_port()}"
         self.ctl_addr = f"tcp://127.0.0.1:{free_tcp_port()}"
         self.answer = answer or (lambda cmd: ("done", {}))
@@ -64,7 +65,7 @@ class FakeRankZero:
         try:
             while not self.stop.is_set():
                 for rank in (0, 1):
-                    msg = make_hello(rank, seq[rank], time.time()) if n % 10 == 0 else \
+                    msg = make_hello(rank, seq[rank], time.time(), strategy=self.strategy) if n % 10 == 0 else \
                         make_step(rank, n, seq[rank], time.time())
                     seq[rank] += 1
                     pub.send_multipart([msg.__struct_config__.tag.encode(), encode(msg)])
@@ -236,8 +237,8 @@ async def test_a_failed_switch_shows_the_reason_and_that_the_run_goes_on():
 
 
 async def test_micro_batches_prompt_rejects_bad_input_locally_then_sends_set():
-    answer = lambda cmd: ("error", "RuntimeError: ddp has no micro-batches; switch to pp first")  # noqa: E731
-    with FakeRankZero(answer) as run:
+    answer = lambda cmd: ("error", "RuntimeError: 4 micro-batches do not divide the batch")  # noqa: E731
+    with FakeRankZero(answer, strategy="pp") as run:
         app = RingtopApp(publish_addr=run.pub_addr, control_addr=run.ctl_addr)
         async with app.run_test(size=SIZE) as pilot:
             await attach(app, pilot)
@@ -260,12 +261,12 @@ async def test_micro_batches_prompt_rejects_bad_input_locally_then_sends_set():
             assert run.commands[0].cmd == "set" and run.commands[0].args == {"micro_batches": 4}
             text = await show_events(app, pilot, "error")
             assert "set micro_batches=4" in text
-            assert "error: RuntimeError: ddp has no micro-batches; switch to pp first (failed)" in text
+            assert "error: RuntimeError: 4 micro-batches do not divide the batch (failed)" in text
 
 
 async def test_micro_batches_escape_sends_nothing_and_done_says_the_new_m():
     answer = lambda cmd: ("done", {"micro_batches": 8, "step": 41})  # noqa: E731
-    with FakeRankZero(answer) as run:
+    with FakeRankZero(answer, strategy="pp") as run:
         app = RingtopApp(publish_addr=run.pub_addr, control_addr=run.ctl_addr)
         async with app.run_test(size=SIZE) as pilot:
             await attach(app, pilot)
@@ -343,26 +344,42 @@ async def test_profile_sends_three_steps_and_shows_exposed_comm_per_rank():
             assert "rank 1: exposed 4.0 ms (trace) vs 3.5 ms (live), comm 11.0 ms, overlap 64%" in text
 
 
-async def test_commands_in_replay_say_not_connected():
+def footer_actions(app: RingtopApp) -> set[str]:
+    from textual.widgets._footer import FooterKey
+
+    return {key.action for key in app.query(FooterKey)}
+
+
+async def test_a_replay_offers_no_commands_and_micro_batches_only_a_pipeline():
+    """Issue 13: the replay advertised S/c/C/m/p/s, and `m` on a ddp run opened a dialog that
+    already said it would be refused. Keys for what cannot be done are not shown, and do nothing."""
     from test_tui_app import make_hello as hello
 
-    app = RingtopApp(messages=[hello(0), hello(1)], source="log")
+    app = RingtopApp(messages=[hello(0, strategy="pp"), hello(1, strategy="pp")], source="log")
     async with app.run_test(size=SIZE) as pilot:
         await wait_until(pilot, lambda: app.replay_loaded, what="replay")
-        for key in ("C", "p", "m", "c"):
+        await repainted(pilot)
+        assert footer_actions(app) & COMMAND_ACTIONS == set(), footer_actions(app)
+        assert "quit" in footer_actions(app) or "app.quit" in footer_actions(app)
+        for key in ("C", "p", "m", "c", "S", "s"):
             await pilot.press(key)
-        assert not isinstance(app.screen, MicroBatchesPrompt)  # nothing to ask when nothing can be sent
-        # the picker still shows the predictions, but Enter only says why nothing was sent
-        await pilot.press("S")
-        await wait_until(pilot, lambda: isinstance(app.screen, SwitchPicker), what="the picker")
-        assert "not connected (replay)" in static_text(app.screen, "#switch-hint")
-        await pilot.press("enter")
-        await pilot.press("5")
-        def _shown_8():
-            assert app.query_one(TabbedContent).active == "events"
-            text = event_log_text(app)
-            for what in ("checkpoint: not connected (replay)", "profile: not connected (replay)",
-                         "set micro_batches: not connected (replay)", "switch: not connected (replay)"):
-                assert what in text
-        await eventually(pilot, _shown_8)
-        assert app.view.commands == {}
+        assert app.screen is app.screen_stack[0], "no picker, no prompt"
+        assert app.view.commands == {} and not any("not connected" in e.text for e in app.view.events)
+
+    for strategy, offered in (("ddp", False), ("pp", True)):
+        with FakeRankZero(strategy=strategy) as run:
+            app = RingtopApp(publish_addr=run.pub_addr, control_addr=run.ctl_addr)
+            async with app.run_test(size=SIZE) as pilot:
+                await attach(app, pilot)
+                await wait_until(pilot, lambda app=app, strategy=strategy: app.view.facts.strategy == strategy,
+                                 what="the run's strategy")
+
+                def footer_says(app=app, offered=offered, strategy=strategy) -> None:
+                    actions = footer_actions(app)
+                    assert any(a.endswith("checkpoint") for a in actions), actions
+                    assert any(a.endswith("micro_batches") for a in actions) is offered, (strategy, actions)
+                await repainted(pilot)
+                await eventually(pilot, footer_says)
+                await pilot.press("m")
+                await repainted(pilot)
+                assert isinstance(app.screen, MicroBatchesPrompt) is offered, strategy

@@ -98,6 +98,8 @@ COLUMNS: list[tuple[str, str, int]] = [
     ("drops", "drops", 5),
     ("note", "note", 22),
 ]
+COMMAND_ACTIONS = frozenset({"switch", "checkpoint", "checkpoint_sharded", "micro_batches", "profile", "status"})
+"""Actions that send a command to rank 0."""
 NUMERIC = {"rank", "step", "step_ms", "loss", "tok_s", "mem", "comm_mb_s", "comm_kinds", "idle_pct", "cpu", "drops"}
 # idle% = (data + exposed comm) / step: the time a rank waits on data or on exposed
 # communication. It replaces a separate comm% column (exposed comm / step), which would differ only by
@@ -259,6 +261,7 @@ class RingtopApp(App):
         self._fit_key: tuple | None = None
         self._kinds: list[str] = []
         self._kinds_width = 0
+        self._bindings_strategy = ""
 
     # ------------------------------------------------------------------ layout
 
@@ -398,11 +401,17 @@ class RingtopApp(App):
         self.call_after_refresh(self.refresh_view)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Offer only what the run can do now: no commands in a replay, micro-batches only on a
+        pipeline, `r` only on the Comm tab (False hides the key from the footer and ignores it)."""
         if action == "comm_rank":
             try:
                 return self.query_one(TabbedContent).active == "comm"
             except Exception:
                 return False
+        if action in COMMAND_ACTIONS and self.replay:
+            return False
+        if action == "micro_batches":
+            return self.view.facts.strategy == "pp"
         return True
 
     def action_comm_rank(self) -> None:
@@ -504,6 +513,9 @@ class RingtopApp(App):
         if not self.is_running:
             return
         self.view.tick(time.monotonic())
+        if self.view.facts.strategy != self._bindings_strategy:  # what `check_action` offers changed
+            self._bindings_strategy = self.view.facts.strategy
+            self.refresh_bindings()
         self._render_header()
         self._render_table()
         self._render_charts()
