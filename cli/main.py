@@ -212,10 +212,16 @@ def _run(args: argparse.Namespace, agent_args: list[str]) -> int:
 
 def _run_with_ui(nproc: int, agent_args: list[str], log_dir: Path) -> int:
     """Start the ranks, wait for rank 0's connection file (its addresses and keys), open the UI."""
+    from ringtop.protocol.connection_file import ConnectionFileError, ensure_runtime_dir
     from ringtop.tui.app import run_live
 
     from .launch import forward_stop_signals, start_ranks, stop_ranks, wait_ranks
 
+    try:
+        ensure_runtime_dir()  # rank 0 writes the run's addresses and keys there; the UI waits for them
+    except (ConnectionFileError, OSError) as exc:
+        print(f"ringtop: no place for the run's connection file: {exc}", file=sys.stderr)
+        return 2
     run_id = _option_value(agent_args, "--run-id")
     if run_id is None:
         run_id = uuid.uuid4().hex[:8]

@@ -76,6 +76,12 @@ def _check_private(path: Path, st: os.stat_result, what: str) -> None:
         raise ConnectionFileError(f"{path}: others can write this {what}; not trusted (chmod go-w)")
 
 
+def ensure_runtime_dir() -> Path:
+    """The runtime directory, made private if new; raises ConnectionFileError (or OSError) if it
+    cannot be made or trusted: a launcher checks before it waits for a file to appear there."""
+    return _private_dir(create=True)
+
+
 def file_for(run_id: str) -> Path:
     return runtime_dir() / f"run-{run_id}.json"
 

@@ -107,3 +107,43 @@ async def test_the_health_line_heads_the_overview_at_100_by_30():
             assert health.region.y < app.query_one("#ranks").region.y, "above the rank table"
             assert health.region.height == 1 and health.region.width > 0
         await eventually(pilot, shown)
+
+
+def test_a_ui_attached_to_a_hung_run_names_the_stall_and_draws_no_loss_it_never_got():
+    """Issue 13: attached 80 s after rank 1 hung at step 14, the UI said live, step 14, loss nan for
+    both ranks. Both ranks only heartbeat (rank 0 waits in the collective rank 1 never joined)."""
+    from ringtop.tui.health import FIRST_STEP_GRACE_S
+
+    view = RunView()
+    for r in (0, 1):  # the relay's cached hellos, then heartbeats only
+        view.apply(Hello(rank=r, seq=0, ts=1000.0, run_id="h", world_size=2, strategy="ddp"), now=50.0)
+    for t in range(0, 13):
+        for r in (0, 1):
+            view.apply(Heartbeat(rank=r, seq=100 + t, ts=1080.0 + t, step=14), now=50.0 + t)
+    view.tick(62.0)
+    line = health_line(view, 62.0).plain
+    assert "rank 0: no step in the 12 s since this UI attached (last 14)" in line, line
+    assert "rank 1: no step in the 12 s" in line
+
+    # a fresh run whose first step takes long is not a stall
+    fresh = RunView()
+    for r in (0, 1):
+        fresh.apply(Hello(rank=r, seq=0, ts=1000.0, run_id="f", world_size=2, strategy="ddp"), now=0.0)
+        fresh.apply(Heartbeat(rank=r, seq=1, ts=1030.0, step=0), now=30.0)
+    assert stalled_ranks(fresh, 30.0) == [] and stalled_ranks(fresh, FIRST_STEP_GRACE_S + 1.0) != []
+
+
+async def test_the_overview_draws_no_loss_for_a_rank_it_has_no_step_of():
+    msgs = [Hello(rank=r, seq=0, ts=1000.0, run_id="h", world_size=2, strategy="ddp") for r in (0, 1)]
+    msgs += [Heartbeat(rank=1, seq=1, ts=1001.0, step=14),
+             Step(rank=0, seq=1, ts=1001.0, step=15, loss=None, step_ms=100.0)]  # rank 0: a non-finite loss
+    app = RingtopApp(messages=msgs)
+    async with app.run_test(size=(160, 40)) as pilot:
+        from textual.widgets import DataTable
+
+        def cells():
+            table = app.query_one("#ranks", DataTable)
+            assert str(table.get_cell("r1", "loss")) == "-", "never received: no value, not NaN"
+            assert str(table.get_cell("r0", "loss")) == "nan", "reported non-finite: shown as such"
+            assert str(table.get_cell("r1", "step")) == "14"
+        await eventually(pilot, cells)

@@ -553,3 +553,20 @@ def test_ranks_outside_the_world_make_no_rows_even_before_the_hello():
     v.apply(hello(9, world_size=2), now=3.0)  # a hello from outside its own world
     assert set(v.ranks) == {0, 1} and v.rejected_total == 3
     assert any("outside the run's 2 ranks" in e.text for e in v.events)
+
+
+def test_another_clients_command_is_named_from_its_ack_not_shown_as_internals():
+    """Issue 13: a command sent by `ringtop ctl` appeared as `rank 0: ? [feef7f0a5189]` with
+    `args=dict[2]`. Its ack carries the accepted arguments: the event log names the command."""
+    v = RunView()
+    v.apply(hello(0), now=1.0)
+    ack = Reply(rank=0, seq=5, ts=1001.0, id="feef7f0a5189", status="ack", cmd="switch",
+                result={"applies_at": "the step boundary after next", "args": {"strategy": "zero3"}})
+    done = Reply(rank=0, seq=6, ts=1002.0, id="feef7f0a5189", status="done", cmd="switch",
+                 result={"from": "ddp", "to": "zero3", "step": 40, "seconds": 1.5})
+    v.apply(ack, now=2.0)
+    v.apply(done, now=3.0)
+    texts = [e.text for e in v.events if e.cmd_id == "feef7f0a5189"]
+    assert texts[0] == "switch → zero3 [feef7f0a5189] ack: applies at the step boundary after next"
+    assert texts[1] == "switch → zero3 [feef7f0a5189] ack → done: ddp → zero3 at step 40 in 1.50 s"
+    assert not any("?" in t.split("[")[0] or "dict[" in t for t in texts), texts

@@ -651,8 +651,9 @@ class RingtopApp(App):
             "host": (row.host or "?", ""),
             "step": (f"{row.step:,}" if row.step >= 0 else "-", ""),
             "step_ms": (fmt.ms(row.step_ms) + (" ▲" if slow else ""), "bold yellow" if slow else ""),
-            "loss": (fmt.loss(row.loss) if row.step >= 0 else "-",
-                     "bold red" if row.step >= 0 and not math.isfinite(row.loss) else ""),
+            # a loss only from a step this UI received: one it never got is not a NaN
+            "loss": (fmt.loss(row.loss) if row.step_seen is not None else "-",
+                     "bold red" if row.step_seen is not None and not math.isfinite(row.loss) else ""),
             "tok_s": (fmt.count(row.tokens_per_s) if row.tokens_per_s else "-", ""),
             "mem": (mem, ""),
             "comm_mb_s": (fmt.num(row.comm_mb_s, 1) if math.isfinite(row.comm_mb_s) else "-", ""),

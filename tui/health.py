@@ -18,6 +18,8 @@ STALL_FLOOR_S = 10.0
 """No rank is called stalled sooner than this after its last step, however fast its steps are."""
 STALL_FACTOR = 5.0
 """…nor before this many of its recent median steps have passed."""
+FIRST_STEP_GRACE_S = 120.0
+"""Before a rank's first step (warm-up, compilation, a large model's first pass) it may take this long."""
 SLOWEST_SHOWN_PCT = 5.0
 """The slowest rank is named from this much above the median rank (as the alert below the charts)."""
 
@@ -27,7 +29,9 @@ class Stall:
     rank: int
     step: int
     seconds: float
-    """Since the rank's last step arrived (UI clock)."""
+    """Since the rank's last step arrived (UI clock), or since this UI first heard it."""
+    seen_a_step: bool = True
+    """False: this UI attached after the rank's last step and has seen none since."""
 
 
 def stalled_ranks(view: RunView, now: float) -> list[Stall]:
@@ -38,13 +42,16 @@ def stalled_ranks(view: RunView, now: float) -> list[Stall]:
         return []
     out = []
     for row in view.ranks.values():
-        if row.ended or row.dead or row.step_seen is None:
+        since = row.step_seen if row.step_seen is not None else row.heard_since
+        if row.ended or row.dead or since is None:
             continue
         recent = row.recent_step_ms()
         limit_s = max(STALL_FLOOR_S, STALL_FACTOR * recent / 1e3 if math.isfinite(recent) else 0.0)
-        waited = now - row.step_seen
+        if row.step <= view.facts.start_step:  # its first step of the run is not done yet
+            limit_s = max(limit_s, FIRST_STEP_GRACE_S)
+        waited = now - since
         if waited > limit_s:
-            out.append(Stall(row.rank, row.step, waited))
+            out.append(Stall(row.rank, row.step, waited, seen_a_step=row.step_seen is not None))
     return sorted(out, key=lambda s: (-s.seconds, s.rank))
 
 
@@ -59,7 +66,12 @@ def health_line(view: RunView, now: float) -> Text:
     if dead:
         problems.append(("bold red", f"✖ rank{'s' if len(dead) > 1 else ''} {_ranks(dead)} dead"))
     for stall in stalled_ranks(view, now)[:3]:
-        problems.append(("bold red", f"⏸ rank {stall.rank}: no step for {stall.seconds:.0f} s (last {stall.step})"))
+        last = f"last {stall.step}" if stall.step >= 0 else "none yet"
+        if stall.seen_a_step:
+            text = f"⏸ rank {stall.rank}: no step for {stall.seconds:.0f} s ({last})"
+        else:
+            text = f"⏸ rank {stall.rank}: no step in the {stall.seconds:.0f} s since this UI attached ({last})"
+        problems.append(("bold red", text))
     verdicts = view.active_verdicts
     if verdicts:
         where = f" (rank {verdicts[0].rank})" if verdicts[0].rank is not None else ""

@@ -247,6 +247,8 @@ class RankRow:
     """`now` of its Bye, or of its last message when it was found dead: which failure came first."""
     step_seen: float | None = None
     """`now` when its latest step arrived: heartbeats without steps are a stall (tui/health.py)."""
+    heard_since: float | None = None
+    """`now` of the first message this UI got from it (a UI attached to a hung run saw no step)."""
     bye_reason: str = ""
     bye_ok: bool = True
     slowest: bool = False
@@ -522,6 +524,8 @@ class RunView:
             self._add_event("info", row.rank, f"rank {row.rank} is sending again", msg.ts, kind="dead")
         self._track_seq(row, msg)
         row.last_seen = now
+        if row.heard_since is None:
+            row.heard_since = now
         row.last_ts = max(row.last_ts, msg.ts)
         row.silent_s = 0.0
         if isinstance(msg, Step):
@@ -822,6 +826,8 @@ class RunView:
         else:
             self._track_seq(row, msg)  # a Hello repeated in-stream; an old cached copy is ignored
         row.said_hello = True
+        if row.heard_since is None:
+            row.heard_since = now
         row.host = msg.host or row.host
         row.pid = msg.pid or row.pid
         row.local_rank = msg.local_rank
@@ -1086,6 +1092,9 @@ class RunView:
             while len(self.commands) > MAX_COMMANDS:
                 del self.commands[next(iter(self.commands))]
         state.cmd = state.cmd or msg.cmd
+        acked_args = msg.result.get("args") if msg.status == "ack" else None
+        if not state.args and isinstance(acked_args, dict):  # another client's command: its ack says what
+            state.args = dict(acked_args)
         if state.finished and msg.status == "ack":
             return  # the ack overtaken by its own result (two channels): the result stands
         state.status = msg.status
@@ -1156,7 +1165,7 @@ def describe_result(cmd: str, status: str, result: dict[str, Any], one_line: boo
     r = result if isinstance(result, dict) else {}
     if status == "ack":
         where = r.get("applies_at")
-        return f"applies at the {where}" if isinstance(where, str) and len(r) == 1 else _compact(r)
+        return f"applies at {where}" if isinstance(where, str) else _compact(r)
     seconds = _num(r, "seconds")
     took = f" in {seconds:.2f} s" if seconds is not None else ""
     if cmd == "checkpoint" and "path" in r:
