@@ -306,7 +306,7 @@ def test_reply_on_both_channels_is_shown_once_and_keeps_rank0_sequence():
     assert v.ranks[0].seq_lost == 0
     # another UI's command: seen on telemetry only
     v.apply(Reply(seq=5, ts=1004.0, rank=0, id="other", status="done", cmd="status", result={"step": 2}), now=2.0)
-    assert v.commands["other"].status == "done" and "step=2" in v.events[-1].text
+    assert v.commands["other"].status == "done" and "status [other] done: step 2" in v.events[-1].text
 
 
 def test_events_from_ranks_and_rejections():
@@ -570,3 +570,17 @@ def test_another_clients_command_is_named_from_its_ack_not_shown_as_internals():
     assert texts[0] == "switch → zero3 [feef7f0a5189] ack: applies at the step boundary after next"
     assert texts[1] == "switch → zero3 [feef7f0a5189] ack → done: ddp → zero3 at step 40 in 1.50 s"
     assert not any("?" in t.split("[")[0] or "dict[" in t for t in texts), texts
+
+
+def test_a_status_reply_reads_as_a_sentence_that_fits():
+    """Issue 13: `s` status was cut off at the checkpoint's path."""
+    from ringtop.tui.view_model import describe_result
+
+    result = {"run_id": "3f2a9c1e", "step": 41, "steps": 100, "strategy": "fsdp(full)", "world_size": 8,
+              "loss": 2.3125, "step_ms": 118.4,
+              "last_checkpoint": "/scratch/very/long/path/of/the/team/runs/a/checkpoints/step-00000040-full",
+              "refused_connections": 3}
+    text = describe_result("status", "done", result)
+    assert text == "step 41/100, fsdp(full) ×8, loss 2.312, 118.4 ms/step, last ckpt step-00000040-full, 3 refused"
+    assert len(text) < 100
+    assert describe_result("status", "done", {"step": 0, "last_checkpoint": ""}).endswith("no checkpoint yet")

@@ -1179,6 +1179,8 @@ def describe_result(cmd: str, status: str, result: dict[str, Any], one_line: boo
     if cmd == "switch" and ("from" in r or "to" in r):
         at = f" at step {r['step']}" if isinstance(r.get("step"), int) else ""
         return f"{r.get('from', '?')} → {r.get('to', '?')}{at}{took}"
+    if cmd == "status" and "step" in r:
+        return status_text(r)
     if cmd == "set" and "micro_batches" in r:
         after = f" after step {r['step']}" if isinstance(r.get("step"), int) else ""
         return f"micro-batches now {r['micro_batches']}{after}"
@@ -1209,6 +1211,29 @@ def describe_result(cmd: str, status: str, result: dict[str, Any], one_line: boo
 
 def _finite_or_0(x: float) -> float:
     return x if isinstance(x, (int, float)) and math.isfinite(x) else 0.0
+
+
+def status_text(r: dict[str, Any]) -> str:
+    """A `status` result in words, the checkpoint by its directory name (the whole path is in the
+    connection file's checkpoint_dir): nothing cut off at 100 columns."""
+    parts = []
+    steps = r.get("steps")
+    if isinstance(r.get("step"), int):
+        parts.append(f"step {r['step']}" + (f"/{steps}" if isinstance(steps, int) and steps > 0 else ""))
+    if r.get("strategy"):
+        ranks = f" ×{r['world_size']}" if isinstance(r.get("world_size"), int) else ""
+        parts.append(f"{r['strategy']}{ranks}")
+    loss, step_ms = _num(r, "loss"), _num(r, "step_ms")
+    if loss is not None:
+        parts.append(f"loss {fmt.loss(loss)}")
+    if step_ms is not None:
+        parts.append(f"{fmt.ms(step_ms)} ms/step")
+    last = r.get("last_checkpoint")
+    parts.append(f"last ckpt {str(last).rstrip('/').rsplit('/', 1)[-1]}" if last else "no checkpoint yet")
+    refused = r.get("refused_connections")
+    if isinstance(refused, int) and refused:
+        parts.append(f"{refused:,} refused")
+    return ", ".join(parts)
 
 
 def _compact(d: dict[str, Any], limit: int = 160) -> str:
