@@ -1,9 +1,9 @@
 """Binding rank 0's sockets: a second run on the node never collides with the first.
 
 An address the user gave binds there or fails with a message. A default one that another process
-holds moves to a free port on the same host (chosen below the kernel's ephemeral range, where
-outgoing connections do not take ports); the address actually bound is what the run writes into
-its connection file and Hello, and prints.
+holds moves to a free port on the same host (from `spare_port_range`, where outgoing connections
+do not take ports); the address actually bound is what the run writes into its connection file
+and Hello, and prints.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 
 import zmq
 
-from ringtop.protocol.endpoints import ephemeral_range, parse_tcp
+from ringtop.protocol.endpoints import spare_port_range, with_port
 
 
 class BindError(OSError):
@@ -29,14 +29,13 @@ def bind(sock: zmq.Socket, address: str, movable: bool, what: str, flag: str) ->
         if not movable or exc.errno != errno.EADDRINUSE:
             raise BindError(f"cannot bind the {what} socket {address}: {exc}. Is another ringtop run using "
                             f"it? Pick another with {flag}, or leave {flag} out to get a free port.") from exc
-    host, _ = parse_tcp(address)
-    low, _ = ephemeral_range()
-    base = f"tcp://[{host}]" if ":" in host else f"tcp://{host}"
+    low, high = spare_port_range()
+    base = with_port(address, 0).rsplit(":", 1)[0]  # tcp://HOST, IPv6 brackets kept
     try:
-        port = sock.bind_to_random_port(base, min_port=max(1024, low - 12000), max_port=low, max_tries=200)
+        port = sock.bind_to_random_port(base, min_port=low, max_port=high, max_tries=200)
     except zmq.ZMQError as exc:
         raise BindError(f"cannot bind the {what} socket: {address} is taken and no free port was found: {exc}") from exc
-    moved = f"{base}:{port}"
+    moved = with_port(address, port)
     print(f"ringtop [rank 0]: {address} is taken (another run?); the {what} socket is on {moved} "
           "(written to the run's connection file: `ringtop ls`)", file=sys.stderr, flush=True)
     return moved

@@ -76,14 +76,20 @@ def ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
-def free_tcp_port(host: str = DEFAULT_HOST) -> int:
-    """A port free right now, chosen below the kernel's ephemeral range: outgoing connections (gloo,
-    the rendezvous store) take ephemeral ports, and would otherwise grab a port picked here before
-    its owner binds it. A small race remains, as with any such pick."""
+def spare_port_range() -> tuple[int, int]:
+    """[low, high) for ports ringtop picks itself: just below the kernel's ephemeral range, because
+    outgoing connections (gloo, the rendezvous store) take ephemeral ports and would otherwise grab
+    a port picked here before its owner binds it."""
     low, _ = ephemeral_range()
+    return max(1024, low - 12000), low
+
+
+def free_tcp_port(host: str = DEFAULT_HOST) -> int:
+    """A port free right now, from spare_port_range. A small race remains, as with any such pick."""
+    low, high = spare_port_range()
     rng = random.SystemRandom()
     for _ in range(200):
-        port = rng.randrange(max(1024, low - 12000), low)
+        port = rng.randrange(low, high)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind((host, port))
