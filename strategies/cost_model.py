@@ -188,6 +188,13 @@ def sharding_of(strategy: str) -> Sharding:
     return _SHARDING[canonical_strategy(strategy)]
 
 
+def sharded_label(strategy: str) -> str:
+    """What `strategy` shards, for a table cell: `params+grads+optim`, or `-` for nothing."""
+    sh = sharding_of(strategy)
+    return "+".join(name for name, on in (("params", sh.params), ("grads", sh.grads), ("optim", sh.optimizer))
+                    if on) or "-"
+
+
 def shard_count(total: int, parts: int) -> int:
     """The largest of `parts` even shards of `total` items (ceil): padding makes shards equal."""
     if parts < 1:

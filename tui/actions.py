@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ringtop.strategies.cost_model import implementation_cost, sharding_of
+from ringtop.strategies.cost_model import implementation_cost, sharded_label
 
 from .memory import current_strategy
 from .view_model import RunView
@@ -67,9 +67,7 @@ def switch_rows(view: RunView) -> list[SwitchRow]:
     current = current_strategy(f)
     rows = []
     for t in SWITCH_TARGETS:
-        sh = sharding_of(t.key)
-        sharded = "+".join(name for name, on in (("params", sh.params), ("grads", sh.grads), ("optim", sh.optimizer))
-                           if on) or "-"
+        sharded = sharded_label(t.key)
         params = grads = optim = sent = None
         if f.param_count > 0 and n >= 1:
             cost = implementation_cost(t.key, n, f.param_count, f.dtype or "fp32", gloo=f.backend == "gloo")

@@ -20,7 +20,7 @@ from ringtop.strategies.cost_model import (
     canonical_strategy,
     implementation_cost,
     memory_per_rank,
-    sharding_of,
+    sharded_label,
 )
 
 from . import fmt
@@ -174,9 +174,7 @@ def fit_table(view: RunView, ui_host: str | None = None, ui_host_mem_bytes: int 
         cost = implementation_cost(strategy, n, spec.params, view.facts.dtype or "fp32", gloo=gloo)
         mem = cost.memory
         need = mem.total_bytes + allowance
-        sh = sharding_of(cost.strategy)
-        sharded = "+".join(name for name, on in (("params", sh.params), ("grads", sh.grads), ("optim", sh.optimizer))
-                           if on) or "-"
+        sharded = sharded_label(cost.strategy)
         rows.append(FitRow(
             strategy=cost.strategy, sharded=sharded, params_bytes=mem.params_bytes, grads_bytes=mem.grads_bytes,
             optimizer_bytes=mem.optimizer_bytes, state_bytes=mem.total_bytes, need_bytes=need,
