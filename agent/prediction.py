@@ -11,6 +11,7 @@ from ringtop.strategies.cost_model import (
     ModelSpec,
     canonical_strategy,
     comm_per_step,
+    implementation_cost,
     implementation_specs,
     memory_per_rank,
 )
@@ -24,9 +25,10 @@ def predict(strategy: str, fsdp_sharding: str, world_size: int, param_count: int
     """(prediction, optimizer bytes per parameter the model assumed)."""
     deepspeed = strategy.startswith("zero")
     canonical = canonical_strategy(strategy, fsdp_sharding)
-    spec, wire = implementation_specs(canonical, param_count, dtype)
+    spec, _ = implementation_specs(canonical, param_count, dtype)
     optimizer_bytes_per_param = spec.optimizer_bytes_per_param
-    memory = memory_per_rank(canonical, world_size, spec)
+    cost = implementation_cost(canonical, world_size, param_count, dtype, gloo=backend == "gloo")
+    memory, comm = cost.memory, cost.comm
     notes = []
     params_bytes, grads_bytes = memory.params_bytes, memory.grads_bytes
     if canonical == "zero1":
@@ -41,7 +43,6 @@ def predict(strategy: str, fsdp_sharding: str, world_size: int, param_count: int
     notes.append(f"optimizer includes {step_counters} bytes of AdamW step counters")
     if deepspeed:
         notes.append("DeepSpeed: optimizer = fp32 master partition + two moments (12 bytes/param / N)")
-    comm = comm_per_step(canonical, world_size, wire, gloo_reduce_scatter_as_all_reduce=backend == "gloo")
     prediction = Prediction(
         params_bytes=params_bytes,
         grads_bytes=grads_bytes,
