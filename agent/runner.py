@@ -707,7 +707,7 @@ class Runner:
         info = connection_file.ConnectionInfo(
             run_id=self.run_id, pid=os.getpid(), host=socket.gethostname(), publish=ep.publish, control=ep.control,
             relay=ep.relay, world_size=self.ctx.world_size, started_ts=time.time(), log_dir=self.cfg.log_dir or "",
-            checkpoint_dir=self.cfg.checkpoint_dir, keys=self.client_keys, insecure=self.cfg.insecure)
+            checkpoint_dir=self.cfg.checkpoint_dir, keys=self.client_keys)
         try:
             self._connection_path = connection_file.write(info)
         except (OSError, connection_file.ConnectionFileError) as exc:

@@ -62,9 +62,6 @@ def _client_target(args: argparse.Namespace, publish_flag: bool):
     except ConnectionFileError as exc:
         print(f"ringtop: {exc}", file=sys.stderr)
         return None
-    if info.keys is None and not info.insecure:
-        print(f"ringtop: run {info.run_id}'s connection file holds no keys", file=sys.stderr)
-        return None
     publish = (connect if publish_flag and connect else info.publish)
     return publish, (control or info.control), info.keys
 

@@ -44,7 +44,10 @@ class ConnectionInfo(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     checkpoint_dir: str = ""
     keys: ClientKeys | None = None
     """The run's client keys (protocol/curve.py); None only for a run started with --insecure."""
-    insecure: bool = False
+
+    @property
+    def insecure(self) -> bool:
+        return self.keys is None
 
 
 def runtime_dir() -> Path:
