@@ -124,12 +124,7 @@ class HandshakeWatch:
     def __init__(self, sock: zmq.Socket, has_keys: bool) -> None:
         self._monitor = sock.get_monitor_socket(HANDSHAKE_FAILURES | zmq.EVENT_HANDSHAKE_SUCCEEDED)
         self._has_keys = has_keys
-        self.succeeded = False
         self.failure = ""
-
-    @property
-    def socket(self) -> zmq.Socket:
-        return self._monitor
 
     def read(self) -> str:
         """The latest failure's reason since the last success ("" if none)."""
@@ -138,12 +133,10 @@ class HandshakeWatch:
         while True:
             try:
                 event = parse_monitor_message(self._monitor.recv_multipart(zmq.NOBLOCK))
-            except zmq.Again:
-                return self.failure
-            except (zmq.ZMQError, ValueError, KeyError):
+            except (zmq.ZMQError, ValueError, KeyError):  # zmq.Again: nothing new
                 return self.failure
             if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self.succeeded, self.failure = True, ""
+                self.failure = ""
             else:
                 self.failure = client_failure_reason(event["event"], event["value"], self._has_keys)
 
