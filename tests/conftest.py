@@ -69,27 +69,26 @@ class AgentRun:
         return [m for m in self.messages(rank) if isinstance(m, Step)]
 
     def wait_for_step(self, step: int, timeout_s: float = 60) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def reached() -> bool:
             if all(any(s.step >= step for s in self.steps(r)) for r in range(self.nproc)):
-                return
+                return True
             if self.proc.poll() is not None:
                 raise AssertionError(f"run exited ({self.proc.returncode}) before step {step}:\n"
                                      f"{self.output()[-3000:]}")
-            time.sleep(0.1)
-        raise AssertionError(f"no step {step} within {timeout_s}s:\n{self.output()[-3000:]}")
+            return False
+        poll_until(reached, timeout_s, f"step {step}", interval_s=0.1, detail=lambda: self.output()[-3000:])
 
 
-def poll_until(condition, timeout_s: float, what: str, interval_s: float = 0.05):
+def poll_until(condition, timeout_s: float, what: str, interval_s: float = 0.05, detail=None):
     """Wait for a state, not for a time: `condition()` until it is truthy (returned) or
-    `timeout_s` passes (AssertionError naming `what`)."""
+    `timeout_s` passes (AssertionError naming `what`, then `detail()` if given: e.g. a run's output)."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = condition()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout_s:g} s")
+            raise AssertionError(f"{what}: not within {timeout_s:g} s" + (f":\n{detail()}" if detail else ""))
         time.sleep(interval_s)
 
 
