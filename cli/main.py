@@ -235,9 +235,10 @@ def _run_with_ui(nproc: int, agent_args: list[str], log_dir: Path) -> int:
         return 130
     if info is None:
         code = wait_ranks(proc)
-        tail = output.read_text(errors="replace").splitlines()[-15:] if output.exists() else []
-        print("ringtop: the ranks ended before rank 0 was up:\n  " + "\n  ".join(tail), file=sys.stderr)
-        _report_failure(code, str(log_dir), _tail_of(output))
+        launcher_output = _tail_of(output)
+        print("ringtop: the ranks ended before rank 0 was up:\n  " + "\n  ".join(launcher_output.splitlines()[-15:]),
+              file=sys.stderr)
+        _report_failure(code, str(log_dir), launcher_output)
         return code or 1
     run_live(info.publish, info.control, keys=info.keys)
     if proc.poll() is None:
