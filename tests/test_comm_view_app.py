@@ -157,7 +157,7 @@ async def test_overview_idle_column_and_busbw_line_with_a_configured_peak():
         await wait_until(pilot, lambda: app.query_one("#ranks").row_count == 4, what="four rows")
         def _shown_7():
             labels = column_labels(app, "#ranks")
-            assert labels["idle_pct"] == "idle%" and "comm_pct" not in labels
+            assert labels["idle_pct"] == "idle %" and "comm_pct" not in labels
             assert cell(app, 0, "idle_pct") == "8.0"  # (data 5 + exposed 3) / 100 ms
         await eventually(pilot, _shown_7)
         # busbw 2.5 GB/s of the configured 25 GB/s = 10 %; exposed 3 % of the step

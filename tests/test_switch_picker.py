@@ -17,7 +17,8 @@ from ui_waits import eventually, repainted
 
 from ringtop.protocol import Reply, decode, encode, free_tcp_port
 from ringtop.tui.actions import SWITCH_TARGETS, parse_micro_batches
-from ringtop.tui.app import COMMAND_ACTIONS, RingtopApp
+from ringtop.tui.app import RingtopApp
+from ringtop.tui.run_commands import COMMAND_ACTIONS
 from ringtop.tui.screens import MicroBatchesPrompt, SwitchPicker
 
 pytestmark = pytest.mark.timeout(60)

@@ -555,17 +555,26 @@ async def test_memory_tab_on_cpu_without_a_prediction(tmp_path):
         assert "capacity unknown" in static_text(app, "#fit-caption")
 
 
-def test_rank_table_fits_120_columns_with_every_collective_kind():
-    from ringtop.tui.app import TABLE_WIDTH, mb_compact, overview_columns
+def test_rank_table_drops_columns_by_priority_to_fit_the_terminal():
+    from ringtop.tui.overview_tab import NOTE_MIN_WIDTH, mb_compact, overview_columns
 
-    assert TABLE_WIDTH <= 120
     width = lambda cols: sum(c.width + 2 for c in cols)  # noqa: E731  (one padding cell each side)
-    assert width(overview_columns([])) <= TABLE_WIDTH
-    two = overview_columns(["reduce_scatter", "all_gather"], len("12.5/25.0"))
-    assert [c.label for c in two if c.key == "comm_kinds"] == ["RS/AG MB/s"] and width(two) <= TABLE_WIDTH
-    # all four kinds (a real DeepSpeed ZeRO-3 step on gloo): the unit moves out of the label
-    four = overview_columns(["all_reduce", "reduce_scatter", "all_gather", "broadcast"], len("0/7.3/7.3/-"))
-    assert [c.label for c in four if c.key == "comm_kinds"] == ["AR/RS/AG/BC"] and width(four) <= TABLE_WIDTH
+    keys = lambda cols: [c.key for c in cols]  # noqa: E731
+    # all four kinds (a real DeepSpeed ZeRO-3 step on gloo)
+    four = ["all_reduce", "reduce_scatter", "all_gather", "broadcast"]
+    wide = overview_columns(four, len("0/7.3/7.3/-"), 158)
+    assert {"host", "cpu", "comm_kinds", "breakdown", "drops", "tok_s"} <= set(keys(wide)) and width(wide) <= 158
+    assert [c.label for c in wide if c.key == "comm_kinds"] == ["AR/RS/AG/BC MB/s"]
+    for table_width in (96, 118, 158):
+        cols = overview_columns(four, len("0/7.3/7.3/-"), table_width)
+        assert width(cols) <= table_width, table_width
+        assert keys(cols)[:1] == ["rank"] and keys(cols)[-1] == "note"
+        assert {"step_ms", "idle_pct", "step", "loss", "mem"} <= set(keys(cols))
+        assert cols[-1].width >= NOTE_MIN_WIDTH
+    narrow = keys(overview_columns(four, len("0/7.3/7.3/-"), 96))
+    assert "cpu" not in narrow and "host" not in narrow and "comm_kinds" not in narrow
+    # the order of the kept columns is the table's own
+    assert narrow == [k for k in keys(wide) if k in narrow]
     assert [mb_compact(x) for x in (0.001, 0.05, 7.25, 12.5, 1234.4, 12_345.0)] == \
         ["0", "0.05", "7.2", "12.5", "1234", "12k"]
 

@@ -218,7 +218,7 @@ def overview_comm_label(w: CommWindow, ref: PeakRef) -> Text:
     if ref.known:
         t.append(f" of {gbps(ref.gbps)} ({pct(ref.pct(w.busbw_gbps))}%)")
     else:
-        t.append("  peak ?", style="dim")
+        t.append("  link peak unknown (run with --link)", style="dim")
     if not w.empty:
         t.append(f"  exposed comm {pct(w.exposed_pct)}%")
     return t

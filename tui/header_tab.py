@@ -1,0 +1,116 @@
+"""The header's words: the run's facts on the left, operations in flight and the connection state
+on the right (pure functions of the view model)."""
+
+from __future__ import annotations
+
+import time
+
+from rich.text import Text
+
+from . import fmt
+from .view_model import RunView
+from .widgets.header import HeaderModel
+
+STATE_STYLE = {
+    "live": ("● live", "bold green"),
+    "waiting": ("○ waiting", "dim"),
+    "stale": ("◌ stale", "bold yellow"),
+    "ended": ("■ ended", "bold"),
+    "failed": ("✖ failed", "bold red"),
+}
+PHASE_STYLE = {"pending": ("…", "yellow"), "running": ("◐", "bold yellow"), "done": ("✓", "green"),
+               "failed": ("✖", "bold red")}
+
+
+def facts_text(v: RunView, *, replay: bool, source: str, refused: str = "", width: int = 0) -> Text:
+    """`ringtop ─ run 1a2b3c4d  tiny-gpt 10M params  zero3 ×2 (…)  step 120/2,000  …`; before the
+    first message, what the UI waits for (or why the run refuses it). Given a `width`, the facts
+    that do not fit are left out whole, the least useful first, rather than cut mid-word."""
+    f = v.facts
+    head = Text(no_wrap=True, overflow="ellipsis")
+    head.append("ringtop", style="bold")
+    head.append(" ─ ", style="dim")
+    if not replay and not v.ranks and not f.run_id:
+        if refused:
+            head.append(f"{source} refuses this UI: {refused}", style="bold red")
+        else:
+            head.append(f"waiting for telemetry on {source}", style="dim")
+        return head
+    head.append(f"run {f.run_id[:8] or '?'}", style="bold")
+    items: list[tuple[int, Text]] = []  # (priority: lower stays longer, the words)
+
+    def item(priority: int, *parts: tuple[str, str]) -> None:
+        items.append((priority, Text.assemble(*parts)))
+
+    if f.model:
+        item(3, (f"  {f.model}", ""), (f" {fmt.count(f.param_count)} params" if f.param_count else "", ""))
+    if f.strategy:
+        item(0, (f"  {f.strategy_name}", "bold magenta"), (f" ×{f.world_size}" if f.world_size else "", ""))
+        item(4, (f" ({f.sharding_text})", "magenta"))
+        if f.dtype and f.dtype.lower() not in ("fp32", "float32"):
+            item(1, (f" {f.dtype}", "bold"))
+    elif f.world_size:
+        item(0, (f"  ×{f.world_size}", ""))
+    step = v.latest_step
+    item(0, ("  step ", ""), (f"{step:,}" if step >= 0 else "-", "bold"), (f"/{f.steps:,}" if f.steps else "", "dim"))
+    if v.tokens_per_s:
+        item(5, (f"  {fmt.count(v.tokens_per_s)} tok/s", ""))
+    if v.total_drops:
+        item(1, (f"  drops {v.total_drops:,}", "yellow"))
+    if v.rejected_total:
+        item(1, (f"  rejected {v.rejected_total:,}", "yellow"))
+    if f.backend:
+        # the device type: rank 0's index says little
+        device = f"/{f.device.split(':')[0]}" if f.device and f.device != f.backend else ""
+        item(6, (f"  {f.backend}", ""), (device, "dim"))
+    kept = list(items)
+    if width > 0:
+        while kept and head.cell_len + sum(t.cell_len for _, t in kept) > width:
+            kept.remove(max(kept, key=lambda pt: (pt[0], items.index(pt))))
+    for _, t in kept:
+        head.append_text(t)
+    return head
+
+
+def operations_text(v: RunView, *, replay: bool) -> Text:
+    """The header's one line about operations in flight: `◐ checkpoint sharded async: running 3s`."""
+    t = Text(no_wrap=True)
+    if replay or v.is_ended:
+        return t  # a log's unanswered command is not in flight now
+    active = v.active_commands()
+    if not active:
+        return t
+    c = active[-1]
+    mark, style = PHASE_STYLE.get(c.phase, ("…", "yellow"))
+    t.append(f"{mark} {c.title}: {c.phase}", style=style)
+    if c.sent_ts:
+        t.append(f" {fmt.ago(max(0.0, time.time() - c.sent_ts))}", style="dim")
+    if len(active) > 1:
+        t.append(f" +{len(active) - 1} more", style="dim")
+    t.append("  ")
+    return t
+
+
+def connection_text(v: RunView, *, replay: bool, replay_pct: float | None = None) -> Text:
+    """`● live`, `◌ stale`, `✖ failed: …`; in a replay `▶ replay` (with its progress while loading)."""
+    t = Text(no_wrap=True)
+    t.append_text(operations_text(v, replay=replay))
+    if replay:
+        label = "▶ replay" if replay_pct is None else f"▶ replay {replay_pct:.0f}%"
+        t.append(label, style="bold cyan")
+        if v.is_ended:
+            t.append(" ■ ended", style="bold")
+    else:
+        label, style = STATE_STYLE.get(v.state, (v.state, ""))
+        t.append(label, style=style)
+        if v.state == "failed":
+            t.append(f": {v.failure}", style="red")
+    return t
+
+
+def header_model(v: RunView, *, replay: bool, source: str, refused: str = "", replay_pct: float | None = None,
+                 width: int = 0) -> HeaderModel:
+    """`width`: the header's cells (0: unknown); the connection state on the right always fits."""
+    conn = connection_text(v, replay=replay, replay_pct=replay_pct)
+    facts_width = max(0, width - conn.cell_len - 4) if width else 0  # two padding cells each side
+    return HeaderModel(facts_text(v, replay=replay, source=source, refused=refused, width=facts_width), conn)

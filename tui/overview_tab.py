@@ -1,0 +1,236 @@
+"""What the Overview shows, as an immutable `OverviewModel` built from the view model: the rank
+table's columns and cells, the charts' series and labels, the alert lines. No Textual widgets here
+(widgets/overview.py draws the model); the same functions serve tests and screenshots."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rich.text import Text
+
+from . import fmt
+from .comm_tab import alert_verdict_line
+from .health import SLOWEST_SHOWN_PCT
+from .tables import Column
+from .view_model import COMM_KIND_ABBR, RankRow, RunView
+from .widgets.overview import ChartModel
+
+SLOWEST_MARK_PCT = 3.0
+"""The slowest rank is marked in the table only when it is this much slower than the median rank:
+ranks in lockstep differ by a percent or so, and marking that would only flicker."""
+LEVEL_STYLE = {"info": "cyan", "warn": "bold yellow", "error": "bold red"}
+
+BREAKDOWN_WIDTH = 10
+BREAKDOWN_PARTS = (("data_ms", "data", "cyan"), ("forward_ms", "fwd", "green"), ("backward_ms", "bwd", "blue"),
+                   ("optimizer_ms", "opt", "magenta"), ("comm_blocked_ms", "exposed comm", "red"))
+"""A step's parts in the order they happen; what is left of the step is drawn as `other`."""
+
+
+@dataclass(frozen=True)
+class RankColumn:
+    key: str
+    label: str
+    width: int
+    priority: int
+    """Lower stays longer: on a narrow terminal the highest numbers are dropped first."""
+    numeric: bool = True
+
+
+# Widths fixed so in-place updates never reflow the table. The per-kind communication column
+# ("comm_kinds") goes after "comm_mb_s" once the run's collectives are known; "note" takes the
+# width that is left (at least NOTE_MIN_WIDTH), so its text is not cut while there is room.
+RANK_COLUMNS: tuple[RankColumn, ...] = (
+    RankColumn("rank", "rank", 4, 0),
+    RankColumn("host", "host", 8, 12, numeric=False),
+    RankColumn("step", "step", 6, 2),
+    RankColumn("step_ms", "step ms", 8, 0),
+    RankColumn("loss", "loss", 6, 3),
+    RankColumn("breakdown", "step parts", BREAKDOWN_WIDTH, 8, numeric=False),
+    RankColumn("tok_s", "tok/s", 6, 10),
+    RankColumn("mem", "mem", 9, 4),
+    RankColumn("comm_mb_s", "comm MB/s", 9, 5),
+    RankColumn("comm_kinds", "", 0, 9),
+    RankColumn("idle_pct", "idle %", 6, 1),
+    RankColumn("cpu", "cpu %", 5, 11),
+    RankColumn("drops", "drops", 5, 6),
+    RankColumn("note", "note", 0, 0, numeric=False),
+)
+NOTE_MIN_WIDTH = 16
+NOTE_MAX_WIDTH = 40
+DEFAULT_TABLE_WIDTH = 118
+"""Before the widget has a size: a 120-column terminal."""
+
+
+def kind_abbr(kind: str) -> str:
+    """AR, RS, AG, BC for the common collectives; initials of the words otherwise."""
+    return COMM_KIND_ABBR.get(kind) or "".join(w[:1] for w in kind.split("_")).upper() or "?"
+
+
+def mb_compact(x: float) -> str:
+    """MB/s in at most 4 characters: 0 (under 0.005), 0.05, 12.5, 1234, 12k."""
+    if not math.isfinite(x):
+        return "-"
+    if x < 0.005:
+        return "0"
+    if x < 10:
+        return f"{x:.2f}" if x < 1 else f"{x:.1f}"
+    if x < 100:
+        return f"{x:.1f}"
+    if x < 10_000:
+        return f"{x:.0f}"
+    return f"{x / 1000:.0f}k"
+
+
+def overview_columns(kinds: list[str], kinds_cell_width: int = 0, table_width: int = DEFAULT_TABLE_WIDTH,
+                     breakdown: bool = True) -> list[Column]:
+    """The rank table's columns for a table `table_width` cells wide (each column costs its width
+    plus 2 of padding): the lowest-priority columns are dropped until the rest fit, the note takes
+    what is left. With collective kinds, one more after "comm MB/s": per kind MB/s, e.g.
+    "RS/AG MB/s" holding "12.5/25.0", as wide as its widest cell so far."""
+    kinds_label = "/".join(kind_abbr(k) for k in kinds) + " MB/s" if kinds else ""
+    wanted = []
+    for c in RANK_COLUMNS:
+        if c.key == "comm_kinds":
+            if not kinds:
+                continue
+            c = RankColumn(c.key, kinds_label, max(len(kinds_label), kinds_cell_width), c.priority)
+        if c.key == "breakdown" and not breakdown:
+            continue
+        wanted.append(c)
+
+    def used(cols: list[RankColumn]) -> int:
+        return sum((c.width or NOTE_MIN_WIDTH) + 2 for c in cols)
+
+    while used(wanted) > table_width:
+        droppable = [c for c in wanted if c.priority > 0]
+        if not droppable:
+            break
+        worst = max(droppable, key=lambda c: (c.priority, wanted.index(c)))
+        wanted.remove(worst)
+    spare = max(0, table_width - used(wanted))
+    out = []
+    for c in wanted:
+        width = c.width or min(NOTE_MAX_WIDTH, NOTE_MIN_WIDTH + spare)
+        out.append(Column(c.key, c.label, width, c.numeric))
+    return out
+
+
+def breakdown_bar(row: RankRow, width: int = BREAKDOWN_WIDTH) -> Text:
+    """The latest step of a rank as one bar: data, forward, backward, optimizer, exposed comm, the
+    rest (`other`, dim) — each part's share of the step in cells, rounded so the parts sum to `width`."""
+    t = Text(no_wrap=True)
+    step_ms = row.step_ms
+    if row.step < 0 or not math.isfinite(step_ms) or step_ms <= 0:
+        return Text("-")
+    parts = [(max(0.0, float(getattr(row, key))), style) for key, _, style in BREAKDOWN_PARTS]
+    known = sum(ms for ms, _ in parts)
+    parts.append((max(0.0, step_ms - known), "dim"))
+    total = max(step_ms, known)
+    edges, acc = [], 0.0
+    for ms_part, _ in parts:
+        acc += ms_part
+        edges.append(round(width * acc / total))
+    start = 0
+    for (_, style), end in zip(parts, edges):
+        if end > start:
+            t.append(("░" if style == "dim" else "█") * (end - start), style=style)
+        start = end
+    return t
+
+
+def breakdown_legend() -> Text:
+    t = Text("step: ", style="dim", no_wrap=True, overflow="ellipsis")
+    for _, label, style in BREAKDOWN_PARTS:
+        t.append("█", style=style)
+        t.append(f" {label}  ", style="dim")
+    t.append("░ other (the rest of the step)", style="dim")
+    return t
+
+
+def row_cells(view: RunView, row: RankRow, replay: bool) -> dict[str, Text]:
+    excess = view.slowest_excess_pct
+    slow = row.slowest and math.isfinite(excess) and excess >= SLOWEST_MARK_PCT
+    dim = "dim" if row.ended else ""
+    mem = fmt.nbytes(row.mem_bytes) if row.mem_bytes else "-"
+    if row.mem_is_cuda and row.device_mem_total_bytes:
+        mem = f"{row.mem_cuda_bytes / 2**30:.1f}/{row.device_mem_total_bytes / 2**30:.0f}G"
+    note, note_style = "", ""
+    if row.dead:
+        note, note_style = f"dead: silent {fmt.ago(row.silent_s)}", "bold red"
+    elif row.ended:
+        note, note_style = f"ended: {row.bye_reason}", ("" if row.bye_ok else "red")
+    elif not replay and row.silent_s > view.stale_after_s:
+        note, note_style = f"silent {fmt.ago(row.silent_s)}", "yellow"
+    elif slow:
+        note, note_style = f"slowest +{excess:.0f}%", "bold yellow"
+    cells = {
+        "rank": (str(row.rank), "bold"),
+        "host": (row.host or "?", ""),
+        "step": (f"{row.step:,}" if row.step >= 0 else "-", ""),
+        "step_ms": (fmt.ms(row.step_ms) + (" ▲" if slow else ""), "bold yellow" if slow else ""),
+        # a loss only from a step this UI received: one it never got is not a NaN
+        "loss": (fmt.loss(row.loss) if row.step_seen is not None else "-",
+                 "bold red" if row.step_seen is not None and not math.isfinite(row.loss) else ""),
+        "tok_s": (fmt.count(row.tokens_per_s) if row.tokens_per_s else "-", ""),
+        "mem": (mem, ""),
+        "comm_mb_s": (fmt.num(row.comm_mb_s, 1) if math.isfinite(row.comm_mb_s) else "-", ""),
+        "comm_kinds": ("/".join(mb_compact(row.comm_kind_mb_s[k]) if k in row.comm_kind_mb_s else "-"
+                                for k in view.comm_kinds) if row.step >= 0 else "-", ""),
+        "idle_pct": (fmt.num(row.idle_pct, 1), ""),
+        "cpu": (fmt.num(row.cpu_percent, 0), ""),
+        "drops": (f"{row.drops:,}", "yellow" if row.drops else ""),
+        "note": (note, note_style),
+    }
+    out = {key: Text(text, style=" ".join(s for s in (style, dim) if s)) for key, (text, style) in cells.items()}
+    out["breakdown"] = breakdown_bar(row)
+    return out
+
+
+MIN_CHART_POINTS = 2
+"""Fewer points than this draw no chart: one point says nothing about a trend."""
+
+
+def chart_model(name: str, unit: str, data: list[float], steps: tuple[int, int] | None, f) -> ChartModel:
+    """`step time (max of ranks), ms   now 110.2   steps 1,200–1,440`, and the axis' max/min."""
+    finite = [x for x in data if math.isfinite(x)]
+    t = Text(no_wrap=True, overflow="ellipsis")
+    t.append(name, style="bold")
+    t.append(f", {unit}" if unit else "", style="bold")
+    if len(finite) < MIN_CHART_POINTS:
+        t.append("   waiting for steps" if not finite else f"   now {f(finite[-1])}, waiting for more steps",
+                 style="dim")
+        return ChartModel(t, ())
+    t.append(f"   now {f(finite[-1])}")
+    t.append(f"   min {f(min(finite))}  max {f(max(finite))}", style="dim")
+    if steps is not None:
+        t.append(f"   steps {steps[0]:,}–{steps[1]:,}", style="dim")
+    return ChartModel(t, tuple(finite), top=f(max(finite)), bottom=f(min(finite)))
+
+
+def alert_text(view: RunView) -> Text:
+    """Below the charts: the verdict line, the slowest rank with its numbers, the latest warning."""
+    t = Text(no_wrap=True, overflow="ellipsis")
+    verdict = alert_verdict_line(view)
+    if verdict is not None:
+        t.append_text(verdict)
+    excess = view.slowest_excess_pct
+    if view.slowest_rank is not None and math.isfinite(excess) and excess >= SLOWEST_SHOWN_PCT:
+        row = view.ranks[view.slowest_rank]
+        if t.plain:
+            t.append("\n")
+        t.append("▲ ", style="bold yellow")
+        t.append(f"rank {row.rank} slowest: {fmt.ms(row.recent_step_ms())} ms/step over the last "
+                 f"{min(len(row.step_ms_history), 20)} steps, +{excess:.0f}% vs the median rank")
+        stat = row.step_ms_stat
+        if stat.count:
+            t.append(f"   run mean {fmt.ms(stat.mean)} ms, min {fmt.ms(stat.min)}, max {fmt.ms(stat.max)}",
+                     style="dim")
+    w = view.last_warning
+    if w is not None:
+        if t.plain:
+            t.append("\n")
+        t.append("⚠ " if w.level == "warn" else "✖ ", style=LEVEL_STYLE.get(w.level, ""))
+        who = f"rank {w.rank}: " if w.rank is not None else ""
+        t.append(f"{fmt.clock(w.ts)} {who}{w.text}")
+    return t

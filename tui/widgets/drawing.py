@@ -1,0 +1,48 @@
+"""What every panel does to draw a model: touch a widget only when its part of the model changed
+(an update costs a layout pass, a table rebuild more)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.widgets import DataTable, Static
+
+from ..tables import Column, SyncedTable, cell_signature
+
+
+def text_signature(t: Text | None) -> tuple | None:
+    """Text's own == ignores its base style; a style-only change must redraw too."""
+    return None if t is None else cell_signature(t)
+
+
+class Drawn:
+    """Remembers what each child was last given, per key."""
+
+    def __init__(self) -> None:
+        self._shown: dict[str, Any] = {}
+        self._tables: dict[str, SyncedTable] = {}
+
+    def text(self, widget: Static, text: Text) -> None:
+        key = widget.id or str(id(widget))
+        sig = text_signature(text)
+        if self._shown.get(key) != sig:
+            self._shown[key] = sig
+            widget.update(text)
+
+    def table(self, widget: DataTable, columns: tuple[Column, ...] | list[Column] | None,
+              rows: tuple | list) -> None:
+        key = widget.id or str(id(widget))
+        synced = self._tables.get(key)
+        if synced is None:
+            synced = self._tables[key] = SyncedTable(widget)
+        if columns is not None:
+            synced.set_columns(list(columns))
+        synced.set_rows(list(rows))
+
+    def changed(self, key: str, value: Any) -> bool:
+        """True (and remembered) when `value` differs from the last one given for `key`."""
+        if self._shown.get(key) == value:
+            return False
+        self._shown[key] = value
+        return True

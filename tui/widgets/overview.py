@@ -1,0 +1,115 @@
+"""The Overview: the health line, one row per rank, the step-part legend, three charts, alerts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.widgets import DataTable, Sparkline, Static
+
+from ..tables import Column
+from .drawing import Drawn
+
+
+@dataclass(frozen=True)
+class ChartModel:
+    """One chart: its series (one point per step, oldest first) and the words around it."""
+
+    title: Text
+    data: tuple[float, ...]
+    top: str = ""
+    """The y-axis label at the top (the series' max) and at the bottom (its min), with the unit."""
+    bottom: str = ""
+
+
+class Chart(Vertical):
+    """A titled sparkline with its y-axis' max and min beside it. One column per step: a series
+    shorter than the width is drawn at its own length (stretched, three steps look like plateaus)."""
+
+    DEFAULT_CSS = """
+    Chart { height: 1fr; min-height: 3; margin: 0 1; }
+    Chart .chart-title { height: 1; text-wrap: nowrap; text-overflow: ellipsis; }
+    Chart Horizontal { height: 1fr; }
+    Chart .chart-axis { width: 9; height: 1fr; }
+    Chart .axis-top { height: 1fr; text-align: right; padding: 0 1 0 0; color: $text-muted; }
+    Chart .axis-bottom { height: 1; text-align: right; padding: 0 1 0 0; color: $text-muted; }
+    Chart Sparkline { width: 1fr; height: 1fr; }
+    """
+
+    def __init__(self, name: str) -> None:
+        super().__init__(id=f"{name}-chart")
+        self._name = name
+        self._drawn = Drawn()
+        self._data: tuple[float, ...] | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Static(id=f"{self._name}-label", classes="chart-title")
+        with Horizontal():
+            with Vertical(classes="chart-axis"):
+                yield Static(classes="axis-top")
+                yield Static(classes="axis-bottom")
+            yield Sparkline([], id=f"{self._name}-spark")
+
+    def show(self, model: ChartModel) -> None:
+        self._drawn.text(self.query_one(".chart-title", Static), model.title)
+        self._drawn.text(self.query_one(".axis-top", Static), Text(model.top))
+        self._drawn.text(self.query_one(".axis-bottom", Static), Text(model.bottom))
+        spark = self.query_one(Sparkline)
+        room = max(1, self.content_size.width - 9)
+        width = f"{len(model.data)}" if len(model.data) < room else "1fr"
+        if spark.styles.width is None or str(spark.styles.width) != width:
+            spark.styles.width = width
+        if model.data != self._data:
+            self._data = model.data
+            spark.data = list(model.data)
+
+
+@dataclass(frozen=True)
+class OverviewModel:
+    health: Text
+    columns: tuple[Column, ...]
+    rows: tuple
+    legend: Text
+    charts: tuple[ChartModel, ...]
+    alert: Text
+
+
+class OverviewPanel(Vertical):
+    DEFAULT_CSS = """
+    OverviewPanel { height: 1fr; }
+    OverviewPanel #health { height: 1; margin: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
+    OverviewPanel #ranks { height: auto; max-height: 60%; }
+    OverviewPanel #parts-legend { height: 1; margin: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
+    OverviewPanel #alert { height: auto; max-height: 3; margin: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
+    """
+
+    def __init__(self) -> None:
+        super().__init__(id="overview-body")
+        self._drawn = Drawn()
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="health")
+        yield DataTable(id="ranks", cursor_type="none", zebra_stripes=True)
+        yield Static(id="parts-legend")
+        yield Chart("step")
+        yield Chart("loss")
+        yield Chart("busbw")
+        yield Static(id="alert")
+
+    @property
+    def table_width(self) -> int:
+        """Cells the rank table may use (its scrollbar aside); 0 before the first layout."""
+        return max(0, self.content_size.width - 2)
+
+    def show(self, model: OverviewModel) -> None:
+        d = self._drawn
+        d.text(self.query_one("#health", Static), model.health)
+        d.table(self.query_one("#ranks", DataTable), model.columns, model.rows)
+        legend = self.query_one("#parts-legend", Static)
+        legend.display = bool(model.legend.plain)
+        d.text(legend, model.legend)
+        for chart, chart_model in zip(self.query(Chart), model.charts):
+            chart.show(chart_model)
+        d.text(self.query_one("#alert", Static), model.alert)
