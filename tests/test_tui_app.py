@@ -556,7 +556,8 @@ async def test_memory_tab_on_cpu_without_a_prediction(tmp_path):
 
 
 def test_rank_table_fits_120_columns_with_every_collective_kind():
-    from ringtop.tui.app import TABLE_WIDTH, mb_compact, overview_columns
+    from ringtop.metrics.fmt import mb_compact
+    from ringtop.tui.app import TABLE_WIDTH, overview_columns
 
     assert TABLE_WIDTH <= 120
     width = lambda cols: sum(c.width + 2 for c in cols)  # noqa: E731  (one padding cell each side)

@@ -24,9 +24,10 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.message import Message
 from textual.widgets import DataTable, Footer, RichLog, Sparkline, Static, TabbedContent, TabPane
 
+from ringtop.metrics import fmt
+from ringtop.metrics.outliers import NAMED, TABLE_MARK
 from ringtop.protocol.curve import ClientKeys
 
-from . import fmt
 from .actions import switch_rows
 from .comm import busbw_series, comm_window, peak_ref, slowest_rank
 from .comm_tab import (
@@ -62,12 +63,9 @@ from .pipeline_tab import (
 from .replay import ReplayError, load_replay
 from .screens import MicroBatchesPrompt, SwitchPicker
 from .tables import Column, SyncedTable
-from .view_model import COMM_KIND_ABBR, CommandState, RankRow, RunView, describe_result
+from .view_model import COMM_KIND_ABBR, SLOWEST_WINDOW, CommandState, RankRow, RunView, describe_result
 
 REFRESH_S = 0.25
-SLOWEST_MARK_PCT = 3.0
-"""The slowest rank is marked in the table only when it is this much slower than the median rank:
-ranks in lockstep differ by a percent or so, and marking that would only flicker."""
 REPLAY_CHUNK = 5_000
 
 STATE_STYLE = {
@@ -115,21 +113,6 @@ NOTE_MIN_WIDTH = 10
 def kind_abbr(kind: str) -> str:
     """AR, RS, AG, BC for the common collectives; initials of the words otherwise."""
     return COMM_KIND_ABBR.get(kind) or "".join(w[:1] for w in kind.split("_")).upper() or "?"
-
-
-def mb_compact(x: float) -> str:
-    """MB/s in at most 4 characters: 0 (under 0.005), 0.05, 12.5, 1234, 12k."""
-    if not math.isfinite(x):
-        return "-"
-    if x < 0.005:
-        return "0"
-    if x < 10:
-        return f"{x:.2f}" if x < 1 else f"{x:.1f}"
-    if x < 100:
-        return f"{x:.1f}"
-    if x < 10_000:
-        return f"{x:.0f}"
-    return f"{x / 1000:.0f}k"
 
 
 def overview_columns(kinds: list[str], kinds_cell_width: int = 0) -> list[Column]:
@@ -632,7 +615,7 @@ class RingtopApp(App):
     def _row_cells(self, row: RankRow) -> dict[str, Text]:
         v = self.view
         excess = v.slowest_excess_pct
-        slow = row.slowest and math.isfinite(excess) and excess >= SLOWEST_MARK_PCT
+        slow = row.slowest and math.isfinite(excess) and excess >= TABLE_MARK.min_excess_pct
         dim = "dim" if row.ended else ""
         mem = fmt.nbytes(row.mem_bytes) if row.mem_bytes else "-"
         if row.mem_is_cuda and row.device_mem_total_bytes:
@@ -657,7 +640,7 @@ class RingtopApp(App):
             "tok_s": (fmt.count(row.tokens_per_s) if row.tokens_per_s else "-", ""),
             "mem": (mem, ""),
             "comm_mb_s": (fmt.num(row.comm_mb_s, 1) if math.isfinite(row.comm_mb_s) else "-", ""),
-            "comm_kinds": ("/".join(mb_compact(row.comm_kind_mb_s[k]) if k in row.comm_kind_mb_s else "-"
+            "comm_kinds": ("/".join(fmt.mb_compact(row.comm_kind_mb_s[k]) if k in row.comm_kind_mb_s else "-"
                                     for k in v.comm_kinds) if row.step >= 0 else "-", ""),
             "idle_pct": (fmt.num(row.idle_pct, 1), ""),
             "cpu": (fmt.num(row.cpu_percent, 0), ""),
@@ -757,13 +740,15 @@ class RingtopApp(App):
         verdict = alert_verdict_line(v)
         if verdict is not None:
             t.append_text(verdict)
-        if v.slowest_rank is not None and math.isfinite(v.slowest_excess_pct) and v.slowest_excess_pct >= 5:
+        if v.slowest_rank is not None and math.isfinite(v.slowest_excess_pct) \
+                and v.slowest_excess_pct >= NAMED.min_excess_pct:
             row = v.ranks[v.slowest_rank]
             if t.plain:
                 t.append("\n")
             t.append("▲ ", style="bold yellow")
             t.append(f"rank {row.rank} slowest: {fmt.ms(row.recent_step_ms())} ms/step over the last "
-                     f"{min(len(row.step_ms_history), 20)} steps, +{v.slowest_excess_pct:.0f}% vs the median rank")
+                     f"{min(len(row.step_ms_history), SLOWEST_WINDOW)} steps, "
+                     f"+{v.slowest_excess_pct:.0f}% vs the others' median")
             stat = row.step_ms_stat
             if stat.count:
                 t.append(f"   run mean {fmt.ms(stat.mean)} min {fmt.ms(stat.min)} max {fmt.ms(stat.max)}",
