@@ -16,7 +16,7 @@ Every rank runs the same sweep; rank 0 writes the result as JSON (the shape is d
 - size and count as nccl-tests prints them: all_reduce and broadcast: the tensor; all_gather: the
   gathered output (count = each rank's input); reduce_scatter: the full input (count = each rank's
   output). The per-rank count is whole elements, so size is rounded down to a multiple of 4 x N.
-- algbw = size / time, busbw = algbw x nccl-tests' factor (`strategies.cost_model`).
+- algbw = size / time, busbw = algbw x nccl-tests' factor (`metrics.busbw`).
 
 Collectives: `all_reduce`, `all_gather_into_tensor`, `reduce_scatter_tensor`, `broadcast` from
 rank 0. On gloo, `reduce_scatter_tensor` runs as an all-reduce of the full input (see
@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ringtop.strategies.cost_model import algbw_gbps, busbw_gbps
+from ringtop.metrics.busbw import algbw_gbps, busbw_gbps
 
 OPS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 ELEMENT_BYTES = 4  # float32

@@ -8,8 +8,8 @@ from typing import Any
 
 import msgspec
 
+from ringtop.metrics.strategy_names import FSDP_SHARDINGS, STRATEGY_CHOICES, ZERO_STRATEGIES, canonical_strategy
 from ringtop.protocol import EndpointError, Endpoints, check_bind_safe, parse_tcp
-from ringtop.strategies.cost_model import canonical_strategy
 from ringtop.strategies.ds_config import (
     DSConfigError,
     Owned,
@@ -22,9 +22,6 @@ from ringtop.strategies.links import parse_link
 BUILTIN_MODEL = "tiny-gpt"
 BUILTIN_DATA = "synthetic"
 MODEL_SIZE_CHOICES = ("1m", "10m", "25m", "125m")
-STRATEGY_CHOICES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "pp")
-ZERO_STRATEGIES = ("zero1", "zero2", "zero3")
-FSDP_SHARDINGS = ("full", "grad-op", "no-shard")
 
 
 RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")

@@ -6,10 +6,10 @@ optimizer state after the optimizer step, gradients right after backward.
 
 from __future__ import annotations
 
+from ringtop.metrics.strategy_names import canonical_strategy
 from ringtop.protocol import Prediction
 from ringtop.strategies.cost_model import (
     ModelSpec,
-    canonical_strategy,
     comm_per_step,
     implementation_cost,
     implementation_specs,

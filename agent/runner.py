@@ -21,7 +21,6 @@ import torch.distributed as dist
 
 from ringtop.protocol import (
     Bye,
-    CommStat,
     Endpoints,
     Event,
     Hello,
@@ -489,8 +488,7 @@ class Runner:
             optimizer_ms=ph.get("optimizer", 0.0), comm_blocked_ms=p.comm.blocked_ms,
             comm_busy_ms=p.comm.busy_ms, tokens=p.tokens,
             tokens_per_s=p.tokens / (timing.step_ms / 1e3) if timing.step_ms > 0 else 0.0, mem=mem,
-            comm=[CommStat(kind=k.kind, count=k.count, bytes=k.bytes, busy_ms=k.busy_ms, group_size=k.group_size)
-                  for k in p.comm.kinds],
+            comm=p.comm.kinds,
             cpu_percent=self.sampler.latest.cpu_percent, drops=self.telemetry.drops, idle_ms=idle_ms,
         ))
         if self.ctx.rank == 0 and self.cfg.print_every and p.step % self.cfg.print_every == 0:

@@ -73,6 +73,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ringtop.metrics.timing import overlap_pct
+
 Interval = tuple[float, float]
 
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
@@ -283,7 +285,8 @@ def _one(step: int | None, wall_us: float, comm: list[Interval], compute: list[I
 
 
 def _overlap_pct(comm: float, exposed: float) -> float:
-    return 0.0 if comm <= 0 else min(100.0, max(0.0, 100.0 * (comm - exposed) / comm))
+    """0 rather than NaN without communication: the figure goes into a JSON reply."""
+    return overlap_pct(comm, exposed) if comm > 0 else 0.0
 
 
 def analyze_trace(trace: str | os.PathLike | Mapping | Sequence, *, timeline: str = "auto") -> TraceAnalysis:

@@ -22,7 +22,7 @@ Columns (nccl-tests' definitions):
 - time (us): each rank's mean over the timed calls (run back to back, timed around the loop); the
   reported value is the max over ranks.
 - algbw = size / time; busbw = algbw x factor, factor 2(n-1)/n for all_reduce, (n-1)/n for
-  all_gather and reduce_scatter, 1 for broadcast (`strategies.cost_model.busbw_factor`). GB = 1e9.
+  all_gather and reduce_scatter, 1 for broadcast (`metrics.busbw.busbw_factor`). GB = 1e9.
 On gloo, reduce_scatter_tensor runs as an all-reduce of the full input: expect its busbw to be half
 a true reduce-scatter's.
 
@@ -57,13 +57,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ringtop.strategies.cost_model import busbw_factor
+from ringtop.metrics import fmt
+from ringtop.metrics.busbw import BUSBW_FACTOR_TEXT, busbw_factor
 
 OPS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 ELEMENT_BYTES = 4
 DEFAULT_MIN_BYTES = "1K"
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-_FACTOR_TEXT = {"all_reduce": "2(n-1)/n", "all_gather": "(n-1)/n", "reduce_scatter": "(n-1)/n", "broadcast": "1"}
 
 
 class BenchError(ValueError):
@@ -79,13 +79,6 @@ def parse_bytes(text: str, option: str = "size") -> int:
     if value != int(value) or value < 1:
         raise BenchError(f"{option}: must be a whole number of bytes >= 1, got {text!r}")
     return int(value)
-
-
-def human_bytes(n: int) -> str:
-    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale}{unit}"
-    return str(n)
 
 
 def parse_ops(text: str) -> list[str]:
@@ -166,14 +159,6 @@ def launcher_command(nproc: int, argv: list[str]) -> list[str]:
             "-m", "ringtop.agent.bench_comm", *argv]
 
 
-def _fmt_bw(v: float) -> str:
-    return f"{v:.2f}" if v >= 1 else f"{v:.3g}"
-
-
-def _fmt_us(v: float) -> str:
-    return f"{v:.2f}" if v < 100 else f"{v:.1f}"
-
-
 def render_table(result: dict) -> str:
     """One block per op, nccl-tests' columns."""
     n = result["world_size"]
@@ -185,13 +170,13 @@ def render_table(result: dict) -> str:
     units = f"#{'(B)':>11} {'(elements)':>13} {'':>6} {'(us)':>10} {'(GB/s)':>9} {'(GB/s)':>9}"
     for op, rows in result["ops"].items():
         factor = busbw_factor(op, n)
-        text = _FACTOR_TEXT.get(op, "?")
+        text = BUSBW_FACTOR_TEXT.get(op, "?")
         factor_text = text if text == "1" else f"{text} = {factor:.3g}"
         lines += ["#", f"# {op}   busbw factor {factor_text}", header, units]
         for r in rows:
-            lines.append(f" {r['size_bytes']:>11} {r['count']:>13} {r.get('iters', ''):>6} {_fmt_us(r['time_us']):>10} "
-                         f"{_fmt_bw(r['algbw_gbps']):>9} {_fmt_bw(r['busbw_gbps']):>9}")
-    peaks = ", ".join(f"{op} {_fmt_bw(v)}" for op, v in result.get("peak_busbw_gbps", {}).items())
+            lines.append(f" {r['size_bytes']:>11} {r['count']:>13} {r.get('iters', ''):>6} {fmt.us(r['time_us']):>10} "
+                         f"{fmt.gbps(r['algbw_gbps']):>9} {fmt.gbps(r['busbw_gbps']):>9}")
+    peaks = ", ".join(f"{op} {fmt.gbps(v)}" for op, v in result.get("peak_busbw_gbps", {}).items())
     lines += ["#", f"# peak busbw (GB/s): {peaks}"]
     return "\n".join(lines)
 

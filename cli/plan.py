@@ -11,8 +11,9 @@ import math
 import re
 import sys
 from dataclasses import asdict
-from decimal import ROUND_HALF_UP, Decimal
 
+from ringtop.metrics import fmt
+from ringtop.metrics.units import GB
 from ringtop.strategies.cost_model import (
     ModelSpec,
     comm_overhead,
@@ -23,7 +24,7 @@ from ringtop.strategies.cost_model import (
     peak_in_flight_micro_batches,
     which_fit,
 )
-from ringtop.strategies.links import GB, LINKS, Link, parse_link
+from ringtop.strategies.links import LINKS, Link, parse_link
 
 KIND_COLUMNS = ("all_reduce", "reduce_scatter", "all_gather")
 BUBBLE_TABLE_M = (1, 2, 4, 8, 16, 32)
@@ -166,25 +167,13 @@ def make_plan(args: argparse.Namespace) -> dict:
     }
 
 
-def _gb(n: float) -> str:
-    """GB with one decimal rounded half up (12.25 -> 12.3, as by hand), 3 digits below 1 GB."""
-    v = n / GB
-    if v >= 0.95 or v == 0:
-        return str(Decimal(repr(v)).quantize(Decimal("0.1"), ROUND_HALF_UP))
-    return f"{v:.3g}"
-
-
-def _secs(s: float) -> str:
-    return "0" if s == 0 else f"{s:.3g}"
-
-
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
 
-    def fmt(row: list[str]) -> str:
+    def line(row: list[str]) -> str:
         return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip()
 
-    return [fmt(header), fmt(["-" * w for w in widths]), *(fmt(r) for r in rows)]
+    return [line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)]
 
 
 def render_table(plan: dict) -> str:
@@ -203,17 +192,17 @@ def render_table(plan: dict) -> str:
     ]
     lines += _table(
         ["strategy", "params", "grads", "optimizer", "total", "fits"],
-        [[r["strategy"], _gb(r["memory"]["params_bytes"]), _gb(r["memory"]["grads_bytes"]),
-          _gb(r["memory"]["optimizer_bytes"]), _gb(r["memory"]["total_bytes"]),
-          "yes" if r["fits"] else f"no ({_gb(-r['headroom_bytes'])} over)"] for r in plan["strategies"]])
+        [[r["strategy"], fmt.gb(r["memory"]["params_bytes"]), fmt.gb(r["memory"]["grads_bytes"]),
+          fmt.gb(r["memory"]["optimizer_bytes"]), fmt.gb(r["memory"]["total_bytes"]),
+          "yes" if r["fits"] else f"no ({fmt.gb(-r['headroom_bytes'])} over)"] for r in plan["strategies"]])
     lines += ["", f"Communication per rank per step (GB sent) on {link['name']}:"]
     body = []
     for r in plan["strategies"]:
         kinds = r["comm"]["by_kind"]
         extra = sorted(set(kinds) - set(KIND_COLUMNS))
         body.append([r["strategy"],
-                     *(_gb(kinds[k]["sent_bytes"]) if k in kinds else "-" for k in KIND_COLUMNS),
-                     _gb(r["comm"]["sent_bytes"]), _secs(r["comm_s"]), f"{100 * r['comm_overhead']:.1f}",
+                     *(fmt.gb(kinds[k]["sent_bytes"]) if k in kinds else "-" for k in KIND_COLUMNS),
+                     fmt.gb(r["comm"]["sent_bytes"]), fmt.seconds(r["comm_s"]), f"{100 * r['comm_overhead']:.1f}",
                      ", ".join(extra)])
     header = ["strategy", "all-reduce", "reduce-scatter", "all-gather", "total", "comm s", "overhead %", "other kinds"]
     if not any(r[-1] for r in body):

@@ -7,6 +7,8 @@ import signal
 import statistics
 from pathlib import Path
 
+from ringtop.metrics.timing import share_pct
+from ringtop.metrics.units import MB
 from ringtop.protocol import Bye, Event, Hello, Step, read_log
 
 
@@ -33,8 +35,8 @@ def summarize(log_dir: Path) -> list[dict]:
             "first_loss": steps[0].loss,
             "last_loss": steps[-1].loss,
             "median_step_ms": statistics.median(step_ms),
-            "comm_mb_per_step": comm_bytes / len(steps) / 1e6,
-            "comm_blocked_pct": 100 * sum(s.comm_blocked_ms for s in steps) / max(sum(s.step_ms for s in steps), 1e-9),
+            "comm_mb_per_step": comm_bytes / len(steps) / MB,
+            "comm_blocked_pct": share_pct(sum(s.comm_blocked_ms for s in steps), sum(s.step_ms for s in steps)),
             "drops": steps[-1].drops,
             "exit": bye.reason if bye else "no bye (still running or killed)",
         })

@@ -7,6 +7,7 @@ the wire and as JSON lines on disk.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal, Union
 
 import msgspec
@@ -116,13 +117,22 @@ class MemorySample(msgspec.Struct, kw_only=True):
 
 
 class CommStat(msgspec.Struct, kw_only=True, array_like=False):
-    """Collectives of one kind issued since the previous step."""
+    """Collectives of one kind issued since the previous step. The one shape of a kind's totals
+    from the agent's tracer to the UI's windows, which sum these over steps and ranks."""
 
     kind: str
     count: Count = 0
     bytes: Count = 0
     busy_ms: Real = 0.0
     group_size: Count = 0
+
+    def add(self, other: CommStat) -> None:
+        """Sum `other`'s calls into these totals (the kind and group size stay); a busy time
+        that is not finite adds none."""
+        self.count += other.count
+        self.bytes += other.bytes
+        if math.isfinite(other.busy_ms):
+            self.busy_ms += other.busy_ms
 
 
 class Step(Envelope, tag="step", kw_only=True):

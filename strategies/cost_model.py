@@ -21,17 +21,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .links import GB, Link
+from ringtop.metrics.strategy_names import STRATEGIES, canonical_strategy
+from ringtop.metrics.units import GB
+
+from .links import Link
 
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
-
-STRATEGIES: tuple[str, ...] = ("ddp", "zero1", "zero2", "zero3", "fsdp-full", "fsdp-grad-op", "fsdp-no-shard", "pp")
-"""Canonical strategy names. `fsdp` + sharding full|grad-op|no-shard maps onto the fsdp-* ones."""
-
-FSDP_SHARDINGS: tuple[str, ...] = ("full", "grad-op", "no-shard")
-
-BUSBW_FACTOR_KINDS: tuple[str, ...] = (
-    "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce")
 
 
 # ---------------------------------------------------------------- inputs and outputs
@@ -151,26 +146,6 @@ class FitResult:
 # ---------------------------------------------------------------- strategies
 
 
-def canonical_strategy(strategy: str, fsdp_sharding: str | None = None) -> str:
-    """One of STRATEGIES, from names like "zero2", "fsdp" + "grad-op", "fsdp(full)" or "FULL_SHARD"."""
-    s = strategy.strip().lower().replace("_", "-")
-    aliases = {"zero0": "ddp", "zero-0": "ddp", "zero-1": "zero1", "zero-2": "zero2", "zero-3": "zero3",
-               "full-shard": "fsdp-full", "shard-grad-op": "fsdp-grad-op", "no-shard": "fsdp-no-shard",
-               "pipeline": "pp"}
-    s = aliases.get(s, s)
-    if s.startswith("fsdp(") and s.endswith(")"):
-        s, fsdp_sharding = "fsdp", s[5:-1]
-    if s == "fsdp":
-        sharding = (fsdp_sharding or "full").strip().lower().replace("_", "-")
-        sharding = {"full-shard": "full", "shard-grad-op": "grad-op"}.get(sharding, sharding)
-        if sharding not in FSDP_SHARDINGS:
-            raise ValueError(f"unknown FSDP sharding {fsdp_sharding!r}: use one of {', '.join(FSDP_SHARDINGS)}")
-        s = f"fsdp-{sharding}"
-    if s not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}: use one of {', '.join(STRATEGIES)} (or fsdp with a sharding)")
-    return s
-
-
 _SHARDING: dict[str, Sharding] = {
     "ddp": Sharding(),
     "zero1": Sharding(optimizer=True),
@@ -186,13 +161,6 @@ _SHARDING: dict[str, Sharding] = {
 def sharding_of(strategy: str) -> Sharding:
     """What `strategy` divides by N (the chapter's Stage 0-3 table)."""
     return _SHARDING[canonical_strategy(strategy)]
-
-
-def sharded_label(strategy: str) -> str:
-    """What `strategy` shards, for a table cell: `params+grads+optim`, or `-` for nothing."""
-    sh = sharding_of(strategy)
-    return "+".join(name for name, on in (("params", sh.params), ("grads", sh.grads), ("optim", sh.optimizer))
-                    if on) or "-"
 
 
 def shard_count(total: int, parts: int) -> int:
@@ -359,35 +327,6 @@ def comm_share_of_step(comm_s: float, compute_s: float) -> float:
     if total <= 0:
         raise ValueError("step time must be > 0")
     return comm_s / total
-
-
-# ---------------------------------------------------------------- busbw (nccl-tests)
-
-
-def busbw_factor(kind: str, ranks: int) -> float:
-    """nccl-tests' bus-bandwidth factor: all_reduce 2(n-1)/n; all_gather, reduce_scatter,
-    all_to_all (n-1)/n; broadcast, reduce 1. busbw = algbw x factor is comparable to the link peak."""
-    if ranks < 1:
-        raise ValueError(f"ranks must be >= 1, got {ranks}")
-    if kind == "all_reduce":
-        return 2 * (ranks - 1) / ranks
-    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (ranks - 1) / ranks
-    if kind in ("broadcast", "reduce"):
-        return 1.0
-    raise ValueError(f"unknown collective kind {kind!r}: use one of {', '.join(BUSBW_FACTOR_KINDS)}")
-
-
-def algbw_gbps(payload_bytes: int | float, seconds: float) -> float:
-    """Algorithm bandwidth: payload ("size" in nccl-tests) / time, in GB/s."""
-    if seconds <= 0:
-        raise ValueError(f"seconds must be > 0, got {seconds}")
-    return float(payload_bytes) / seconds / GB
-
-
-def busbw_gbps(kind: str, payload_bytes: int | float, seconds: float, ranks: int) -> float:
-    """Bus bandwidth: algbw x busbw_factor(kind, ranks), in GB/s."""
-    return algbw_gbps(payload_bytes, seconds) * busbw_factor(kind, ranks)
 
 
 # ---------------------------------------------------------------- pipeline

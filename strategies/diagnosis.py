@@ -11,12 +11,15 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from ringtop.metrics.busbw import algbw_gbps
+from ringtop.metrics.outliers import STRAGGLER, outliers
+from ringtop.metrics.strategy_names import LESS_SHARDED
+from ringtop.metrics.timing import compute_ms
+
 from .cost_model import ModelSpec, comm_per_step
 
 COMM_BOUND_SHARE = 0.35
 """Exposed communication above this share of the step (median over ranks) is communication-bound."""
-STRAGGLER_RATIO = 1.5
-STRAGGLER_MIN_MS = 25.0
 INPUT_STALL_SHARE = 0.15
 MEMORY_NEAR_FULL = 0.92
 
@@ -36,7 +39,7 @@ class RankWindow:
 
     @property
     def compute_ms(self) -> float:
-        return max(0.0, self.step_ms - self.blocked_ms - self.data_ms)
+        return compute_ms(self.step_ms, self.blocked_ms, self.data_ms)
 
 
 @dataclass(frozen=True)
@@ -76,24 +79,19 @@ def diagnose(windows: list[RankWindow], run: RunContext) -> list[Verdict]:
 
 
 def _stragglers(windows: list[RankWindow]) -> list[Verdict]:
-    if len(windows) < 2:
-        return []
     out = []
-    for w in windows:
-        others = [o.compute_ms for o in windows if o.rank != w.rank]
-        typical = statistics.median(others)
-        if w.compute_ms >= STRAGGLER_RATIO * typical and w.compute_ms - typical >= STRAGGLER_MIN_MS:
-            waiting = statistics.median(o.blocked_ms for o in windows if o.rank != w.rank)
-            excess = 100 * (w.compute_ms / typical - 1) if typical > 0 else float("inf")
-            out.append(Verdict(
-                rule="straggler", rank=w.rank,
-                text=f"rank {w.rank} is a straggler: compute {w.compute_ms:.0f} ms per step, +{excess:.0f} % over "
-                     f"the others' median {typical:.0f} ms; the others wait {waiting:.0f} ms per step in collectives",
-                evidence={"compute_ms": round(w.compute_ms, 2), "others_compute_ms": round(typical, 2),
-                          "others_blocked_ms": round(waiting, 2)},
-                advice="check that rank's host (CPU contention, thermal throttling, a slower GPU or link); "
-                       "every collective waits for the slowest rank",
-            ))
+    for o in outliers({w.rank: w.compute_ms for w in windows}, STRAGGLER):
+        waiting = statistics.median(w.blocked_ms for w in windows if w.rank != o.rank)
+        out.append(Verdict(
+            rule="straggler", rank=o.rank,
+            text=f"rank {o.rank} is a straggler: compute {o.value_ms:.0f} ms per step, +{o.excess_pct:.0f} % "
+                 f"over the others' median {o.others_median_ms:.0f} ms; the others wait {waiting:.0f} ms per "
+                 "step in collectives",
+            evidence={"compute_ms": round(o.value_ms, 2), "others_compute_ms": round(o.others_median_ms, 2),
+                      "others_blocked_ms": round(waiting, 2)},
+            advice="check that rank's host (CPU contention, thermal throttling, a slower GPU or link); "
+                   "every collective waits for the slowest rank",
+        ))
     return out
 
 
@@ -109,7 +107,7 @@ def _comm_bound(windows: list[RankWindow], run: RunContext) -> list[Verdict]:
     text = f"communication-bound: {100 * share:.0f} % of each step is spent waiting on collectives"
     busy = statistics.median(w.comm_busy_ms for w in windows)
     if run.link_peak_gbps > 0 and busy > 0:
-        gbps = statistics.median(w.comm_bytes for w in windows) / (busy / 1e3) / 1e9
+        gbps = algbw_gbps(statistics.median(w.comm_bytes for w in windows), busy / 1e3)
         evidence["achieved_gbps"] = round(gbps, 3)
         evidence["link_peak_gbps"] = run.link_peak_gbps
         text += f"; collectives move {gbps:.2f} GB/s, {100 * gbps / run.link_peak_gbps:.0f} % of the link's peak"
@@ -122,8 +120,8 @@ def _comm_advice(run: RunContext) -> str:
     tips = ["overlap communication with compute (DDP buckets, FSDP prefetch)",
             "gradient accumulation: one exchange per several micro-batches",
             "a faster link, and keep tensor parallelism inside the node"]
-    if run.strategy in ("zero3", "fsdp-full"):
-        alt = "zero2" if run.strategy == "zero3" else "fsdp-grad-op"
+    alt = LESS_SHARDED.get(run.strategy)
+    if alt is not None:
         then = comm_per_step(alt, run.world_size, spec).sent_bytes
         tips.insert(0, f"{alt} instead of {run.strategy} drops the backward all-gather: "
                        f"{now / 1e6:.1f} -> {then / 1e6:.1f} MB sent per rank per step (cost model)")

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ringtop.metrics.strategy_names import strategy_label
+
 from .base import DistContext, OptimizerFactory, ShardingSpec, StrategyError, TrainSettings
 from .torch_native import TorchNativeStrategy
 
@@ -46,7 +48,7 @@ class FSDPStrategy(TorchNativeStrategy):
         return SHARDINGS[self.options["sharding"]]
 
     def describe(self) -> str:
-        return f"fsdp({self.options['sharding']})"
+        return strategy_label(self.name, self.options)
 
     def setup(self, model: nn.Module, make_optimizer: OptimizerFactory, ctx: DistContext,
               settings: TrainSettings) -> None:

@@ -24,8 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-GB = 1e9
-"""Decimal gigabyte: the chapter's 14 GB of gradients is 7e9 params x 2 bytes."""
+from ringtop.metrics.units import GB
 
 
 @dataclass(frozen=True, slots=True)

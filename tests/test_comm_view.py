@@ -214,7 +214,7 @@ def test_comm_modules_have_no_ui_imports_beyond_rich():
 
 
 def test_bandwidth_and_size_formats():
-    from ringtop.tui.comm_tab import gbps, mb, per_step
+    from ringtop.metrics.fmt import gbps, mb, per_step
 
     assert [gbps(x) for x in (float("nan"), 0.0, 0.0004, 0.00137, 0.0137, 0.5, 2.25, 13.7, 450.0)] == \
         ["-", "0", "4.0e-04", "0.00137", "0.0137", "0.500", "2.25", "13.7", "450"]

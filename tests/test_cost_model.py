@@ -11,14 +11,12 @@ import sys
 
 import pytest
 
+from ringtop.metrics.busbw import algbw_gbps, busbw_factor, busbw_gbps
+from ringtop.metrics.strategy_names import canonical_strategy
 from ringtop.strategies.cost_model import (
     CollectiveBytes,
     CommPerStep,
     ModelSpec,
-    algbw_gbps,
-    busbw_factor,
-    busbw_gbps,
-    canonical_strategy,
     comm_overhead,
     comm_per_step,
     comm_share_of_step,

@@ -20,7 +20,7 @@ def test_built_wheel_holds_the_ringtop_namespace_and_imports_from_it(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names if not n.startswith("ringtop-")}
     assert tops == {"ringtop"}, f"only the ringtop namespace is installed, found {tops}"
-    for room in ("protocol", "agent", "strategies", "tui", "cli"):
+    for room in ("protocol", "agent", "strategies", "tui", "cli", "metrics"):
         for source in (REPO / room).rglob("*.py"):  # every module, subpackages too
             assert f"ringtop/{room}/{source.relative_to(REPO / room).as_posix()}" in names, source
     assert "ringtop/protocol/README.md" in names

@@ -556,7 +556,8 @@ async def test_memory_tab_on_cpu_without_a_prediction(tmp_path):
 
 
 def test_rank_table_drops_columns_by_priority_to_fit_the_terminal():
-    from ringtop.tui.overview_tab import NOTE_MIN_WIDTH, mb_compact, overview_columns
+    from ringtop.metrics.fmt import mb_compact
+    from ringtop.tui.overview_tab import NOTE_MIN_WIDTH, overview_columns
 
     width = lambda cols: sum(c.width + 2 for c in cols)  # noqa: E731  (one padding cell each side)
     keys = lambda cols: [c.key for c in cols]  # noqa: E731

@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ringtop.strategies.cost_model import implementation_cost, sharded_label
+from ringtop.metrics.strategy_names import DATA_PARALLEL_STRATEGIES, picker_label, sharded_label, switch_args
+from ringtop.strategies.cost_model import implementation_cost, sharding_of
 
 from .memory import current_strategy
 from .view_model import RunView
@@ -29,15 +30,8 @@ class SwitchTarget:
     """The `switch` command's arguments."""
 
 
-SWITCH_TARGETS: tuple[SwitchTarget, ...] = (
-    SwitchTarget("ddp", "ddp", {"strategy": "ddp"}),
-    SwitchTarget("zero1", "zero1", {"strategy": "zero1"}),
-    SwitchTarget("zero2", "zero2", {"strategy": "zero2"}),
-    SwitchTarget("zero3", "zero3", {"strategy": "zero3"}),
-    SwitchTarget("fsdp-full", "fsdp full", {"strategy": "fsdp", "fsdp_sharding": "full"}),
-    SwitchTarget("fsdp-grad-op", "fsdp grad-op", {"strategy": "fsdp", "fsdp_sharding": "grad-op"}),
-    SwitchTarget("fsdp-no-shard", "fsdp no-shard", {"strategy": "fsdp", "fsdp_sharding": "no-shard"}),
-)
+SWITCH_TARGETS: tuple[SwitchTarget, ...] = tuple(
+    SwitchTarget(name, picker_label(name), switch_args(name)) for name in DATA_PARALLEL_STRATEGIES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +61,7 @@ def switch_rows(view: RunView) -> list[SwitchRow]:
     current = current_strategy(f)
     rows = []
     for t in SWITCH_TARGETS:
-        sharded = sharded_label(t.key)
+        sharded = sharded_label(sharding_of(t.key))
         params = grads = optim = sent = None
         if f.param_count > 0 and n >= 1:
             cost = implementation_cost(t.key, n, f.param_count, f.dtype or "fp32", gloo=f.backend == "gloo")

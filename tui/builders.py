@@ -8,7 +8,8 @@ from typing import Any
 
 from rich.text import Text
 
-from . import fmt
+from ringtop.metrics import fmt
+
 from .comm import busbw_series, comm_window, peak_ref, slowest_rank
 from .comm_tab import (
     busbw_label,
@@ -21,7 +22,6 @@ from .comm_tab import (
     ranks_rows,
     verdict_panel,
 )
-from .comm_tab import gbps as fmt_gbps
 from .events_tab import event_line, operations_text
 from .health import health_line
 from .memory import fit_table
@@ -97,7 +97,7 @@ class Builders:
         steps = view.steps
         span = (steps[0].step, steps[-1].step) if steps else None
         window, series, ref = self.comm.data(view, None)
-        busbw = chart_model("busbw", "GB/s", series, None, fmt_gbps)
+        busbw = chart_model("busbw", "GB/s", series, None, fmt.gbps)
         charts = (
             chart_model("step time (max of ranks)", "ms", view.step_ms_max_history, span, fmt.ms),
             chart_model("loss (mean of ranks)", "", view.loss_history, span, fmt.loss),

@@ -1,12 +1,12 @@
 """The Comm tab's figures: per collective kind over a recent window of steps, bandwidth (algbw,
 busbw) against the link's peak, exposed communication and overlap. Pure Python over a `RunView`
-(no Textual); the busbw factors come from the torch-free cost model, not from here.
+(no Textual); the busbw factors, compute time and the slowest-rank rule come from `ringtop.metrics`.
 
 Definitions (per rank and step, from `Step`):
 - MB/step: payload bytes handed to collectives (CommStat.bytes), 1 MB = 1e6 bytes.
 - algbw (GB/s, GB = 1e9 B) of a kind: its bytes / its busy time, where a kind's busy time adds each
   call's own duration (CommStat.busy_ms) — nccl-tests' per-call algbw, averaged weighted by time.
-- busbw of a kind: algbw x `cost_model.busbw_factor(kind, group size)` (all-reduce 2(n-1)/n, ...).
+- busbw of a kind: algbw x `metrics.busbw.busbw_factor(kind, group size)` (all-reduce 2(n-1)/n, ...).
 - busbw of a step (the chart, and the `all` row): bus bytes of every kind / the wall time any
   collective was in flight (Step.comm_busy_ms, the union), i.e. what the link carried while busy.
   Calls that run at once make this larger than the kinds' own figures (their times overlap).
@@ -22,28 +22,15 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Iterable
 
-from ringtop.strategies.cost_model import busbw_factor
+from ringtop.metrics import outliers
+from ringtop.metrics.busbw import busbw_factor_or_nan, rate_gbps
+from ringtop.metrics.timing import compute_ms, overlap_pct, share_pct
+from ringtop.protocol import CommStat
 
 from .view_model import COMM_KIND_ORDER, CommStep, RankRow, RunView
 
 COMM_WINDOW = 20
 """Steps in the Comm tab's window (per rank; aggregated: these step numbers over all ranks)."""
-GB = 1e9
-MB = 1e6
-
-
-def bus_factor(kind: str, group_size: int) -> float:
-    """The cost model's busbw factor, or NaN where it has none (point-to-point, barrier, n unknown)."""
-    if group_size < 1:
-        return math.nan
-    try:
-        return busbw_factor(kind, group_size)
-    except ValueError:
-        return math.nan
-
-
-def _rate_gbps(nbytes: float, ms: float) -> float:
-    return nbytes / (ms / 1e3) / GB if ms > 0 and math.isfinite(nbytes) else math.nan
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,25 +76,20 @@ class CommWindow:
 
     @property
     def overlap_pct(self) -> float:
-        """1 - exposed / busy, clamped to 0..100; NaN without busy time."""
-        if not (self.busy_ms > 0) or not math.isfinite(self.exposed_ms):
-            return math.nan
-        return min(100.0, max(0.0, 100.0 * (1.0 - self.exposed_ms / self.busy_ms)))
+        return overlap_pct(self.busy_ms, self.exposed_ms)
 
     @property
     def exposed_pct(self) -> float:
-        """Exposed communication as a share of the step, in percent."""
-        return 100.0 * self.exposed_ms / self.step_ms if self.step_ms > 0 else math.nan
+        return share_pct(self.exposed_ms, self.step_ms)
 
     @property
     def compute_ms(self) -> float:
-        """step - exposed comm - data, per step: the time the rank spent computing (never < 0)."""
-        return max(0.0, self.step_ms - self.exposed_ms - self.data_ms) if self.step_ms > 0 else math.nan
+        return compute_ms(self.step_ms, self.exposed_ms, self.data_ms)
 
     @property
     def idle_pct(self) -> float:
         """(data + exposed) / step, in percent: the step's time spent waiting."""
-        return 100.0 * (self.data_ms + self.exposed_ms) / self.step_ms if self.step_ms > 0 else math.nan
+        return share_pct(self.data_ms + self.exposed_ms, self.step_ms)
 
     @property
     def empty(self) -> bool:
@@ -140,21 +122,21 @@ def summarize(samples: Iterable[CommStep], *, rank: int | None, world_size: int,
         total.add(s)
         first, last = min(first, s.step), max(last, s.step)
     n = total.ranks
-    per_kind: dict[str, list] = {}  # kind -> [count, bytes, busy_ms, bus_bytes, {group sizes}]
-    for (kind, group), (count, nbytes, busy) in total.kinds.items():
-        acc = per_kind.setdefault(kind, [0, 0, 0.0, 0.0, set()])
-        acc[0] += count
-        acc[1] += nbytes
-        acc[2] += busy
-        acc[3] += nbytes * bus_factor(kind, group or world_size)
-        acc[4].add(group or world_size)
+    per_kind: dict[str, CommStat] = {}
+    bus_bytes: dict[str, float] = {}
+    groups: dict[str, set[int]] = {}
+    for (kind, group), c in total.kinds.items():
+        ranks = group or world_size
+        per_kind.setdefault(kind, CommStat(kind=kind)).add(c)
+        bus_bytes[kind] = bus_bytes.get(kind, 0.0) + c.bytes * busbw_factor_or_nan(kind, ranks)
+        groups.setdefault(kind, set()).add(ranks)
     rows: list[KindRow] = []
     for kind in sorted(per_kind, key=kind_sort_key):
-        count, nbytes, busy, bus, groups = per_kind[kind]
+        c = per_kind[kind]
         rows.append(KindRow(
-            kind=kind, count_per_step=count / n, bytes_per_step=nbytes / n, busy_ms_per_step=busy / n,
-            algbw_gbps=_rate_gbps(nbytes, busy), busbw_gbps=_rate_gbps(bus, busy),
-            group_sizes=tuple(sorted(groups)),
+            kind=kind, count_per_step=c.count / n, bytes_per_step=c.bytes / n, busy_ms_per_step=c.busy_ms / n,
+            algbw_gbps=rate_gbps(c.bytes, c.busy_ms), busbw_gbps=rate_gbps(bus_bytes[kind], c.busy_ms),
+            group_sizes=tuple(sorted(groups[kind])),
             predicted_bytes=None if predicted is None else predicted.get(kind)))
     if predicted is not None and n:
         for kind in sorted(set(predicted) - set(per_kind), key=kind_sort_key):
@@ -164,15 +146,15 @@ def summarize(samples: Iterable[CommStep], *, rank: int | None, world_size: int,
     if not n:
         return CommWindow(rank=rank, ranks=0, rank_steps=0, first_step=-1, last_step=-1, kinds=rows,
                           predicted_bytes=None if predicted is None else sum(predicted.values()))
-    bus_total = sum(acc[3] for acc in per_kind.values())
-    kind_busy = sum(acc[2] for acc in per_kind.values())
+    bus_total = sum(bus_bytes.values())
+    kind_busy = sum(c.busy_ms for c in per_kind.values())
     busy_for_bw = total.busy_ms if total.busy_ms > 0 else kind_busy
     return CommWindow(
         rank=rank, ranks=0, rank_steps=n, first_step=int(first), last_step=int(last), kinds=rows,
         step_ms=total.step_ms / n, data_ms=total.data_ms / n, exposed_ms=total.blocked_ms / n,
-        busy_ms=total.busy_ms / n, bytes_per_step=sum(acc[1] for acc in per_kind.values()) / n,
-        count_per_step=sum(acc[0] for acc in per_kind.values()) / n, kind_busy_ms=kind_busy / n,
-        busbw_gbps=_rate_gbps(bus_total, busy_for_bw),
+        busy_ms=total.busy_ms / n, bytes_per_step=sum(c.bytes for c in per_kind.values()) / n,
+        count_per_step=sum(c.count for c in per_kind.values()) / n, kind_busy_ms=kind_busy / n,
+        busbw_gbps=rate_gbps(bus_total, busy_for_bw),
         predicted_bytes=None if predicted is None else sum(predicted.values()))
 
 
@@ -203,10 +185,6 @@ def comm_window(view: RunView, rank: int | None = None, window: int = COMM_WINDO
     return run_window(view, window) if rank is None else rank_window(view, rank, window)
 
 
-SLOWEST_MIN_PCT = 10.0
-"""A rank is named slowest only when this much slower than the others' median (noise otherwise)."""
-
-
 @dataclass(frozen=True, slots=True)
 class SlowestRank:
     """The rank with the most compute per step in the window. Ranks in lockstep have equal step
@@ -223,31 +201,21 @@ class SlowestRank:
 
 def slowest_rank(view: RunView, window: int = COMM_WINDOW) -> SlowestRank | None:
     """By compute per step over the window (live ranks; all ranks once every one has ended); None
-    with fewer than two ranks, or when no rank is SLOWEST_MIN_PCT above the others' median."""
+    with fewer than two ranks, or when none is `outliers.COMPUTE_NAMED` above the others' median."""
     rows = [r for r in view.ranks.values() if not r.ended and r.comm_history] or \
         [r for r in view.ranks.values() if r.comm_history]
-    if len(rows) < 2:
+    found = outliers.slowest({r.rank: rank_window(view, r.rank, window).compute_ms for r in rows})
+    if found is None or not found.meets(outliers.COMPUTE_NAMED):
         return None
-    compute = {r.rank: rank_window(view, r.rank, window).compute_ms for r in rows}
-    compute = {k: c for k, c in compute.items() if math.isfinite(c)}
-    if len(compute) < 2:
-        return None
-    slow = max(compute, key=lambda k: (compute[k], k))
-    others = sorted(c for k, c in compute.items() if k != slow)
-    mid = len(others) // 2
-    median = others[mid] if len(others) % 2 else (others[mid - 1] + others[mid]) / 2
-    excess = 100.0 * (compute[slow] / median - 1.0) if median > 0 else math.inf
-    if not excess >= SLOWEST_MIN_PCT:
-        return None
-    step_excess = view.slowest_excess_pct if view.slowest_rank == slow else math.nan
-    return SlowestRank(slow, compute[slow], median, excess, step_excess)
+    step_excess = view.slowest_excess_pct if view.slowest_rank == found.rank else math.nan
+    return SlowestRank(found.rank, found.value_ms, found.others_median_ms, found.excess_pct, step_excess)
 
 
 def step_busbw_gbps(s: CommStep, world_size: int) -> float:
     """busbw of one CommStep: bus bytes of every kind / union busy time (kinds' time if no union)."""
-    bus = sum(nbytes * bus_factor(kind, group or world_size) for (kind, group), (_, nbytes, _) in s.kinds.items())
-    busy = s.busy_ms if s.busy_ms > 0 else sum(b for (_, _, b) in s.kinds.values())
-    return _rate_gbps(bus, busy)
+    bus = sum(c.bytes * busbw_factor_or_nan(kind, group or world_size) for (kind, group), c in s.kinds.items())
+    busy = s.busy_ms if s.busy_ms > 0 else sum(c.busy_ms for c in s.kinds.values())
+    return rate_gbps(bus, busy)
 
 
 def busbw_series(view: RunView, rank: int | None = None) -> list[float]:

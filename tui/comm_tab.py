@@ -8,55 +8,15 @@ from typing import Any
 
 from rich.text import Text
 
-from . import fmt
+from ringtop.metrics import fmt
+from ringtop.metrics.outliers import TABLE_MARK
+
 from .comm import COMM_WINDOW, CommWindow, KindRow, PeakRef, SlowestRank, comm_window, slowest_rank
 from .memory_tab import delta_text
 from .tables import Column
 from .view_model import Diagnosis, RunView, VerdictState
 
 VERDICT_STYLE = "bold yellow"
-
-
-# ---------------------------------------------------------------------- number formats
-
-
-def gbps(x: float) -> str:
-    """GB/s with three significant digits: 0.00137, 0.0137, 0.137, 1.37, 13.7, 137."""
-    if not math.isfinite(x):
-        return "-"
-    if x >= 100:
-        return f"{x:,.0f}"
-    if x >= 10:
-        return f"{x:.1f}"
-    for digits, floor in ((2, 1.0), (3, 0.1), (4, 0.01), (5, 0.001)):
-        if x >= floor:
-            return f"{x:.{digits}f}"
-    return "0" if x == 0 else f"{x:.1e}"
-
-
-def mb(nbytes: float | None) -> str:
-    """Bytes as MB (1e6): 4.22, 42.2, 422, 4,222."""
-    if nbytes is None or not math.isfinite(nbytes):
-        return "-"
-    x = nbytes / 1e6
-    if x == 0:
-        return "0"
-    if x < 10:
-        return f"{x:.2f}"
-    if x < 100:
-        return f"{x:.1f}"
-    return f"{x:,.0f}"
-
-
-def per_step(x: float) -> str:
-    """A count per step: whole numbers plain, means with two decimals."""
-    if not math.isfinite(x):
-        return "-"
-    return f"{x:,.0f}" if abs(x - round(x)) < 0.005 else f"{x:,.2f}"
-
-
-def pct(x: float) -> str:
-    return "-" if not math.isfinite(x) else f"{x:.0f}" if x >= 10 else f"{x:.1f}"
 
 
 # ---------------------------------------------------------------------- per-kind table
@@ -96,13 +56,13 @@ def kinds_rows(w: CommWindow) -> list[tuple[str, dict[str, Text]]]:
     for k in w.kinds:
         cells = {
             "kind": _kind_label(k),
-            "count": Text(per_step(k.count_per_step)),
-            "mb": Text(mb(k.bytes_per_step)),
-            "pred": Text(mb(k.predicted_bytes), style="italic"),
+            "count": Text(fmt.per_step(k.count_per_step)),
+            "mb": Text(fmt.mb(k.bytes_per_step)),
+            "pred": Text(fmt.mb(k.predicted_bytes), style="italic"),
             "delta": _delta(k.bytes_per_step, k.predicted_bytes),
             "busy": Text(fmt.ms(k.busy_ms_per_step) if k.measured else "-"),
-            "algbw": Text(gbps(k.algbw_gbps)),
-            "busbw": Text(gbps(k.busbw_gbps), style="bold" if k.measured else ""),
+            "algbw": Text(fmt.gbps(k.algbw_gbps)),
+            "busbw": Text(fmt.gbps(k.busbw_gbps), style="bold" if k.measured else ""),
             "exposed": dash.copy(),
             "overlap": dash.copy(),
         }
@@ -114,15 +74,15 @@ def kinds_rows(w: CommWindow) -> list[tuple[str, dict[str, Text]]]:
         overlap = w.overlap_pct
         out.append(("all", {
             "kind": Text("all", style="bold"),
-            "count": Text(per_step(w.count_per_step)),
-            "mb": Text(mb(w.bytes_per_step), style="bold"),
-            "pred": Text(mb(w.predicted_bytes), style="italic"),
+            "count": Text(fmt.per_step(w.count_per_step)),
+            "mb": Text(fmt.mb(w.bytes_per_step), style="bold"),
+            "pred": Text(fmt.mb(w.predicted_bytes), style="italic"),
             "delta": _delta(w.bytes_per_step, w.predicted_bytes),
             "busy": Text(fmt.ms(w.busy_ms) if w.busy_ms > 0 else fmt.ms(w.kind_busy_ms)),
             "algbw": Text(""),
-            "busbw": Text(gbps(w.busbw_gbps), style="bold"),
+            "busbw": Text(fmt.gbps(w.busbw_gbps), style="bold"),
             "exposed": Text(fmt.ms(w.exposed_ms), style="bold"),
-            "overlap": Text(pct(overlap), style="bold " + _overlap_style(overlap)),
+            "overlap": Text(fmt.pct(overlap), style="bold " + _overlap_style(overlap)),
         }))
     return out
 
@@ -170,7 +130,7 @@ def slowest_text(s: SlowestRank) -> Text:
     t.append(f"rank {s.rank}", style=VERDICT_STYLE)
     t.append(f": compute {fmt.ms(s.compute_ms)} ms/step, +{s.excess_pct:.0f} % over the others' median "
              f"{fmt.ms(s.others_median_ms)} ms")
-    if math.isfinite(s.step_excess_pct) and s.step_excess_pct >= 3:
+    if math.isfinite(s.step_excess_pct) and s.step_excess_pct >= TABLE_MARK.min_excess_pct:
         t.append(f"; step time +{s.step_excess_pct:.0f} %")
     else:
         t.append(" (arrives last at collectives)", style="dim")
@@ -181,14 +141,14 @@ def busbw_label(w: CommWindow, ref: PeakRef) -> Text:
     """`busbw X GB/s of PEAK (Y %)`, or with no known peak the highest measured busbw as reference."""
     t = Text(no_wrap=True, overflow="ellipsis")
     t.append("busbw ", style="bold")
-    t.append(f"{gbps(w.busbw_gbps)} GB/s", style="bold")
+    t.append(f"{fmt.gbps(w.busbw_gbps)} GB/s", style="bold")
     if ref.known:
-        t.append(f" of {gbps(ref.gbps)} ({pct(ref.pct(w.busbw_gbps))} %)")
+        t.append(f" of {fmt.gbps(ref.gbps)} ({fmt.pct(ref.pct(w.busbw_gbps))} %)")
         t.append(f" peak: {ref.source}" if ref.source else "", style="dim")
     else:
         t.append(" peak unknown", style="yellow")
         if math.isfinite(ref.gbps):
-            t.append(f" (max seen {gbps(ref.gbps)})", style="dim")
+            t.append(f" (max seen {fmt.gbps(ref.gbps)})", style="dim")
     return t
 
 
@@ -199,13 +159,13 @@ def exposed_text(w: CommWindow) -> Text:
     if w.empty:
         t.append("-", style="dim")
         return t
-    t.append(f"{pct(w.exposed_pct)} % of step", style="bold")
+    t.append(f"{fmt.pct(w.exposed_pct)} % of step", style="bold")
     t.append(f" ({fmt.ms(w.exposed_ms)} of {fmt.ms(w.step_ms)} ms)")
     overlap = w.overlap_pct
     t.append("  overlap ")
-    t.append(f"{pct(overlap)} %", style=_overlap_style(overlap))
+    t.append(f"{fmt.pct(overlap)} %", style=_overlap_style(overlap))
     t.append(f" of {fmt.ms(w.busy_ms)} ms busy" if w.busy_ms > 0 else " (busy time not sent)", style="dim")
-    t.append(f"  idle {pct(w.idle_pct)} %")
+    t.append(f"  idle {fmt.pct(w.idle_pct)} %")
     t.append(" (data + exposed)", style="dim")
     return t
 
@@ -214,13 +174,13 @@ def overview_comm_label(w: CommWindow, ref: PeakRef) -> Text:
     """The Overview's busbw chart label: busbw, its share of the link's peak, the exposed share of the step."""
     t = Text(no_wrap=True, overflow="ellipsis")
     t.append(f"{'busbw GB/s':<14}", style="bold")
-    t.append(f"{gbps(w.busbw_gbps):>8}")
+    t.append(f"{fmt.gbps(w.busbw_gbps):>8}")
     if ref.known:
-        t.append(f" of {gbps(ref.gbps)} ({pct(ref.pct(w.busbw_gbps))}%)")
+        t.append(f" of {fmt.gbps(ref.gbps)} ({fmt.pct(ref.pct(w.busbw_gbps))}%)")
     else:
         t.append("  link peak unknown (run with --link)", style="dim")
     if not w.empty:
-        t.append(f"  exposed comm {pct(w.exposed_pct)}%")
+        t.append(f"  exposed comm {fmt.pct(w.exposed_pct)}%")
     return t
 
 
@@ -270,13 +230,13 @@ def ranks_rows(view: RunView, selected: int | None, window: int = COMM_WINDOW,
         cells = {
             "rank": label,
             "step_ms": Text(fmt.ms(w.step_ms)),
-            "mb": Text(mb(w.bytes_per_step)),
+            "mb": Text(fmt.mb(w.bytes_per_step)),
             "busy": Text(fmt.ms(w.busy_ms) if w.busy_ms > 0 else fmt.ms(w.kind_busy_ms)),
             "exposed": Text(fmt.ms(w.exposed_ms)),
             "compute": Text(fmt.ms(w.compute_ms), style="yellow" if slow == row.rank else ""),
-            "overlap": Text(pct(overlap), style=_overlap_style(overlap)),
-            "idle": Text(pct(w.idle_pct)),
-            "busbw": Text(gbps(w.busbw_gbps)),
+            "overlap": Text(fmt.pct(overlap), style=_overlap_style(overlap)),
+            "idle": Text(fmt.pct(w.idle_pct)),
+            "busbw": Text(fmt.gbps(w.busbw_gbps)),
             "note": note,
         }
         if row.ended:

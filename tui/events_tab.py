@@ -6,7 +6,8 @@ import time
 
 from rich.text import Text
 
-from . import fmt
+from ringtop.metrics import fmt
+
 from .header_tab import PHASE_STYLE
 from .overview_tab import LEVEL_STYLE
 from .view_model import CommandState, EventLine, RunView, describe_result

@@ -7,7 +7,8 @@ import time
 
 from rich.text import Text
 
-from . import fmt
+from ringtop.metrics import fmt
+
 from .view_model import RunView
 from .widgets.header import HeaderModel
 

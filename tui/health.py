@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from rich.text import Text
 
+from ringtop.metrics.outliers import NAMED
+
 from .view_model import RunView
 
 STALL_FLOOR_S = 10.0
@@ -20,8 +22,6 @@ STALL_FACTOR = 5.0
 """…nor before this many of its recent median steps have passed."""
 FIRST_STEP_GRACE_S = 120.0
 """Before a rank's first step (warm-up, compilation, a large model's first pass) it may take this long."""
-SLOWEST_SHOWN_PCT = 5.0
-"""The slowest rank is named from this much above the median rank (as the alert below the charts)."""
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def health_line(view: RunView, now: float) -> Text:
         more = f" +{len(verdicts) - 1} more" if len(verdicts) > 1 else ""
         problems.append(("bold yellow", f"⚠ {verdicts[0].rule}{where}{more}"))
     slow = view.slowest_rank
-    if slow is not None and math.isfinite(view.slowest_excess_pct) and view.slowest_excess_pct >= SLOWEST_SHOWN_PCT:
+    if slow is not None and math.isfinite(view.slowest_excess_pct) and view.slowest_excess_pct >= NAMED.min_excess_pct:
         problems.append(("yellow", f"▲ rank {slow} slowest +{view.slowest_excess_pct:.0f}%"))
     drops = view.total_drops
     if drops:

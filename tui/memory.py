@@ -14,19 +14,17 @@ import os
 import socket
 from dataclasses import dataclass
 
+from ringtop.metrics import fmt
+from ringtop.metrics.strategy_names import DATA_PARALLEL_STRATEGIES, canonical_strategy, sharded_label
 from ringtop.strategies.cost_model import (
     DTYPE_BYTES,
     ModelSpec,
-    canonical_strategy,
     implementation_cost,
     memory_per_rank,
-    sharded_label,
+    sharding_of,
 )
 
-from . import fmt
 from .view_model import RankRow, RunFacts, RunView
-
-FIT_STRATEGIES: tuple[str, ...] = ("ddp", "zero1", "zero2", "zero3", "fsdp-full", "fsdp-grad-op", "fsdp-no-shard")
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,11 +168,11 @@ def fit_table(view: RunView, ui_host: str | None = None, ui_host_mem_bytes: int 
     gloo = view.facts.backend == "gloo"
     current = current_strategy(view.facts)
     rows = []
-    for strategy in FIT_STRATEGIES:
+    for strategy in DATA_PARALLEL_STRATEGIES:
         cost = implementation_cost(strategy, n, spec.params, view.facts.dtype or "fp32", gloo=gloo)
         mem = cost.memory
         need = mem.total_bytes + allowance
-        sharded = sharded_label(cost.strategy)
+        sharded = sharded_label(sharding_of(cost.strategy))
         rows.append(FitRow(
             strategy=cost.strategy, sharded=sharded, params_bytes=mem.params_bytes, grads_bytes=mem.grads_bytes,
             optimizer_bytes=mem.optimizer_bytes, state_bytes=mem.total_bytes, need_bytes=need,

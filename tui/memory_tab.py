@@ -11,7 +11,8 @@ import math
 
 from rich.text import Text
 
-from . import fmt
+from ringtop.metrics import fmt
+
 from .memory import FitTable, StatePrediction, pct_diff, predicted_state
 from .tables import Column
 from .view_model import RunView
@@ -66,13 +67,7 @@ def delta_text(measured: float, predicted: float) -> Text:
     d = pct_diff(measured, predicted)
     if not math.isfinite(d):
         return Text("new", style="yellow")
-    if abs(d) < 1:
-        s = f"{d:+.2f}%"
-    elif abs(d) < 100:
-        s = f"{d:+.1f}%"
-    else:
-        s = f"{d:+.0f}%"
-    return Text(s, style="green" if abs(d) < 1 else ("yellow" if abs(d) < 10 else "bold red"))
+    return Text(fmt.delta_pct(d), style="green" if abs(d) < 1 else ("yellow" if abs(d) < 10 else "bold red"))
 
 
 def _value(n: int, delta: Text | None = None, *, aligned: bool = True) -> Text:

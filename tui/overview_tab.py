@@ -9,16 +9,15 @@ from dataclasses import dataclass
 
 from rich.text import Text
 
-from . import fmt
+from ringtop.metrics import fmt
+from ringtop.metrics.fmt import mb_compact
+from ringtop.metrics.outliers import NAMED, TABLE_MARK
+
 from .comm_tab import alert_verdict_line
-from .health import SLOWEST_SHOWN_PCT
 from .tables import Column
-from .view_model import COMM_KIND_ABBR, RankRow, RunView
+from .view_model import COMM_KIND_ABBR, SLOWEST_WINDOW, RankRow, RunView
 from .widgets.overview import ChartModel
 
-SLOWEST_MARK_PCT = 3.0
-"""The slowest rank is marked in the table only when it is this much slower than the median rank:
-ranks in lockstep differ by a percent or so, and marking that would only flicker."""
 LEVEL_STYLE = {"info": "cyan", "warn": "bold yellow", "error": "bold red"}
 
 BREAKDOWN_WIDTH = 10
@@ -65,21 +64,6 @@ DEFAULT_TABLE_WIDTH = 118
 def kind_abbr(kind: str) -> str:
     """AR, RS, AG, BC for the common collectives; initials of the words otherwise."""
     return COMM_KIND_ABBR.get(kind) or "".join(w[:1] for w in kind.split("_")).upper() or "?"
-
-
-def mb_compact(x: float) -> str:
-    """MB/s in at most 4 characters: 0 (under 0.005), 0.05, 12.5, 1234, 12k."""
-    if not math.isfinite(x):
-        return "-"
-    if x < 0.005:
-        return "0"
-    if x < 10:
-        return f"{x:.2f}" if x < 1 else f"{x:.1f}"
-    if x < 100:
-        return f"{x:.1f}"
-    if x < 10_000:
-        return f"{x:.0f}"
-    return f"{x / 1000:.0f}k"
 
 
 def overview_columns(kinds: list[str], kinds_cell_width: int = 0, table_width: int = DEFAULT_TABLE_WIDTH,
@@ -150,7 +134,7 @@ def breakdown_legend() -> Text:
 
 def row_cells(view: RunView, row: RankRow, replay: bool) -> dict[str, Text]:
     excess = view.slowest_excess_pct
-    slow = row.slowest and math.isfinite(excess) and excess >= SLOWEST_MARK_PCT
+    slow = row.slowest and math.isfinite(excess) and excess >= TABLE_MARK.min_excess_pct
     dim = "dim" if row.ended else ""
     mem = fmt.nbytes(row.mem_bytes) if row.mem_bytes else "-"
     if row.mem_is_cuda and row.device_mem_total_bytes:
@@ -215,13 +199,13 @@ def alert_text(view: RunView) -> Text:
     if verdict is not None:
         t.append_text(verdict)
     excess = view.slowest_excess_pct
-    if view.slowest_rank is not None and math.isfinite(excess) and excess >= SLOWEST_SHOWN_PCT:
+    if view.slowest_rank is not None and math.isfinite(excess) and excess >= NAMED.min_excess_pct:
         row = view.ranks[view.slowest_rank]
         if t.plain:
             t.append("\n")
         t.append("▲ ", style="bold yellow")
         t.append(f"rank {row.rank} slowest: {fmt.ms(row.recent_step_ms())} ms/step over the last "
-                 f"{min(len(row.step_ms_history), 20)} steps, +{excess:.0f}% vs the median rank")
+                 f"{min(len(row.step_ms_history), SLOWEST_WINDOW)} steps, +{excess:.0f}% vs the others' median")
         stat = row.step_ms_stat
         if stat.count:
             t.append(f"   run mean {fmt.ms(stat.mean)} ms, min {fmt.ms(stat.min)}, max {fmt.ms(stat.max)}",

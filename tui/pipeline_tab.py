@@ -12,7 +12,8 @@ import math
 
 from rich.text import Text
 
-from . import fmt
+from ringtop.metrics import fmt
+
 from .pipeline import (
     BubbleSegment,
     Cell,
@@ -35,16 +36,6 @@ STYLES = {
     ("B", 1): "black on dark_magenta",
 }
 REPLAY_STYLES = {"F": "cyan", "B": "magenta"}
-
-
-def pct(x: float, digits: int = 1) -> str:
-    return f"{100 * x:.{digits}f}%" if isinstance(x, (int, float)) and math.isfinite(x) else "-"
-
-
-def signed_pct(x: float) -> str:
-    if not (isinstance(x, (int, float)) and math.isfinite(x)):
-        return "-"
-    return f"{100 * x:+.1f}%".replace("-", "−")
 
 
 def is_pipeline(view: RunView) -> bool:
@@ -80,7 +71,8 @@ def timeline_text(p: PipelineStep, width: int, show_replay: bool = True) -> Text
         t.append("│", style="dim")
         t.append_text(_cells_text(draw_row(line.spans, line.window_ms, span, bar, line.offset_ms), replay=False))
         t.append("│", style="dim")
-        t.append(f" idle {pct(line.bubble):>6}".ljust(RIGHT_WIDTH), style="bold yellow" if line is p.worst else "")
+        t.append(f" idle {fmt.fraction_pct(line.bubble):>6}".ljust(RIGHT_WIDTH),
+                 style="bold yellow" if line is p.worst else "")
         t.append("\n")
     if show_replay and p.replay is not None:
         for line in p.lines:
@@ -89,7 +81,7 @@ def timeline_text(p: PipelineStep, width: int, show_replay: bool = True) -> Text
             cells = draw_row(replay_spans(p.replay, line.stage), p.replay.makespan_ms, span, bar, p.replay_offset_ms)
             t.append_text(_cells_text(cells, replay=True))
             t.append("│", style="dim")
-            t.append(f" idle {pct(p.replay_bubble(line.stage)):>6}".ljust(RIGHT_WIDTH), style="dim")
+            t.append(f" idle {fmt.fraction_pct(p.replay_bubble(line.stage)):>6}".ljust(RIGHT_WIDTH), style="dim")
             t.append("\n")
     axis_end = f"{fmt.ms(span)} ms"
     t.append(" " * (LABEL_WIDTH + 1) + "0", style="dim")
@@ -148,13 +140,13 @@ def bubble_text(p: PipelineStep) -> Text:
     t = Text(no_wrap=False)
     t.append("bubble  ", style="bold")
     t.append("measured ", style="dim")
-    t.append(pct(p.measured), style="bold yellow")
+    t.append(fmt.fraction_pct(p.measured), style="bold yellow")
     worst = p.worst
-    t.append(f" (1 − Σbusy/Σwindow; worst stage {worst.stage}: {pct(worst.bubble)})", style="dim")
+    t.append(f" (1 − Σbusy/Σwindow; worst stage {worst.stage}: {fmt.fraction_pct(worst.bubble)})", style="dim")
     t.append("   replay ", style="dim")
-    t.append(pct(p.predicted), style="bold")
+    t.append(fmt.fraction_pct(p.predicted), style="bold")
     t.append("   theory ", style="dim")
-    t.append(pct(p.theory), style="bold cyan")
+    t.append(fmt.fraction_pct(p.theory), style="bold cyan")
     t.append(f" = (N−1)/(N+M−1) = {fraction_text(p.stages, p.micro_batches)}", style="dim")
     b = p.breakdown
     t.append("\n")
@@ -163,16 +155,18 @@ def bubble_text(p: PipelineStep) -> Text:
         t.append(f"no replay for this step: {p.replay_error or 'unknown'}", style="dim")
         return t
     t.append("why     ", style="bold")
-    parts = [("schedule", pct(b.from_schedule)), ("imbalance", signed_pct(b.from_imbalance)),
-             ("transfers", signed_pct(b.from_transfers)), ("overhead", signed_pct(b.from_overhead)),
-             ("unexplained", signed_pct(b.unexplained))]
+    parts = [("schedule", fmt.fraction_pct(b.from_schedule)),
+             ("imbalance", fmt.signed_fraction_pct(b.from_imbalance)),
+             ("transfers", fmt.signed_fraction_pct(b.from_transfers)),
+             ("overhead", fmt.signed_fraction_pct(b.from_overhead)),
+             ("unexplained", fmt.signed_fraction_pct(b.unexplained))]
     for i, (name, value) in enumerate(parts):
         if i:
             t.append("  + ", style="dim")
         t.append(f"{name} ")
         t.append(value, style="bold")
     t.append("  = measured ", style="dim")
-    t.append(pct(b.measured), style="bold yellow")
+    t.append(fmt.fraction_pct(b.measured), style="bold yellow")
     t.append("\n")
     t.append(f"        schedule: equal stages, free p2p · imbalance: each op's own time · transfers: "
              f"{fmt.num(b.p2p_ms, 2)} ms/hand-off · overhead: {fmt.num(b.overhead_ms, 2)} ms/op", style="dim")
@@ -205,9 +199,9 @@ def stage_rows(p: PipelineStep | None) -> list[tuple[str, dict[str, Text]]]:
             "wait": Text(fmt.ms(line.wait_recv_ms)),
             "idle": Text(fmt.ms(line.idle_ms)),
             "window": Text(fmt.ms(line.window_ms)),
-            "bubble": Text(pct(line.bubble), style="bold yellow" if line.stage == worst else ""),
-            "replay": Text(pct(p.replay_bubble(line.stage))),
-            "theory": Text(pct(p.theory), style="cyan"),
+            "bubble": Text(fmt.fraction_pct(line.bubble), style="bold yellow" if line.stage == worst else ""),
+            "replay": Text(fmt.fraction_pct(p.replay_bubble(line.stage))),
+            "theory": Text(fmt.fraction_pct(p.theory), style="cyan"),
         }))
     rows.append(("all", {
         "stage": Text("all", style="bold"), "rank": Text(""),
@@ -215,8 +209,9 @@ def stage_rows(p: PipelineStep | None) -> list[tuple[str, dict[str, Text]]]:
         "wait": Text(fmt.ms(sum(line.wait_recv_ms for line in p.lines))),
         "idle": Text(fmt.ms(sum(line.idle_ms for line in p.lines))),
         "window": Text(fmt.ms(sum(line.window_ms for line in p.lines))),
-        "bubble": Text(pct(p.measured), style="bold"), "replay": Text(pct(p.predicted), style="bold"),
-        "theory": Text(pct(p.theory), style="bold cyan"),
+        "bubble": Text(fmt.fraction_pct(p.measured), style="bold"),
+        "replay": Text(fmt.fraction_pct(p.predicted), style="bold"),
+        "theory": Text(fmt.fraction_pct(p.theory), style="bold cyan"),
     }))
     return rows
 
@@ -255,8 +250,8 @@ def history_rows(ps: PipelineState) -> list[tuple[str, dict[str, Text]]]:
             "m": Text(str(seg.micro_batches), style="bold" if now else ""),
             "schedule": Text(seg.schedule or "?"), "n": Text(str(seg.stages)),
             "steps": Text(steps), "samples": Text(str(seg.samples)),
-            "measured": Text(pct(seg.measured), style="bold yellow" if now else "yellow"),
-            "replay": Text(pct(seg.predicted)), "theory": Text(pct(seg.theory), style="cyan"),
+            "measured": Text(fmt.fraction_pct(seg.measured), style="bold yellow" if now else "yellow"),
+            "replay": Text(fmt.fraction_pct(seg.predicted)), "theory": Text(fmt.fraction_pct(seg.theory), style="cyan"),
             "bar": history_bar(seg.measured, seg.theory),
         }))
     return rows

@@ -8,7 +8,8 @@ from typing import Any, Iterable, NamedTuple
 from rich.text import Text
 from textual.app import SystemCommand
 
-from . import fmt
+from ringtop.metrics import fmt
+
 from .actions import switch_rows
 from .screens import MicroBatchesPrompt, SwitchPicker
 

@@ -12,7 +12,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Input, Static
 
-from . import fmt
+from ringtop.metrics import fmt
+
 from .actions import SwitchRow, parse_micro_batches
 
 

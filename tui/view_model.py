@@ -17,10 +17,15 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from ringtop.metrics import fmt
+from ringtop.metrics.outliers import slowest
+from ringtop.metrics.strategy_names import sharded_label, strategy_label
+from ringtop.metrics.timing import share_pct
 from ringtop.protocol import (
     UI_RANK,
     Bye,
     Command,
+    CommStat,
     Event,
     Heartbeat,
     Hello,
@@ -32,7 +37,6 @@ from ringtop.protocol import (
     Timeline,
 )
 
-from . import fmt
 from .pipeline import PipelineState
 from .sanitize import visible
 
@@ -145,19 +149,7 @@ class RunFacts:
     @property
     def strategy_name(self) -> str:
         """The strategy as the header shows it: `fsdp(full)` for FSDP with its sharding option."""
-        s = self.strategy
-        if s == "fsdp":
-            mode = self.strategy_options.get("sharding")
-            return f"fsdp({mode})" if mode else "fsdp"
-        if s == "pp":
-            o = self.strategy_options
-            parts = [str(o["schedule"])] if o.get("schedule") else []
-            if isinstance(o.get("stages"), int):
-                parts.append(f"N={o['stages']}")
-            if isinstance(o.get("micro_batches"), int):
-                parts.append(f"M={o['micro_batches']}")
-            return f"pp({', '.join(parts)})" if parts else "pp"
-        return s
+        return strategy_label(self.strategy, self.strategy_options)
 
     @property
     def sharding_text(self) -> str:
@@ -167,8 +159,8 @@ class RunFacts:
             replicas = self.strategy_options.get("replicas")
             return "layers split into stages" + (f", {replicas} replicas" if isinstance(replicas, int)
                                                  and replicas > 1 else "")
-        parts = [name for name, on in (("params", sh.params), ("grads", sh.grads), ("optim", sh.optimizer)) if on]
-        return "+".join(parts) + " sharded" if parts else "replicated"
+        parts = sharded_label(sh, nothing="")
+        return parts + " sharded" if parts else "replicated"
 
 
 @dataclass
@@ -331,8 +323,8 @@ class CommStep:
     """Exposed communication (Step.comm_blocked_ms)."""
     busy_ms: float = 0.0
     """Union of in-flight collective intervals (Step.comm_busy_ms)."""
-    kinds: dict[tuple[str, int], list] = field(default_factory=dict)
-    """(kind, group size) -> [count, bytes, busy_ms]; busy_ms per kind adds each call's own time."""
+    kinds: dict[tuple[str, int], CommStat] = field(default_factory=dict)
+    """(kind, group size) -> the kind's totals, summed; busy_ms per kind adds each call's own time."""
 
     def add(self, other: "CommStep") -> None:
         self.ranks += other.ranks
@@ -340,14 +332,14 @@ class CommStep:
         self.data_ms += other.data_ms
         self.blocked_ms += other.blocked_ms
         self.busy_ms += other.busy_ms
-        for key, (count, nbytes, busy) in other.kinds.items():
-            acc = self.kinds.get(key)
-            if acc is None:
-                self.kinds[key] = [count, nbytes, busy]
-            else:
-                acc[0] += count
-                acc[1] += nbytes
-                acc[2] += busy
+        for c in other.kinds.values():
+            self.add_comm(c)
+
+    def add_comm(self, c: CommStat) -> None:
+        acc = self.kinds.get((c.kind, c.group_size))
+        if acc is None:
+            acc = self.kinds[(c.kind, c.group_size)] = CommStat(kind=c.kind, group_size=c.group_size)
+        acc.add(c)
 
 
 @dataclass
@@ -681,7 +673,7 @@ class RunView:
 
     @property
     def slowest_excess_pct(self) -> float:
-        """How much slower the slowest rank is than the median rank, in percent."""
+        """How much slower the slowest rank is than the other ranks' median, in percent (metrics.outliers)."""
         self._ensure_slowest()
         return self._slowest_excess_pct
 
@@ -887,9 +879,9 @@ class RunView:
             step_s = msg.step_ms / 1000.0
             row.comm_mb_s = row.comm_bytes / step_s / 1e6
             row.comm_kind_mb_s = {k: b / step_s / 1e6 for k, b in kinds.items()}
-            row.comm_share_pct = 100.0 * msg.comm_blocked_ms / msg.step_ms
+            row.comm_share_pct = share_pct(msg.comm_blocked_ms, msg.step_ms)
             idle = msg.idle_ms if row.idle_reported else msg.data_ms + msg.comm_blocked_ms
-            row.idle_pct = 100.0 * idle / msg.step_ms
+            row.idle_pct = share_pct(idle, msg.step_ms)
         else:
             row.comm_mb_s = math.nan
             row.comm_kind_mb_s = {k: math.nan for k in kinds}
@@ -919,11 +911,7 @@ class RunView:
         cs = CommStep(step=msg.step, ranks=1, step_ms=msg.step_ms, data_ms=_finite_or_0(msg.data_ms),
                       blocked_ms=_finite_or_0(msg.comm_blocked_ms), busy_ms=_finite_or_0(msg.comm_busy_ms))
         for c in msg.comm:
-            key = (c.kind, c.group_size)
-            acc = cs.kinds.setdefault(key, [0, 0, 0.0])
-            acc[0] += c.count
-            acc[1] += c.bytes
-            acc[2] += _finite_or_0(c.busy_ms)
+            cs.add_comm(c)
         row.comm_history.append(cs)
         self.comm_version += 1
         agg = self.comm_steps.get(msg.step)
@@ -1035,12 +1023,10 @@ class RunView:
             self._slowest_rank = None
             self._slowest_excess_pct = math.nan
             return
-        means = {r.rank: r.recent_step_ms() for r in live}
-        slowest = max(means, key=lambda k: (means[k], k))
-        median = statistics.median(means.values())
-        self._slowest_rank = slowest
-        self._slowest_excess_pct = 100.0 * (means[slowest] / median - 1.0) if median > 0 else math.nan
-        self.ranks[slowest].slowest = True
+        found = slowest({r.rank: r.recent_step_ms() for r in live})
+        self._slowest_rank = found.rank
+        self._slowest_excess_pct = found.excess_pct
+        self.ranks[found.rank].slowest = True
 
     def _on_bye(self, row: RankRow, msg: Bye) -> None:
         if row.ended and msg.ts <= row.bye_ts:

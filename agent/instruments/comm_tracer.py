@@ -20,7 +20,7 @@ How the device intervals become the summary (all in device time, on one timeline
   stream made to wait for the work). Collectives of one process group run in issue order on that
   group's NCCL stream, so a collective's start is moved up to the previous one's end in the same
   `lane`: queueing behind an earlier collective is not counted as this one's time.
-  `KindTotals.busy_ms` sums these intervals per kind; `CommSummary.busy_ms` is their union.
+  `CommStat.busy_ms` sums these intervals per kind; `CommSummary.busy_ms` is their union.
 - Exposed time is what the training (compute) stream spent stalled on communication: between an
   event recorded on it just before a `Work.wait()` (or a blocking collective issued on it) and one
   just after. When a step has no such stall (DDP's reducer and FSDP2 make the compute stream wait
@@ -38,22 +38,16 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ringtop.protocol import CommStat
+
 MAX_PENDING_DEVICE = 4096
 """Device records whose events have not completed are kept at most this many (oldest dropped)."""
 
 
 @dataclass(frozen=True)
-class KindTotals:
-    kind: str
-    count: int
-    bytes: int
-    busy_ms: float
-    group_size: int
-
-
-@dataclass(frozen=True)
 class CommSummary:
-    kinds: list[KindTotals]
+    kinds: list[CommStat]
+    """Per kind, the totals the Step message carries as they are."""
     blocked_ms: float
     """Exposed communication: the training thread's measured waits when the strategy reports them;
     for DDP (whose reducer waits in C++) the time from the last bucket's issue to the last
@@ -151,7 +145,7 @@ class CommTracer:
             p2p_blocked, self._p2p_blocked = self._p2p_blocked, []
             device, self._device = self._device, []
             stalls, self._stalls = self._stalls, []
-        totals: dict[str, list[float]] = {}
+        totals: dict[str, CommStat] = {}
         for kind, nbytes, group_size, t0, t1 in done:
             _add(totals, kind, nbytes, group_size, (t1 - t0) / 1e6)
         collective = [d for d in done if d[0] != "p2p"]
@@ -171,12 +165,11 @@ class CommTracer:
             busy_ms += d_busy
             blocked_ms += d_blocked
             p2p_wait_ms += d_p2p
-        kinds = [KindTotals(k, int(v[0]), int(v[1]), float(v[2]), int(v[3])) for k, v in totals.items()]
-        return CommSummary(kinds=kinds, blocked_ms=blocked_ms, busy_ms=busy_ms, p2p_wait_ms=p2p_wait_ms,
+        return CommSummary(kinds=list(totals.values()), blocked_ms=blocked_ms, busy_ms=busy_ms, p2p_wait_ms=p2p_wait_ms,
                            pending=pending)
 
     def _resolve_device(self, device: list[_DeviceRecord], stalls: list[tuple[Any, Any, bool]],
-                        totals: dict[str, list[float]]) -> tuple[float, float, float, int]:
+                        totals: dict[str, CommStat]) -> tuple[float, float, float, int]:
         """(busy, exposed, p2p wait) ms of the device records whose events have completed; the
         others go back to the pending lists. Only `Event.query()` and `elapsed_time` on completed
         events: nothing here waits for the device."""
@@ -241,11 +234,12 @@ def _split(items: list, complete: Any) -> tuple[list, list]:
     return done, waiting
 
 
-def _add(totals: dict[str, list[float]], kind: str, nbytes: int, group_size: int, ms: float) -> None:
-    agg = totals.setdefault(kind, [0, 0, 0.0, group_size])
-    agg[0] += 1
-    agg[1] += nbytes
-    agg[2] += ms
+def _add(totals: dict[str, CommStat], kind: str, nbytes: int, group_size: int, ms: float) -> None:
+    """One call into its kind's totals; a kind keeps the group size of its first call."""
+    agg = totals.get(kind)
+    if agg is None:
+        agg = totals[kind] = CommStat(kind=kind, group_size=group_size)
+    agg.add(CommStat(kind=kind, count=1, bytes=nbytes, busy_ms=ms))
 
 
 def union_ns(intervals: list[tuple[float, float]]) -> float:

@@ -1,0 +1,97 @@
+"""The one rule for "this rank is slower than the others": the rank's time against the median of
+the *other* ranks (the slow rank must not pull up its own baseline; with two ranks the median of
+all would be the midpoint and halve the excess).
+
+What is compared depends on what the caller has: the view model compares mean step times (all it
+has of a rank that sends no communication numbers), the Comm tab and the agent's diagnosis compare
+compute time (ranks in lockstep have equal step times; the slow one is the one the others wait
+for). How far above the others a rank must be depends on what is done with it, so each use names
+its `Threshold` below; the rule that applies it is the same.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+
+@dataclass(frozen=True, slots=True)
+class Threshold:
+    """How far above the others' median a rank must be to be called out: both by this percentage
+    and by this many ms (the ms floor keeps a few ms of jitter on fast steps from counting)."""
+
+    min_excess_pct: float
+    min_excess_ms: float = 0.0
+
+
+TABLE_MARK = Threshold(min_excess_pct=3.0)
+"""Mark the slowest rank in a table (the ranks table's `▲`, the Comm tab's "step time +N %"): ranks
+in lockstep differ by a percent or so, and marking that would only flicker."""
+NAMED = Threshold(min_excess_pct=5.0)
+"""Name the slowest rank in a sentence (the health line, the alert under the charts)."""
+COMPUTE_NAMED = Threshold(min_excess_pct=10.0)
+"""Name the slowest rank by compute time (the Comm tab, the verdict panel): compute is the step
+minus the waits, a smaller figure than the step, so the same jitter in ms is a larger percentage."""
+STRAGGLER = Threshold(min_excess_pct=50.0, min_excess_ms=25.0)
+"""Raise a `straggler` verdict with advice (the agent's diagnosis): loose on purpose, a healthy run
+on a noisy machine must produce none."""
+
+
+@dataclass(frozen=True, slots=True)
+class Outlier:
+    rank: int
+    value_ms: float
+    others_median_ms: float
+    excess_pct: float
+    """100 x (value / others' median - 1); inf when the others' median is 0 and this rank's is not."""
+
+    @property
+    def excess_ms(self) -> float:
+        return self.value_ms - self.others_median_ms
+
+    def meets(self, threshold: Threshold) -> bool:
+        return self.excess_pct >= threshold.min_excess_pct and self.excess_ms >= threshold.min_excess_ms
+
+
+def median(values: Iterable[float]) -> float:
+    """The middle value (the mean of the middle two for an even count); NaN for none."""
+    xs = sorted(values)
+    if not xs:
+        return math.nan
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+
+
+def excess_pct(value_ms: float, baseline_ms: float) -> float:
+    """How much larger `value_ms` is than `baseline_ms`, in percent."""
+    if baseline_ms > 0:
+        return 100.0 * (value_ms / baseline_ms - 1.0)
+    return math.inf if value_ms > baseline_ms else 0.0
+
+
+def against_others(times_ms: Mapping[int, float], rank: int) -> Outlier:
+    """`rank`'s time against the median of the other ranks' (finite) times."""
+    value = times_ms[rank]
+    others = median(t for r, t in times_ms.items() if r != rank and math.isfinite(t))
+    return Outlier(rank, value, others, excess_pct(value, others))
+
+
+def slowest(times_ms: Mapping[int, float]) -> Outlier | None:
+    """The rank with the largest finite time (the higher rank on a tie) against the others; None
+    with fewer than two finite times. Whether it is slow enough to show is `Outlier.meets`."""
+    finite = {r: t for r, t in times_ms.items() if math.isfinite(t)}
+    if len(finite) < 2:
+        return None
+    return against_others(finite, max(finite, key=lambda r: (finite[r], r)))
+
+
+def outliers(times_ms: Mapping[int, float], threshold: Threshold) -> list[Outlier]:
+    """Every rank that meets `threshold` against the others, in rank order (two slow ranks of four
+    are both stragglers). The slowest rank is among them whenever any is: removing the largest
+    time leaves the smallest median."""
+    finite = {r: t for r, t in times_ms.items() if math.isfinite(t)}
+    if len(finite) < 2:
+        return []
+    found = (against_others(finite, r) for r in sorted(finite))
+    return [o for o in found if o.meets(threshold)]

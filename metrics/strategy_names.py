@@ -1,0 +1,97 @@
+"""Strategy names, once: what the agent takes (`--strategy`, the `switch` command), the cost
+model's canonical names (one per FSDP sharding) and the labels the screens print.
+
+The wire schema (`protocol.commands.SwitchArgs`) spells the same lists out as literals, on purpose:
+a wire contract does not change when a list here does; tests/test_metrics.py holds them equal.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+STRATEGY_CHOICES: tuple[str, ...] = ("ddp", "zero1", "zero2", "zero3", "fsdp", "pp")
+"""What `--strategy` and the `switch` command take."""
+ZERO_STRATEGIES: tuple[str, ...] = ("zero1", "zero2", "zero3")
+"""The DeepSpeed ZeRO stages (they take a DeepSpeed config)."""
+FSDP_SHARDINGS: tuple[str, ...] = ("full", "grad-op", "no-shard")
+PP_SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b")
+
+STRATEGIES: tuple[str, ...] = ("ddp", "zero1", "zero2", "zero3", "fsdp-full", "fsdp-grad-op", "fsdp-no-shard", "pp")
+"""Canonical (cost-model) names: `fsdp` + a sharding is one name per sharding."""
+DATA_PARALLEL_STRATEGIES: tuple[str, ...] = tuple(s for s in STRATEGIES if s != "pp")
+"""What the switch picker offers and the Memory tab's fit table compares: the same model whole on
+every rank, so one parameter count prices them all."""
+
+LESS_SHARDED: dict[str, str] = {"zero3": "zero2", "fsdp-full": "fsdp-grad-op"}
+"""The strategy that keeps parameters gathered from forward to backward, dropping the backward
+all-gather: the diagnosis' advice to a communication-bound fully sharded run."""
+
+_FSDP = "fsdp-"
+
+
+def fsdp_name(sharding: str) -> str:
+    """The canonical name of FSDP with `sharding`: `full` -> `fsdp-full`."""
+    return _FSDP + sharding
+
+
+def canonical_strategy(strategy: str, fsdp_sharding: str | None = None) -> str:
+    """One of STRATEGIES, from names like "zero2", "fsdp" + "grad-op", "fsdp(full)" or "FULL_SHARD"."""
+    s = strategy.strip().lower().replace("_", "-")
+    aliases = {"zero0": "ddp", "zero-0": "ddp", "zero-1": "zero1", "zero-2": "zero2", "zero-3": "zero3",
+               "full-shard": fsdp_name("full"), "shard-grad-op": fsdp_name("grad-op"),
+               "no-shard": fsdp_name("no-shard"), "pipeline": "pp"}
+    s = aliases.get(s, s)
+    if s.startswith("fsdp(") and s.endswith(")"):
+        s, fsdp_sharding = "fsdp", s[5:-1]
+    if s == "fsdp":
+        sharding = (fsdp_sharding or "full").strip().lower().replace("_", "-")
+        sharding = {"full-shard": "full", "shard-grad-op": "grad-op"}.get(sharding, sharding)
+        if sharding not in FSDP_SHARDINGS:
+            raise ValueError(f"unknown FSDP sharding {fsdp_sharding!r}: use one of {', '.join(FSDP_SHARDINGS)}")
+        s = fsdp_name(sharding)
+    if s not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}: use one of {', '.join(STRATEGIES)} (or fsdp with a sharding)")
+    return s
+
+
+def switch_args(canonical: str) -> dict[str, str]:
+    """The `switch` command's arguments for a canonical name: `fsdp-full` ->
+    {"strategy": "fsdp", "fsdp_sharding": "full"}."""
+    if canonical.startswith(_FSDP):
+        return {"strategy": "fsdp", "fsdp_sharding": canonical[len(_FSDP):]}
+    return {"strategy": canonical}
+
+
+def picker_label(canonical: str) -> str:
+    """A canonical name in words, for a list to pick from: `fsdp-grad-op` -> `fsdp grad-op`."""
+    return " ".join(switch_args(canonical).values())
+
+
+def strategy_label(strategy: str, options: dict[str, Any]) -> str:
+    """A running strategy with the options that change its behaviour, as the header and the
+    agent's switch events show it: `fsdp(full)`, `pp(1f1b, N=2, M=4)`."""
+    if strategy == "fsdp":
+        mode = options.get("sharding")
+        return f"fsdp({mode})" if mode else "fsdp"
+    if strategy == "pp":
+        parts = [str(options["schedule"])] if options.get("schedule") else []
+        if isinstance(options.get("stages"), int):
+            parts.append(f"N={options['stages']}")
+        if isinstance(options.get("micro_batches"), int):
+            parts.append(f"M={options['micro_batches']}")
+        return f"pp({', '.join(parts)})" if parts else "pp"
+    return strategy
+
+
+class _Sharding(Protocol):
+    params: bool
+    grads: bool
+    optimizer: bool
+
+
+def sharded_label(sharding: _Sharding, nothing: str = "-") -> str:
+    """What is sharded, for a table cell: `params+grads+optim`, or `nothing` when nothing is.
+    Takes the cost model's `Sharding` or the one a Hello carries (the same three flags)."""
+    parts = [name for name, on in (("params", sharding.params), ("grads", sharding.grads),
+                                   ("optim", sharding.optimizer)) if on]
+    return "+".join(parts) or nothing
