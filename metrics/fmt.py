@@ -28,10 +28,10 @@ def count(n: float | None) -> str:
 
 
 def nbytes(n: float | None) -> str:
-    """Bytes in binary units, compact: '512K', '48.0M', '31.2G'."""
+    """Bytes in binary units, compact, at most 7 characters: '512B', '512KiB', '48.0MiB', '31.2GiB'."""
     if not _finite(n) or n < 0:
         return "-"
-    for unit, scale in (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= scale:
             v = n / scale
             return f"{v:.1f}{unit}" if v < 100 else f"{v:.0f}{unit}"

@@ -19,10 +19,11 @@ from typing import Iterable, Mapping
 @dataclass(frozen=True, slots=True)
 class Threshold:
     """How far above the others' median a rank must be to be called out: both by this percentage
-    and by this many ms (the ms floor keeps a few ms of jitter on fast steps from counting)."""
+    and by this much in the compared value's own unit (ms for times: the floor keeps a few ms of
+    jitter on fast steps from counting)."""
 
     min_excess_pct: float
-    min_excess_ms: float = 0.0
+    min_excess: float = 0.0
 
 
 TABLE_MARK = Threshold(min_excess_pct=3.0)
@@ -33,9 +34,17 @@ NAMED = Threshold(min_excess_pct=5.0)
 COMPUTE_NAMED = Threshold(min_excess_pct=10.0)
 """Name the slowest rank by compute time (the Comm tab, the verdict panel): compute is the step
 minus the waits, a smaller figure than the step, so the same jitter in ms is a larger percentage."""
-STRAGGLER = Threshold(min_excess_pct=50.0, min_excess_ms=25.0)
+STRAGGLER = Threshold(min_excess_pct=50.0, min_excess=25.0)
 """Raise a `straggler` verdict with advice (the agent's diagnosis): loose on purpose, a healthy run
 on a noisy machine must produce none."""
+CELL_TIME = Threshold(min_excess_pct=25.0, min_excess=5.0)
+"""Highlight a rank's step time in the ranks table: a quarter above the others and 5 ms."""
+CELL_SHARE = Threshold(min_excess_pct=25.0, min_excess=5.0)
+"""Highlight a rank's idle share (percent of its step): a quarter above the others and 5 points
+(17.6 % against 31.7 % is one; 1.0 % against 1.6 % is jitter)."""
+CELL_MEMORY = Threshold(min_excess_pct=20.0, min_excess=64 * 2**20)
+"""Highlight a rank's memory (bytes): a fifth above the others and 64 MiB (a rank holding more
+than its share: uneven pipeline stages, a leak, a rank that gathered what others did not)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +60,7 @@ class Outlier:
         return self.value_ms - self.others_median_ms
 
     def meets(self, threshold: Threshold) -> bool:
-        return self.excess_pct >= threshold.min_excess_pct and self.excess_ms >= threshold.min_excess_ms
+        return self.excess_pct >= threshold.min_excess_pct and self.excess_ms >= threshold.min_excess
 
 
 def median(values: Iterable[float]) -> float:

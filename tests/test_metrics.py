@@ -220,7 +220,7 @@ def test_formats():
     assert [fmt.mb_compact(x) for x in (0.001, 0.05, 7.25, 12.5, 1234.4, 12_345.0)] == \
         ["0", "0.05", "7.2", "12.5", "1234", "12k"]
     assert [fmt.gbps(x) for x in (1.048576, 13.74, 450.0)] == ["1.05", "13.7", "450"]
-    assert [fmt.nbytes(x) for x in (512, 48 << 20)] == ["512B", "48.0M"]
+    assert [fmt.nbytes(x) for x in (512, 48 << 20)] == ["512B", "48.0MiB"]
 
 
 # ---------------------------------------------------------------------- one struct for a kind's totals

@@ -172,11 +172,11 @@ async def test_switch_picker_shows_predictions_and_enter_sends_switch():
             # params, (N-1)/N each = 4,938,268 B, and gloo's reduce-scatter runs as an all-reduce,
             # 2 (N-1)/N x 4,938,268 = 4,938,268 B: 9,876,536 B = 9.4 MiB per rank and step.
             assert [picker_cell(app, "zero3", c) for c in ("params", "grads", "optim", "state", "wire")] == \
-                ["2.4M", "2.4M", "7.1M", "11.8M", "9.4M"]
+                ["2.4MiB", "2.4MiB", "7.1MiB", "11.8MiB", "9.4MiB"]
             assert picker_cell(app, "zero3", "sharded") == "params+grads+optim"
             # ddp replicates fp32 params and grads (4.7 MiB each) and AdamW's 8 B/param (9.4 MiB): 18.8 MiB;
             # the all-reduce sends 2 (N-1)/N x 4,938,268 B = 4.7 MiB
-            assert [picker_cell(app, "ddp", c) for c in ("state", "wire")] == ["18.8M", "4.7M"]
+            assert [picker_cell(app, "ddp", c) for c in ("state", "wire")] == ["18.8MiB", "4.7MiB"]
             assert "1.2M params, 2 ranks, fp32, gloo" in static_text(app.screen, "#switch-title")
             # the cursor starts on the first target that is not the current one; two down is zero3
             assert app.screen.query_one(DataTable).cursor_row == 1
@@ -313,7 +313,7 @@ async def test_sharded_async_checkpoint_progress_in_header_and_events():
             text = event_log_text(app)
             assert "checkpoint sharded async [" in text
             assert ("pending → ack → done: sharded checkpoint written in 1.25 s: /ckpt/step-00000012-sharded "
-                    "(3.0M, step 12)") in text
+                    "(3.0MiB, step 12)") in text
             def _shown_7():
                 assert "checkpoint" not in header_text(app)  # nothing in flight any more
                 assert "✓ done" in static_text(app, "#ops")

@@ -472,15 +472,16 @@ async def test_zero3_header_per_kind_comm_and_memory_tab():
         m = lambda row, col: table_cell(app, "#mem-ranks", row, col)  # noqa: E731
         # rank 0 holds exactly the prediction
         assert (m("r0", "params"), m("r0", "grads"), m("r0", "optim"), m("r0", "state")) == \
-            ("2.0G =", "2.0G =", "4.0G =", "8.0G =")
+            ("2.0GiB =", "2.0GiB =", "4.0GiB =", "8.0GiB =")
         # rank 1: 4 MiB more optimizer state: 4 MiB / 4 GiB = +0.098 %, of the 8 GiB state +0.049 %
-        assert (m("r1", "optim"), m("r1", "state")) == ("4.0G +0.10%", "8.0G +0.05%")
+        assert (m("r1", "optim"), m("r1", "state")) == ("4.0GiB +0.10%", "8.0GiB +0.05%")
         for r in ("r0p", "r1p"):
-            assert (m(r, "params"), m(r, "grads"), m(r, "optim"), m(r, "state")) == ("2.0G", "2.0G", "4.0G", "8.0G")
+            assert (m(r, "params"), m(r, "grads"), m(r, "optim"), m(r, "state")) == \
+                ("2.0GiB", "2.0GiB", "4.0GiB", "8.0GiB")
             assert m(r, "rank").endswith("pred")
         # other = allocated 32 GiB − state 8 GiB = 24 GiB; reserved and peak as sent
         assert (m("r0", "other"), m("r0", "total"), m("r0", "reserved"), m("r0", "peak")) == \
-            ("24.0G", "32.0G", "38.0G", "36.0G")
+            ("24.0GiB", "32.0GiB", "38.0GiB", "36.0GiB")
         # the bar: 12 cells for 40 GiB; rank 0's 32 GiB take round(32/40 x 12) = 10, the predicted 8 GiB ~3
         assert m("r0", "bar") == "█" * 10 + "··"
         assert "note: flat shards, ceil(P/N)" in static_text(app, "#mem-caption")
@@ -494,18 +495,18 @@ async def test_zero3_header_per_kind_comm_and_memory_tab():
         assert f("zero3", "strategy") == "▶ zero3"
         assert [f(s, "strategy") for s in ("ddp", "zero1", "zero2", "fsdp-full")] == \
             ["ddp", "zero1", "zero2", "fsdp-full"]  # only this run's strategy is marked
-        assert (f("ddp", "state"), f("ddp", "need"), f("ddp", "fits")) == ("16.0G", "44.0G", "✗ 110%")
-        assert (f("zero1", "state"), f("zero1", "need"), f("zero1", "fits")) == ("14.0G", "42.0G", "✗ 105%")
-        assert (f("zero2", "need"), f("zero2", "fits")) == ("40.0G", "✓ 100%")
-        assert (f("zero3", "params"), f("zero3", "grads"), f("zero3", "optim")) == ("2.0G", "2.0G", "6.0G")
-        assert (f("zero3", "state"), f("zero3", "need"), f("zero3", "fits")) == ("10.0G", "38.0G", "✓ 95%")
-        assert (f("fsdp-full", "state"), f("fsdp-full", "fits")) == ("8.0G", "✓ 90%")
+        assert (f("ddp", "state"), f("ddp", "need"), f("ddp", "fits")) == ("16.0GiB", "44.0GiB", "✗ 110%")
+        assert (f("zero1", "state"), f("zero1", "need"), f("zero1", "fits")) == ("14.0GiB", "42.0GiB", "✗ 105%")
+        assert (f("zero2", "need"), f("zero2", "fits")) == ("40.0GiB", "✓ 100%")
+        assert (f("zero3", "params"), f("zero3", "grads"), f("zero3", "optim")) == ("2.0GiB", "2.0GiB", "6.0GiB")
+        assert (f("zero3", "state"), f("zero3", "need"), f("zero3", "fits")) == ("10.0GiB", "38.0GiB", "✓ 95%")
+        assert (f("fsdp-full", "state"), f("fsdp-full", "fits")) == ("8.0GiB", "✓ 90%")
         assert f("zero3", "sharded") == "params+grads+optim" and f("ddp", "sharded") == "-"
         # bytes on the wire per rank, N = 2, 4 GiB of params and of grads: ddp 2 x 1/2 x 4 = 4 GiB,
         # zero3 two all-gathers and a reduce-scatter, 3 x 1/2 x 4 = 6 GiB
-        assert (f("ddp", "wire"), f("zero3", "wire")) == ("4.0G", "6.0G")
+        assert (f("ddp", "wire"), f("zero3", "wire")) == ("4.0GiB", "6.0GiB")
         caption = static_text(app, "#fit-caption")
-        assert "(28.0G)" in caption and "40.0G per rank" in caption
+        assert "(28.0GiB)" in caption and "40.0GiB per rank" in caption
 
         await pilot.press("5")
         assert app.query_one("TabbedContent").active == "events"
@@ -541,12 +542,12 @@ async def test_memory_tab_on_cpu_without_a_prediction(tmp_path):
         # 1,234,567 fp32 params, DDP replicates: 4,938,268 B = 4.7 MiB each of params and grads,
         # 9,876,536 B = 9.4 MiB of optimizer, 19,753,072 B = 18.8 MiB state
         assert (m("r0p", "params"), m("r0p", "grads"), m("r0p", "optim"), m("r0p", "state")) == \
-            ("4.7M", "4.7M", "9.4M", "18.8M")
+            ("4.7MiB", "4.7MiB", "9.4MiB", "18.8MiB")
         assert m("r0p", "rank").endswith("pred*")
         assert "pred*: computed here" in static_text(app, "#mem-caption")
         # this agent counted no state bytes (all 0): shown as not measured; other = all of RSS, 300 MiB
         assert (m("r0", "params"), m("r0", "state")) == ("-", "-")
-        assert m("r0", "other") == "300M" and m("r0", "total") == "300M"
+        assert m("r0", "other") == "300MiB" and m("r0", "total") == "300MiB"
         assert "the agent counted no parameter/gradient/optimizer bytes" in static_text(app, "#mem-caption")
         assert "RSS" in column_labels(app, "#mem-ranks").values()
         f = lambda row, col: table_cell(app, "#fit", row, col)  # noqa: E731

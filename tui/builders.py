@@ -26,7 +26,15 @@ from .events_tab import event_line, operations_text
 from .health import health_line
 from .memory import fit_table
 from .memory_tab import fit_caption, fit_columns, fit_rows, memory_caption, memory_columns, memory_rows, on_gpu
-from .overview_tab import DEFAULT_TABLE_WIDTH, alert_text, breakdown_legend, chart_model, overview_columns, row_cells
+from .overview_tab import (
+    DEFAULT_TABLE_WIDTH,
+    alert_text,
+    breakdown_legend,
+    chart_model,
+    outlying_cells,
+    overview_columns,
+    row_cells,
+)
 from .pipeline import idle_rows
 from .pipeline_tab import (
     HISTORY_COLUMNS,
@@ -88,7 +96,8 @@ class Builders:
         self._event_lines: tuple = ()
 
     def overview(self, view: RunView, now: float, *, replay: bool, table_width: int = 0) -> OverviewModel:
-        rows = [(f"r{row.rank}", row_cells(view, row, replay)) for row in view.rows()]
+        outlying = outlying_cells(view)
+        rows = [(f"r{row.rank}", row_cells(view, row, replay, outlying)) for row in view.rows()]
         kinds = view.comm_kinds
         if kinds != self._kinds:  # the per-kind column only widens (a rebuild), so it does not flicker
             self._kinds, self._kinds_width = kinds, 0

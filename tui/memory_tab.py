@@ -19,7 +19,7 @@ from .view_model import RunView
 
 PART_STYLES = {"params": "cyan", "grads": "magenta", "optim": "yellow", "other": "bright_black"}
 BAR_WIDTH = 12
-NUM_W = 12  # "123.4M +12.5%"
+NUM_W = 14  # "99.9MiB +12.5%"
 
 
 def legend() -> Text:
@@ -71,9 +71,9 @@ def delta_text(measured: float, predicted: float) -> Text:
 
 
 def _value(n: int, delta: Text | None = None, *, aligned: bool = True) -> Text:
-    """`  4.0M +0.00%`: the value right-aligned in 5, then the difference left-aligned in 6, so the
+    """`  4.0MiB +0.00%`: the value right-aligned in 7, then the difference left-aligned in 6, so the
     values line up between measured rows (with a difference) and predicted rows (without)."""
-    t = Text(f"{fmt.nbytes(n):>5}")
+    t = Text(f"{fmt.nbytes(n):>7}")
     if delta is not None:
         t.append(" ")
         t.append_text(delta)

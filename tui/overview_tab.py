@@ -11,7 +11,7 @@ from rich.text import Text
 
 from ringtop.metrics import fmt
 from ringtop.metrics.fmt import mb_compact
-from ringtop.metrics.outliers import NAMED, TABLE_MARK
+from ringtop.metrics.outliers import CELL_MEMORY, CELL_SHARE, CELL_TIME, NAMED, TABLE_MARK, Threshold, outliers
 
 from .comm_tab import alert_verdict_line
 from .tables import Column
@@ -47,7 +47,7 @@ RANK_COLUMNS: tuple[RankColumn, ...] = (
     RankColumn("loss", "loss", 6, 3),
     RankColumn("breakdown", "step parts", BREAKDOWN_WIDTH, 8, numeric=False),
     RankColumn("tok_s", "tok/s", 6, 10),
-    RankColumn("mem", "mem", 9, 4),
+    RankColumn("mem", "mem", 10, 4),
     RankColumn("comm_mb_s", "comm MB/s", 9, 5),
     RankColumn("comm_kinds", "", 0, 9),
     RankColumn("idle_pct", "idle %", 6, 1),
@@ -132,13 +132,36 @@ def breakdown_legend() -> Text:
     return t
 
 
-def row_cells(view: RunView, row: RankRow, replay: bool) -> dict[str, Text]:
+OUTLIER_STYLE = "bold yellow"
+OUTLIER_COLUMNS: tuple[tuple[str, str, Threshold], ...] = (
+    ("step_ms", "step_ms", CELL_TIME),
+    ("idle_pct", "idle_pct", CELL_SHARE),
+    ("mem", "mem_bytes", CELL_MEMORY),
+)
+"""(column, RankRow attribute, threshold): cells highlighted when the rank is that far above the
+other live ranks (the one outlier rule, ringtop.metrics.outliers)."""
+
+
+def outlying_cells(view: RunView) -> dict[str, frozenset[int]]:
+    """Per column, the live ranks whose value stands out above the others'."""
+    live = [r for r in view.ranks.values() if not r.ended and not r.dead and r.step >= 0]
+    out = {}
+    for column, attr, threshold in OUTLIER_COLUMNS:
+        values = {r.rank: float(getattr(r, attr)) for r in live}
+        if column == "mem":
+            values = {rank: v for rank, v in values.items() if v > 0}
+        out[column] = frozenset(o.rank for o in outliers(values, threshold))
+    return out
+
+
+def row_cells(view: RunView, row: RankRow, replay: bool,
+              outlying: dict[str, frozenset[int]] | None = None) -> dict[str, Text]:
     excess = view.slowest_excess_pct
     slow = row.slowest and math.isfinite(excess) and excess >= TABLE_MARK.min_excess_pct
     dim = "dim" if row.ended else ""
     mem = fmt.nbytes(row.mem_bytes) if row.mem_bytes else "-"
     if row.mem_is_cuda and row.device_mem_total_bytes:
-        mem = f"{row.mem_cuda_bytes / 2**30:.1f}/{row.device_mem_total_bytes / 2**30:.0f}G"
+        mem = f"{row.mem_cuda_bytes / 2**30:.1f}/{row.device_mem_total_bytes / 2**30:.0f}GiB"
     note, note_style = "", ""
     if row.dead:
         note, note_style = f"dead: silent {fmt.ago(row.silent_s)}", "bold red"
@@ -166,6 +189,9 @@ def row_cells(view: RunView, row: RankRow, replay: bool) -> dict[str, Text]:
         "drops": (f"{row.drops:,}", "yellow" if row.drops else ""),
         "note": (note, note_style),
     }
+    for column, ranks in (outlying or {}).items():
+        if row.rank in ranks and not cells[column][1]:
+            cells[column] = (cells[column][0], OUTLIER_STYLE)
     out = {key: Text(text, style=" ".join(s for s in (style, dim) if s)) for key, (text, style) in cells.items()}
     out["breakdown"] = breakdown_bar(row)
     return out
