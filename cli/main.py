@@ -308,6 +308,33 @@ def _demo(args: argparse.Namespace) -> int:
     return _run_with_ui(args.nproc, agent_args, log_dir)
 
 
+RUN_DESCRIPTION = ("Launch N ranks on this node (as torchrun does). Every option that is not one of run's own "
+                   "goes to each rank's agent.")
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nproc", type=int, default=2, help="ranks on this node (default: %(default)s)")
+    parser.add_argument("--ui", action="store_true", help="open the UI while the ranks train")
+
+
+class _RunHelp(argparse.Action):
+    """`ringtop run --help` lists the agent's options too, made from the agent's config fields
+    (imported only then: other commands start without the agent's modules)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from ringtop.agent.config import add_agent_arguments
+
+        full = argparse.ArgumentParser(prog=parser.prog, description=RUN_DESCRIPTION,
+                                       usage=f"{parser.prog} [-h] [--nproc NPROC] [--ui] [agent options]")
+        _add_run_options(full)
+        add_agent_arguments(full)
+        full.print_help()
+        parser.exit()
+
+
 def _add_key_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keys", default=None, metavar="FILE",
                         help="the run's connection file (from `ringtop connect-info` on its node): its keys, and "
@@ -338,9 +365,10 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("logdir", help="a run's --log-dir, or the id of a live run of yours (its logs)")
 
     run = sub.add_parser("run", help="launch N ranks (as torchrun does); agent options follow",
-                         epilog="Agent options: see `python -m ringtop.agent --help`.", allow_abbrev=False)
-    run.add_argument("--nproc", type=int, default=2, help="ranks on this node (default %(default)s)")
-    run.add_argument("--ui", action="store_true", help="open the UI while the ranks train")
+                         description=RUN_DESCRIPTION, add_help=False, allow_abbrev=False)
+    run.add_argument("-h", "--help", action=_RunHelp, help="show this help message, with the agent's options, "
+                     "and exit")
+    _add_run_options(run)
 
     demo = sub.add_parser("demo", help="2 CPU ranks training tiny-gpt, with the UI (or --headless)",
                           description="Two CPU ranks (gloo) train the built-in tiny GPT on synthetic tokens, "

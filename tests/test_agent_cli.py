@@ -11,6 +11,7 @@ import pytest
 from conftest import agent_env
 
 from ringtop.agent.config import AgentConfig, ConfigError, agent_parser, cli_fields, parse_agent_args
+from ringtop.cli.main import main as ringtop_main
 from ringtop.protocol import Bye, Hello, Step
 
 
@@ -99,6 +100,15 @@ def test_an_option_spelled_unlike_its_field_sets_that_field(argv, field, value):
 
 def test_an_abbreviated_address_option_still_pins_that_address():
     assert parse_agent_args(["--contr", "tcp://127.0.0.1:7001"]).movable_endpoints == {"publish", "relay"}
+
+
+def test_ringtop_run_help_lists_every_agent_option(capsys):
+    with pytest.raises(SystemExit) as exited:
+        ringtop_main(["run", "--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert "--nproc" in out
+    assert [flag for flag in sorted(AGENT_FLAGS) if flag not in out] == []
 
 
 def run_agent(*argv: str, timeout: float = 90) -> subprocess.CompletedProcess:
