@@ -170,45 +170,39 @@ def _bench(bench_args: list[str]) -> int:
     return bench_main(bench_args)
 
 
-def _check_agent_args(agent_args: list[str]) -> int | None:
+def _agent_config(agent_args: list[str]):
+    """The ranks' config of these options (checked here, before any rank starts), or None after
+    saying what is wrong."""
     from ringtop.agent.config import ConfigError, parse_agent_args
 
     try:
-        parse_agent_args(agent_args)
+        return parse_agent_args(agent_args)
     except ConfigError as exc:
         print(f"ringtop: error: {exc}", file=sys.stderr)
-        return 2
-    return None
-
-
-def _option_value(agent_args: list[str], option: str) -> str | None:
-    for i, arg in enumerate(agent_args):
-        if arg == option and i + 1 < len(agent_args):
-            return agent_args[i + 1]
-        if arg.startswith(option + "="):
-            return arg.split("=", 1)[1]
-    return None
+        return None
 
 
 def _run(args: argparse.Namespace, agent_args: list[str]) -> int:
-    if (bad := _check_agent_args(agent_args)) is not None:
-        return bad
+    cfg = _agent_config(agent_args)
+    if cfg is None:
+        return 2
     from .launch import StderrTail, start_ranks, wait_ranks
 
     if not args.ui:
         proc = start_ranks(args.nproc, agent_args, capture_stderr=True)
         tail = StderrTail(proc)
         code = wait_ranks(proc)
-        _report_failure(code, _option_value(agent_args, "--log-dir"), tail.text())
+        _report_failure(code, cfg.log_dir, tail.text())
         return code
-    log_dir = Path(_option_value(agent_args, "--log-dir") or f"runs/run-{time.strftime('%Y%m%d-%H%M%S')}")
-    if _option_value(agent_args, "--log-dir") is None:
+    log_dir = Path(cfg.log_dir or f"runs/run-{time.strftime('%Y%m%d-%H%M%S')}")
+    if cfg.log_dir is None:
         agent_args = [*agent_args, "--log-dir", str(log_dir)]
-    return _run_with_ui(args.nproc, agent_args, log_dir)
+    return _run_with_ui(args.nproc, agent_args, log_dir, cfg.run_id)
 
 
-def _run_with_ui(nproc: int, agent_args: list[str], log_dir: Path) -> int:
-    """Start the ranks, wait for rank 0's connection file (its addresses and keys), open the UI."""
+def _run_with_ui(nproc: int, agent_args: list[str], log_dir: Path, run_id: str | None = None) -> int:
+    """Start the ranks, wait for rank 0's connection file (its addresses and keys), open the UI.
+    `run_id`: the one the agent options name; None: a new one, added to them."""
     from ringtop.protocol.connection_file import ConnectionFileError, ensure_runtime_dir
     from ringtop.tui.app import run_live
 
@@ -219,7 +213,6 @@ def _run_with_ui(nproc: int, agent_args: list[str], log_dir: Path) -> int:
     except (ConnectionFileError, OSError) as exc:
         print(f"ringtop: no place for the run's connection file: {exc}", file=sys.stderr)
         return 2
-    run_id = _option_value(agent_args, "--run-id")
     if run_id is None:
         run_id = uuid.uuid4().hex[:8]
         agent_args = [*agent_args, "--run-id", run_id]
