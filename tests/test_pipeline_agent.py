@@ -51,6 +51,8 @@ def test_a_two_stage_pipeline_publishes_timelines_and_changes_micro_batches_live
 def test_switching_into_and_out_of_the_pipeline_keeps_training(launch_agents):
     run = launch_agents(2, "--steps", "0", "--batch-size", str(BATCH), "--seq-len", str(SEQ), "--lr", str(LR))
     run.wait_for_step(2)
+    refused = list(run.send_command("set", {"micro_batches": 2}, timeout_s=60))[-1]
+    assert refused.status == "error" and "ddp has no micro-batches; switch to pp first" in refused.error
     for args in ({"strategy": "pp", "micro_batches": 2}, {"strategy": "fsdp"},
                  {"strategy": "pp", "pp_schedule": "1f1b", "micro_batches": 4}, {"strategy": "ddp"}):
         done = list(run.send_command("switch", args, timeout_s=120))[-1]
