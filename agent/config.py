@@ -1,15 +1,37 @@
-"""The agent's options: parsed from the command line once, validated once, then a frozen struct."""
+"""The agent's options, each written once: a field of AgentConfig whose annotation carries an
+`Option` saying how the command line gives it. The parser, its help (with every default) and the
+config built from what was typed all come from those fields; the checks run once, in
+`config_from_options`."""
 
 from __future__ import annotations
 
 import argparse
+import functools
 import re
-from typing import Any
+import types
+import typing
+from collections.abc import Callable, Set
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import msgspec
 
-from ringtop.metrics.strategy_names import FSDP_SHARDINGS, STRATEGY_CHOICES, ZERO_STRATEGIES, canonical_strategy
-from ringtop.protocol import EndpointError, Endpoints, check_bind_safe, parse_tcp
+from ringtop.metrics.strategy_names import (
+    FSDP_SHARDINGS,
+    PP_SCHEDULES,
+    STRATEGY_CHOICES,
+    ZERO_STRATEGIES,
+    canonical_strategy,
+)
+from ringtop.protocol import (
+    DEFAULT_CONTROL_ADDRESS,
+    DEFAULT_PUBLISH_ADDRESS,
+    DEFAULT_RELAY_ADDRESS,
+    EndpointError,
+    Endpoints,
+    check_bind_safe,
+    parse_tcp,
+)
 from ringtop.strategies.ds_config import (
     DSConfigError,
     Owned,
@@ -22,6 +44,8 @@ from ringtop.strategies.links import parse_link
 BUILTIN_MODEL = "tiny-gpt"
 BUILTIN_DATA = "synthetic"
 MODEL_SIZE_CHOICES = ("1m", "10m", "25m", "125m")
+PIPELINE_OPTIONS = ("pp_stages", "pp_schedule", "micro_batches", "pp_split")
+ENDPOINT_NAMES = frozenset({"publish", "relay", "control"})
 
 
 RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
@@ -32,50 +56,165 @@ class ConfigError(ValueError):
     pass
 
 
+@dataclass(frozen=True)
+class Option:
+    """How a field of AgentConfig is given on the command line (its place in `--help`, its flag,
+    its check). A bool field is a flag that turns its default around."""
+
+    group: str
+    help: str
+    flag: str = ""
+    """Default: `--` and the field's name with dashes."""
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+    default_text: str = ""
+    """What the help says the default is, where the value says too little (None, 0.0)."""
+    parse: Callable[[str], Any] | None = None
+    """The typed text -> the field's value, raising ConfigError: for values that are not a number
+    or a word."""
+    ge: float | None = None
+    gt: float | None = None
+    bound_note: str = ""
+    """Said after a value out of bounds, e.g. `0 = never`."""
+
+
+TRAINING = "training"
+TELEMETRY = "telemetry and control"
+FAULTS = "fault injection (tests and demos)"
+CHECKPOINTS = "checkpoints"
+
+
+def _slow_rank(text: str) -> tuple[int, float]:
+    rank_text, sep, ms_text = text.partition(":")
+    try:
+        slow = (int(rank_text), float(ms_text))
+    except ValueError:
+        slow = None
+    if not sep or slow is None or slow[0] < 0 or slow[1] < 0:
+        raise ConfigError(f"--inject-slow-rank {text!r}: expected R:MS, e.g. 1:200")
+    return slow
+
+
+def _layers_per_stage(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--pp-split {text!r}: expected layer counts like 3,1") from None
+
+
+def _link_peak_gbps(text: str) -> float:
+    try:
+        return parse_link(text).per_direction_gbps
+    except ValueError as exc:
+        raise ConfigError(f"--link: {exc}") from None
+
+
 class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
-    strategy: str = "ddp"
-    model: str = BUILTIN_MODEL
-    model_size: str = "1m"
-    data: str = BUILTIN_DATA
-    steps: int = 100
-    batch_size: int = 8
-    seq_len: int = 128
-    lr: float = 1e-3
-    seed: int = 0
-    device: str = "auto"
-    log_dir: str | None = None
-    endpoints: Endpoints = Endpoints()
-    movable_endpoints: frozenset[str] = frozenset({"publish", "relay", "control"})
-    """Endpoints left at their default: a taken port moves to a free one (agent/ports.py)."""
-    allow_remote: bool = False
-    insecure: bool = False
+    """Every option of a run. The fields in `Annotated[..., Option(...)]` are the command line's,
+    in the order `--help` lists them."""
+
+    strategy: Annotated[str, Option(TRAINING, f"parallel strategy: {', '.join(STRATEGY_CHOICES)}")] = "ddp"
+    fsdp_sharding: Annotated[str, Option(
+        TRAINING, "with --strategy fsdp: full (FULL_SHARD), grad-op (SHARD_GRAD_OP), no-shard (NO_SHARD)",
+        choices=FSDP_SHARDINGS)] = "full"
+    ds_config: Annotated[str | None, Option(
+        TRAINING, "with --strategy zero1/2/3: a DeepSpeed JSON config; ringtop fills its \"auto\" values",
+        metavar="FILE", default_text="none")] = None
+    pp_stages: Annotated[int | None, Option(
+        TRAINING, "with --strategy pp: pipeline stages", ge=1,
+        default_text="one per rank; more ranks = replicas")] = None
+    pp_schedule: Annotated[str, Option(TRAINING, "with --strategy pp: the schedule", choices=PP_SCHEDULES)] = "gpipe"
+    micro_batches: Annotated[int, Option(TRAINING, "with --strategy pp: micro-batches per step")] = 4
+    pp_split: Annotated[tuple[int, ...] | None, Option(
+        TRAINING, "with --strategy pp: layers per stage, e.g. 3,1", parse=_layers_per_stage,
+        default_text="balanced")] = None
+    dtype: Annotated[str, Option(
+        TRAINING, "fp32, or bf16 mixed precision with fp32 master state", choices=("fp32", "bf16"))] = "fp32"
+    grad_clip: Annotated[float, Option(
+        TRAINING, "clip gradients to this global norm, the same way in every strategy; 0 = off", ge=0,
+        bound_note="0 = off")] = 0.0
+    model: Annotated[str, Option(
+        TRAINING, f"'{BUILTIN_MODEL}' (built in) or package.module:function returning an nn.Module whose forward "
+        "returns a loss, or (module, loss_fn)")] = BUILTIN_MODEL
+    model_size: Annotated[str, Option(
+        TRAINING, "size of the built-in tiny-gpt: ~1M, 10M, 25M or 125M parameters",
+        choices=MODEL_SIZE_CHOICES)] = "1m"
+    data: Annotated[str, Option(
+        TRAINING, f"'{BUILTIN_DATA}' (built in) or package.module:function yielding this rank's batches",
+    )] = BUILTIN_DATA
+    steps: Annotated[int, Option(
+        TRAINING, "optimizer steps to run; 0 = until stopped", ge=0, bound_note="0 runs until stopped")] = 100
+    batch_size: Annotated[int, Option(TRAINING, "sequences per rank per step", ge=1)] = 8
+    seq_len: Annotated[int, Option(TRAINING, "tokens per sequence, at most 1024 with tiny-gpt", ge=1)] = 128
+    lr: Annotated[float, Option(TRAINING, "AdamW's learning rate", gt=0)] = 1e-3
+    seed: Annotated[int, Option(TRAINING, "seed of the initial weights and of the synthetic data")] = 0
+    device: Annotated[str, Option(
+        TRAINING, "auto: CUDA with NCCL where present, else CPU with gloo", choices=("auto", "cpu", "cuda"))] = "auto"
+    ddp_bucket_cap_mb: Annotated[float | None, Option(
+        TRAINING, "with --strategy ddp: DDP's gradient bucket size in MB", gt=0, default_text="DDP's own, 25")] = None
+    dist_timeout_s: Annotated[float, Option(
+        TRAINING, "collective timeout before a hung rank fails the run", gt=0)] = 600.0
+
+    log_dir: Annotated[str | None, Option(
+        TELEMETRY, "write LOGDIR/rank-R.jsonl, for `ringtop replay`", metavar="LOGDIR",
+        default_text="no logs")] = None
+    publish: Annotated[str, Option(TELEMETRY, "rank 0's telemetry address for UIs")] = DEFAULT_PUBLISH_ADDRESS
+    relay: Annotated[str, Option(TELEMETRY, "rank 0's relay input, where ranks publish")] = DEFAULT_RELAY_ADDRESS
+    control: Annotated[str, Option(TELEMETRY, "rank 0's control address")] = DEFAULT_CONTROL_ADDRESS
+    allow_remote: Annotated[bool, Option(
+        TELEMETRY, "allow binding to non-loopback addresses (clients need the run's connection file)")] = False
+    insecure: Annotated[bool, Option(
+        TELEMETRY, "no authentication: anyone who can reach the ports reads and commands the run (a trusted lab "
+        "only; never on a shared node)")] = False
     """No CURVE: anyone who reaches the ports reads and commands the run (trusted labs only)."""
-    checkpoint_dir: str = "checkpoints"
-    resume: str | None = None
-    checkpoint_every: int = 0
-    checkpoint_kind: str = "full"
-    keep: int = 0
-    inject_save_delay_ms: float = 0.0
-    telemetry: bool = True
-    run_id: str | None = None
-    print_every: int = 0
-    ddp_bucket_cap_mb: float | None = None
-    fsdp_sharding: str = "full"
-    ds_config: str | None = None
+    telemetry: Annotated[bool, Option(
+        TELEMETRY, "no sockets, files, tracing or sampling: a bare training loop (a baseline)",
+        flag="--no-telemetry")] = True
+    run_id: Annotated[str | None, Option(
+        TELEMETRY, "this run's id: letters, digits, '.', '_' and '-', at most 64", default_text="random")] = None
+    step_times_file: Annotated[str | None, Option(
+        TELEMETRY, "rank 0 writes each step's end time (s) to FILE as JSON at exit, for benchmarks",
+        flag="--step-times", metavar="FILE", default_text="none")] = None
+    print_every: Annotated[int, Option(TELEMETRY, "rank 0 prints a line every N steps; 0 = never", metavar="N",
+                                       ge=0)] = 0
+    link_gbps: Annotated[float, Option(
+        TELEMETRY, "the link's peak for the diagnosis: nvlink3|nvlink4|pcie4|pcie5|ib-hdr|ib-ndr or GB/s per "
+        "direction", flag="--link", metavar="LINK", parse=_link_peak_gbps, default_text="unknown")] = 0.0
+
+    inject_slow_rank: Annotated[tuple[int, float] | None, Option(
+        FAULTS, "rank R computes MS longer every step", metavar="R:MS", parse=_slow_rank, default_text="none")] = None
+    inject_comm_delay_ms: Annotated[float, Option(
+        FAULTS, "every collective completes MS later, as over a slow link", flag="--inject-comm-delay", metavar="MS",
+        ge=0)] = 0.0
+    inject_save_delay_ms: Annotated[float, Option(
+        FAULTS, "pause MS between writing a checkpoint and publishing it, to kill a rank mid-save",
+        flag="--inject-save-delay", metavar="MS", ge=0)] = 0.0
+    inject_fail_setup: Annotated[str | None, Option(
+        FAULTS, "a switch to STRATEGY fails while wrapping (as if out of memory), to show the rollback",
+        metavar="STRATEGY", default_text="none")] = None
+
+    checkpoint_dir: Annotated[str, Option(
+        CHECKPOINTS, "where checkpoints are written; a `switch` command's ds_config must lie inside it",
+    )] = "checkpoints"
+    resume: Annotated[str | None, Option(
+        CHECKPOINTS, "a checkpoint file, a checkpoint dir, or 'latest'", default_text="a fresh start")] = None
+    checkpoint_every: Annotated[int, Option(
+        CHECKPOINTS, "a checkpoint every K steps; 0 = never", metavar="K", ge=0, bound_note="0 = never")] = 0
+    checkpoint_kind: Annotated[str, Option(
+        CHECKPOINTS, "kind of the periodic checkpoints", choices=("full", "sharded"))] = "full"
+    keep: Annotated[int, Option(
+        CHECKPOINTS, "keep only the K newest checkpoints; 0 = all", metavar="K", ge=0,
+        bound_note="0 = keep all")] = 0
+
+    movable_endpoints: frozenset[str] = ENDPOINT_NAMES
+    """Endpoints left at their default: a taken port moves to a free one (agent/ports.py)."""
     ds_config_from_command: bool = False
     """The config came with a `switch` command, not the launch: only keys that shape training."""
-    dtype: str = "fp32"
-    grad_clip: float = 0.0
-    dist_timeout_s: float = 600.0
-    inject_slow_rank: tuple[int, float] | None = None
-    inject_comm_delay_ms: float = 0.0
-    link_gbps: float = 0.0
-    inject_fail_setup: str | None = None
-    step_times_file: str | None = None
-    pp_stages: int | None = None
-    pp_schedule: str = "gpipe"
-    micro_batches: int = 4
-    pp_split: tuple[int, ...] | None = None
+
+    @property
+    def endpoints(self) -> Endpoints:
+        """The addresses as the protocol passes them around."""
+        return Endpoints(publish=self.publish, relay=self.relay, control=self.control)
 
     @property
     def canonical_strategy(self) -> str:
@@ -123,220 +262,153 @@ def load_command_ds_config(path: str) -> dict[str, Any]:
     return cfg
 
 
+@dataclass(frozen=True)
+class CliField:
+    """A field of AgentConfig that the command line sets, with its Option."""
+
+    name: str
+    option: Option
+    value_type: type
+    """int, float, str or bool (None taken off an optional field's type)."""
+    default: Any
+
+    @property
+    def flag(self) -> str:
+        return self.option.flag or "--" + self.name.replace("_", "-")
+
+    @property
+    def is_switch(self) -> bool:
+        return self.value_type is bool
+
+    def help_text(self) -> str:
+        """The help, with the default for an option that takes a value (a switch's is: not given)."""
+        text = self.option.help
+        if not self.is_switch:
+            default = self.option.default_text or self.default
+            if default is None:
+                raise TypeError(f"AgentConfig.{self.name}: a default of None needs Option(default_text=...)")
+            text += f" (default: {default})"
+        return text.replace("%", "%%")  # argparse formats help with %
+
+    def add_to(self, group: argparse._ArgumentGroup) -> None:
+        """Left out of the namespace unless given (SUPPRESS), so what was typed can be told from a default."""
+        if self.is_switch:
+            kind: dict[str, Any] = {"action": "store_false" if self.default else "store_true"}
+        else:
+            kind = {"type": str if self.option.parse else self.value_type, "choices": self.option.choices,
+                    "metavar": self.option.metavar}
+        group.add_argument(self.flag, dest=self.name, default=argparse.SUPPRESS, help=self.help_text(), **kind)
+
+    def check_bounds(self, value: Any) -> None:
+        o = self.option
+        if value is None:
+            return
+        if o.ge is not None and not value >= o.ge:
+            bound = f">= {o.ge:g}"
+        elif o.gt is not None and not value > o.gt:
+            bound = f"> {o.gt:g}"
+        else:
+            return
+        raise ConfigError(f"{self.flag} must be {bound}" + (f" ({o.bound_note})" if o.bound_note else ""))
+
+
+@functools.cache
+def cli_fields() -> tuple[CliField, ...]:
+    """AgentConfig's fields that carry an Option, in the struct's order."""
+    out = []
+    for info in msgspec.structs.fields(AgentConfig):
+        if typing.get_origin(info.type) is not Annotated:
+            continue
+        value_type, *extras = typing.get_args(info.type)
+        option = next((x for x in extras if isinstance(x, Option)), None)
+        if option is None:
+            continue
+        if typing.get_origin(value_type) in (typing.Union, types.UnionType):
+            value_type = next(t for t in typing.get_args(value_type) if t is not type(None))
+        out.append(CliField(info.name, option, typing.get_origin(value_type) or value_type, info.default))
+    return tuple(out)
+
+
 def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
-    d = AgentConfig()
-    e = Endpoints()
-    g = parser.add_argument_group("training")
-    g.add_argument("--strategy", default=d.strategy,
-                   help=f"parallel strategy: {', '.join(STRATEGY_CHOICES)} (default %(default)s)")
-    g.add_argument("--fsdp-sharding", default=None, choices=FSDP_SHARDINGS,
-                   help="with --strategy fsdp: full (FULL_SHARD), grad-op (SHARD_GRAD_OP), no-shard (NO_SHARD)")
-    g.add_argument("--ds-config", default=None,
-                   help="with --strategy zero1/2/3: a DeepSpeed JSON config; ringtop fills its \"auto\" values")
-    g.add_argument("--pp-stages", type=int, default=None,
-                   help="with --strategy pp: pipeline stages (default: one per rank; more ranks = replicas)")
-    g.add_argument("--pp-schedule", default=None, choices=("gpipe", "1f1b"), help="with --strategy pp (default gpipe)")
-    g.add_argument("--micro-batches", type=int, default=None, help="with --strategy pp: per step (default 4)")
-    g.add_argument("--pp-split", default=None, help="with --strategy pp: layers per stage, e.g. 3,1 (default balanced)")
-    g.add_argument("--dtype", default=None, choices=("fp32", "bf16"),
-                   help="fp32, or bf16 mixed precision with fp32 master state (default fp32)")
-    g.add_argument("--grad-clip", type=float, default=None,
-                   help="clip gradients to this global norm, the same way in every strategy (default off)")
-    g.add_argument("--model", default=d.model,
-                   help="'tiny-gpt' (built in) or package.module:function returning an nn.Module "
-                        "whose forward returns a loss, or (module, loss_fn)")
-    g.add_argument("--model-size", default=None, choices=MODEL_SIZE_CHOICES,
-                   help="size of the built-in tiny-gpt: ~1M, 10M, 25M or 125M parameters (default 1m)")
-    g.add_argument("--data", default=d.data,
-                   help="'synthetic' (built in) or package.module:function yielding this rank's batches")
-    g.add_argument("--steps", type=int, default=d.steps, help="optimizer steps to run; 0 = until stopped")
-    g.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per rank per step")
-    g.add_argument("--seq-len", type=int, default=d.seq_len)
-    g.add_argument("--lr", type=float, default=d.lr)
-    g.add_argument("--seed", type=int, default=d.seed)
-    g.add_argument("--device", default=d.device, choices=("auto", "cpu", "cuda"),
-                   help="auto: CUDA with NCCL where present, else CPU with gloo")
-    g.add_argument("--ddp-bucket-cap-mb", type=float, default=None, help="DDP gradient bucket size")
-    g.add_argument("--dist-timeout-s", type=float, default=d.dist_timeout_s,
-                   help="collective timeout before a hung rank fails the run (default %(default)s)")
-    t = parser.add_argument_group("telemetry and control")
-    t.add_argument("--log-dir", default=None, help="write LOGDIR/rank-R.jsonl (replay with `ringtop replay`)")
-    t.add_argument("--publish", default=e.publish, help="rank 0's telemetry address for UIs (%(default)s)")
-    t.add_argument("--relay", default=e.relay, help="rank 0's relay input, where ranks publish (%(default)s)")
-    t.add_argument("--control", default=e.control, help="rank 0's control address (%(default)s)")
-    t.add_argument("--allow-remote", action="store_true",
-                   help="allow binding to non-loopback addresses (clients need the run's connection file)")
-    t.add_argument("--insecure", action="store_true",
-                   help="no authentication: anyone who can reach the ports reads and commands the run "
-                        "(a trusted lab only; never on a shared node)")
-    t.add_argument("--no-telemetry", action="store_true",
-                   help="no sockets, files, tracing or sampling: a bare training loop (a baseline)")
-    t.add_argument("--run-id", default=None, help="this run's id (default: random); letters, digits, "
-                   "'.', '_' and '-', at most 64")
-    t.add_argument("--step-times", default=None, metavar="FILE",
-                   help="rank 0 writes each step's end time (s) to FILE as JSON at exit (benchmarks)")
-    t.add_argument("--print-every", type=int, default=d.print_every, help="rank 0 prints a line every N steps")
-    t.add_argument("--link", default=None,
-                   help="the link's peak for the diagnosis: nvlink3|nvlink4|pcie4|pcie5|ib-hdr|ib-ndr"
-                        " or GB/s per direction")
-    f = parser.add_argument_group("fault injection (tests and demos)")
-    f.add_argument("--inject-slow-rank", default=None, metavar="R:MS", help="rank R computes MS longer every step")
-    f.add_argument("--inject-comm-delay", type=float, default=0.0, metavar="MS",
-                   help="every collective completes MS later (a slow link)")
-    f.add_argument("--inject-save-delay", type=float, default=0.0, metavar="MS",
-                   help="pause MS between writing a checkpoint and publishing it (to kill a rank mid-save)")
-    f.add_argument("--inject-fail-setup", default=None, metavar="STRATEGY",
-                   help="a switch to STRATEGY fails while wrapping (as if out of memory), to show the rollback")
-    c = parser.add_argument_group("checkpoints")
-    c.add_argument("--checkpoint-dir", default=d.checkpoint_dir)
-    c.add_argument("--resume", default=None, help="a checkpoint file, a checkpoint dir, or 'latest'")
-    c.add_argument("--checkpoint-every", type=int, default=0, help="a checkpoint every K steps (0 = never)")
-    c.add_argument("--checkpoint-kind", default="full", choices=("full", "sharded"),
-                   help="kind of the periodic checkpoints (default %(default)s)")
-    c.add_argument("--keep", type=int, default=0, help="keep only the K newest checkpoints (0 = all)")
+    """One argument per field with an Option, in groups as the fields come."""
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for field in cli_fields():
+        if field.option.group not in groups:
+            groups[field.option.group] = parser.add_argument_group(field.option.group)
+        field.add_to(groups[field.option.group])
 
 
-def config_from_args(ns: argparse.Namespace, explicitly_set: set[str]) -> AgentConfig:
-    """Check ranges and conflicts; every message says what to do instead."""
-    if ns.steps < 0:
-        raise ConfigError("--steps must be >= 0 (0 runs until stopped)")
-    if ns.batch_size < 1:
-        raise ConfigError("--batch-size must be >= 1")
-    if ns.seq_len < 1:
-        raise ConfigError("--seq-len must be >= 1")
-    if not ns.lr > 0:
-        raise ConfigError("--lr must be > 0")
-    slow = None
-    if ns.inject_slow_rank is not None:
-        rank_text, sep, ms_text = ns.inject_slow_rank.partition(":")
-        try:
-            slow = (int(rank_text), float(ms_text))
-        except ValueError:
-            slow = None
-        if not sep or slow is None or slow[0] < 0 or slow[1] < 0:
-            raise ConfigError(f"--inject-slow-rank {ns.inject_slow_rank!r}: expected R:MS, e.g. 1:200")
-    if ns.inject_comm_delay < 0:
-        raise ConfigError("--inject-comm-delay must be >= 0")
-    link_gbps = 0.0
-    if ns.link is not None:
-        try:
-            link_gbps = parse_link(ns.link).per_direction_gbps
-        except ValueError as exc:
-            raise ConfigError(f"--link: {exc}") from None
-    if ns.keep < 0:
-        raise ConfigError("--keep must be >= 0 (0 = keep all)")
-    if ns.checkpoint_every < 0:
-        raise ConfigError("--checkpoint-every must be >= 0 (0 = never)")
-    if ns.dist_timeout_s <= 0:
-        raise ConfigError("--dist-timeout-s must be > 0")
-    if ns.print_every < 0:
-        raise ConfigError("--print-every must be >= 0")
-    if ns.model != BUILTIN_MODEL and ns.model_size is not None:
+def config_from_options(given: dict[str, Any]) -> AgentConfig:
+    """The config of the options given (field name -> value as argparse read it) over the fields'
+    defaults. Every check is here; every message says what to do instead."""
+    fields = {f.name: f for f in cli_fields()}
+    values = {name: fields[name].option.parse(v) if fields[name].option.parse else v for name, v in given.items()}
+    cfg = AgentConfig(**values, movable_endpoints=ENDPOINT_NAMES - given.keys())
+    for field in cli_fields():
+        field.check_bounds(getattr(cfg, field.name))
+    _check_combinations(cfg, given.keys())
+    return _adopt_ds_config(cfg, given.keys())
+
+
+def _check_combinations(cfg: AgentConfig, given: Set[str]) -> None:
+    if cfg.model != BUILTIN_MODEL and "model_size" in given:
         raise ConfigError("--model-size sizes the built-in tiny-gpt; drop it when --model is your own factory")
-    if ns.model != BUILTIN_MODEL and ":" not in ns.model:
-        raise ConfigError(f"--model {ns.model!r}: use 'tiny-gpt' or package.module:function")
-    if ns.data != BUILTIN_DATA and ":" not in ns.data:
-        raise ConfigError(f"--data {ns.data!r}: use 'synthetic' or package.module:function")
-    if ns.model == BUILTIN_MODEL and ns.seq_len > 1024:
+    if cfg.model != BUILTIN_MODEL and ":" not in cfg.model:
+        raise ConfigError(f"--model {cfg.model!r}: use 'tiny-gpt' or package.module:function")
+    if cfg.data != BUILTIN_DATA and ":" not in cfg.data:
+        raise ConfigError(f"--data {cfg.data!r}: use 'synthetic' or package.module:function")
+    if cfg.model == BUILTIN_MODEL and cfg.seq_len > 1024:
         raise ConfigError("--seq-len above 1024 exceeds tiny-gpt's context; use --seq-len <= 1024")
-    if ns.no_telemetry:
-        clashing = sorted(explicitly_set & {"log_dir", "publish", "relay", "control", "print_every"})
+    if not cfg.telemetry:
+        clashing = sorted(given & {"log_dir", "print_every", *ENDPOINT_NAMES})
         if clashing:
             names = ", ".join("--" + n.replace("_", "-") for n in clashing)
             raise ConfigError(f"--no-telemetry turns off all telemetry and control; drop {names} "
                               "or drop --no-telemetry")
-    if ns.strategy not in STRATEGY_CHOICES:
-        raise ConfigError(f"unknown strategy {ns.strategy!r}; choose from {', '.join(STRATEGY_CHOICES)}")
-    if ns.fsdp_sharding is not None and ns.strategy != "fsdp":
+    if cfg.strategy not in STRATEGY_CHOICES:
+        raise ConfigError(f"unknown strategy {cfg.strategy!r}; choose from {', '.join(STRATEGY_CHOICES)}")
+    if "fsdp_sharding" in given and cfg.strategy != "fsdp":
         raise ConfigError("--fsdp-sharding applies to --strategy fsdp only")
-    pp_given = [n for n in ("pp_stages", "pp_schedule", "micro_batches", "pp_split") if getattr(ns, n) is not None]
-    if pp_given and ns.strategy != "pp":
+    pp_given = [n for n in PIPELINE_OPTIONS if n in given]
+    if pp_given and cfg.strategy != "pp":
         raise ConfigError(f"--{pp_given[0].replace('_', '-')} applies to --strategy pp only")
-    pp_split = None
-    if ns.pp_split is not None:
-        try:
-            pp_split = tuple(int(x) for x in ns.pp_split.split(","))
-        except ValueError:
-            raise ConfigError(f"--pp-split {ns.pp_split!r}: expected layer counts like 3,1") from None
-    if ns.micro_batches is not None and (ns.micro_batches < 1 or ns.batch_size % ns.micro_batches):
-        raise ConfigError(f"--micro-batches {ns.micro_batches} must be >= 1 and divide --batch-size {ns.batch_size}")
-    if ns.pp_stages is not None and ns.pp_stages < 1:
-        raise ConfigError("--pp-stages must be >= 1")
-    if ns.ds_config is not None and ns.strategy not in ZERO_STRATEGIES:
+    if "micro_batches" in given and (cfg.micro_batches < 1 or cfg.batch_size % cfg.micro_batches):
+        raise ConfigError(f"--micro-batches {cfg.micro_batches} must be >= 1 and divide --batch-size "
+                          f"{cfg.batch_size}")
+    if cfg.ds_config is not None and cfg.strategy not in ZERO_STRATEGIES:
         raise ConfigError("--ds-config applies to --strategy zero1, zero2 or zero3 only")
-    if ns.grad_clip is not None and ns.grad_clip < 0:
-        raise ConfigError("--grad-clip must be >= 0 (0 = off)")
-    batch_size, grad_clip, dtype = ns.batch_size, ns.grad_clip or 0.0, ns.dtype or "fp32"
-    if ns.ds_config is not None:
-        explicit = frozenset(n for n in ("batch_size", "grad_clip", "dtype") if n in explicitly_set)
-        try:
-            _, adopted = merge_ds_config(load_ds_config(ns.ds_config), int(ns.strategy[-1]), None,
-                                         Owned(batch_size, grad_clip, dtype, explicit))
-        except DSConfigError as exc:
-            raise ConfigError(str(exc)) from None
-        batch_size, grad_clip, dtype = adopted.batch_size, adopted.grad_clip, adopted.dtype
-        if batch_size < 1:
-            raise ConfigError("--ds-config train_micro_batch_size_per_gpu must be >= 1")
-    if ns.ddp_bucket_cap_mb is not None and ns.strategy != "ddp":
+    if cfg.ddp_bucket_cap_mb is not None and cfg.strategy != "ddp":
         raise ConfigError("--ddp-bucket-cap-mb applies to --strategy ddp only")
-    if ns.ddp_bucket_cap_mb is not None and ns.ddp_bucket_cap_mb <= 0:
-        raise ConfigError("--ddp-bucket-cap-mb must be > 0")
-    if ns.run_id is not None and not RUN_ID_PATTERN.fullmatch(ns.run_id):
-        raise ConfigError(f"--run-id {ns.run_id!r}: use letters, digits, '.', '_' and '-' (at most 64, "
+    if cfg.run_id is not None and not RUN_ID_PATTERN.fullmatch(cfg.run_id):
+        raise ConfigError(f"--run-id {cfg.run_id!r}: use letters, digits, '.', '_' and '-' (at most 64, "
                           "not starting with '.' or '-')")
-    endpoints = Endpoints(publish=ns.publish, relay=ns.relay, control=ns.control)
     try:
         ports = set()
         for name in ("publish", "relay", "control"):
-            address = getattr(endpoints, name)
+            address = getattr(cfg, name)
             _, port = parse_tcp(address)
             if port in ports:
                 raise ConfigError(f"--{name} {address}: the publish, relay and control ports must differ")
             ports.add(port)
-            check_bind_safe(address, ns.allow_remote)
+            check_bind_safe(address, cfg.allow_remote)
     except EndpointError as exc:
         raise ConfigError(str(exc)) from None
-    return AgentConfig(
-        strategy=ns.strategy,
-        model=ns.model,
-        model_size=ns.model_size or "1m",
-        data=ns.data,
-        steps=ns.steps,
-        batch_size=batch_size,
-        seq_len=ns.seq_len,
-        lr=ns.lr,
-        seed=ns.seed,
-        device=ns.device,
-        log_dir=ns.log_dir,
-        endpoints=endpoints,
-        movable_endpoints=frozenset({"publish", "relay", "control"} - explicitly_set),
-        allow_remote=ns.allow_remote,
-        insecure=ns.insecure,
-        checkpoint_dir=ns.checkpoint_dir,
-        resume=ns.resume,
-        checkpoint_every=ns.checkpoint_every,
-        checkpoint_kind=ns.checkpoint_kind,
-        keep=ns.keep,
-        inject_save_delay_ms=ns.inject_save_delay,
-        telemetry=not ns.no_telemetry,
-        run_id=ns.run_id,
-        print_every=ns.print_every,
-        ddp_bucket_cap_mb=ns.ddp_bucket_cap_mb,
-        fsdp_sharding=ns.fsdp_sharding or "full",
-        ds_config=ns.ds_config,
-        dtype=dtype,
-        grad_clip=grad_clip,
-        dist_timeout_s=ns.dist_timeout_s,
-        inject_slow_rank=slow,
-        inject_comm_delay_ms=ns.inject_comm_delay,
-        link_gbps=link_gbps,
-        inject_fail_setup=ns.inject_fail_setup,
-        step_times_file=ns.step_times,
-        pp_stages=ns.pp_stages,
-        pp_schedule=ns.pp_schedule or "gpipe",
-        micro_batches=ns.micro_batches or 4,
-        pp_split=pp_split,
-    )
+
+
+def _adopt_ds_config(cfg: AgentConfig, given: Set[str]) -> AgentConfig:
+    """A DeepSpeed config's batch size, clipping and dtype, unless the command line set them."""
+    if cfg.ds_config is None:
+        return cfg
+    explicit = frozenset(n for n in ("batch_size", "grad_clip", "dtype") if n in given)
+    try:
+        _, adopted = merge_ds_config(load_ds_config(cfg.ds_config), int(cfg.strategy[-1]), None,
+                                     Owned(cfg.batch_size, cfg.grad_clip, cfg.dtype, explicit))
+    except DSConfigError as exc:
+        raise ConfigError(str(exc)) from None
+    if adopted.batch_size < 1:
+        raise ConfigError("--ds-config train_micro_batch_size_per_gpu must be >= 1")
+    return msgspec.structs.replace(cfg, batch_size=adopted.batch_size, grad_clip=adopted.grad_clip,
+                                   dtype=adopted.dtype)
 
 
 class _RaisingParser(argparse.ArgumentParser):
@@ -350,16 +422,5 @@ def agent_parser(prog: str = "python -m ringtop.agent") -> argparse.ArgumentPars
     return parser
 
 
-def explicitly_set_options(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
-    """Names of the options the user typed, to tell a default from a deliberate choice."""
-    names = set()
-    for action in parser._actions:
-        if any(arg == opt or arg.startswith(opt + "=") for opt in action.option_strings for arg in argv):
-            names.add(action.dest)
-    return names
-
-
 def parse_agent_args(argv: list[str]) -> AgentConfig:
-    parser = agent_parser()
-    ns = parser.parse_args(argv)
-    return config_from_args(ns, explicitly_set_options(parser, argv))
+    return config_from_options(vars(agent_parser().parse_args(argv)))

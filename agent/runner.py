@@ -35,7 +35,6 @@ from ringtop.protocol import (
 from ringtop.strategies import collective_hooks
 from ringtop.strategies.base import DistContext, Strategy, TrainSettings, unique_parameters
 from ringtop.strategies.diagnosis import RunContext
-from ringtop.strategies.pipeline import PipelineStrategy
 from ringtop.strategies.registry import build_strategy
 from ringtop.strategies.torch_native import full_optimizer_template
 
@@ -137,7 +136,6 @@ class Runner:
         self._checkpoint_command = None
         self.samples_seen = 0
         """Samples of the global stream consumed so far: the data position checkpoints carry."""
-        self._pp_stage_counts: list[tuple[int, int]] | None = None
         self._timeline_due = True
         self.run_id = self._agree_on_run_id()
         self.strategy: Strategy = build_strategy(cfg.strategy, cfg.strategy_options(), ctx.device)
@@ -245,13 +243,6 @@ class Runner:
     def _strategy_facts(self) -> dict[str, Any]:
         return {**self.cfg.strategy_facts(), **self.strategy.live_facts()}
 
-    def _count_pipeline_stages(self, model: torch.nn.Module) -> None:
-        """A pipeline's stages differ in size: count them on the whole model, before it is split."""
-        if self.cfg.strategy == "pp":
-            stages = self.cfg.pp_stages or self.ctx.world_size
-            split = list(self.cfg.pp_split) if self.cfg.pp_split else None
-            self._pp_stage_counts = PipelineStrategy.stage_param_counts(model, stages, split)
-
     def _settings(self) -> TrainSettings:
         return TrainSettings(batch_size=self.cfg.batch_size, grad_clip=self.cfg.grad_clip, dtype=self.cfg.dtype)
 
@@ -272,10 +263,10 @@ class Runner:
                      if self.ctx.device.type == "cuda" else 0)
         name = self.cfg.model if self.cfg.model != BUILTIN_MODEL else f"{BUILTIN_MODEL}-{self.cfg.model_size}"
         sharding = self.strategy.sharding
-        if isinstance(self.strategy, PipelineStrategy):
-            params, tensors = self._pp_stage_counts[self.strategy.stage_index]
+        stage = self.strategy.stage_size()
+        if stage is not None:
             prediction, optimizer_bytes_per_param = predict_pipeline_stage(
-                params, tensors, self.ctx.world_size, self.strategy.num_stages)
+                *stage, self.ctx.world_size, self.strategy.num_stages)
         else:
             prediction, optimizer_bytes_per_param = predict(
                 self.cfg.strategy, self.cfg.fsdp_sharding, self.ctx.world_size, self.param_count,
@@ -305,7 +296,6 @@ class Runner:
             if resumed is not None:
                 model_state, optim_state, resumed_from = resumed
                 model.load_state_dict(model_state)  # weights in before wrapping: some wrappers copy them at init
-            self._count_pipeline_stages(model)
             if self.cfg.telemetry:
                 collective_hooks.install()  # before the strategy's libraries look up (and keep) the functions
             self.strategy.weights_identical = resumed is not None
@@ -422,9 +412,6 @@ class Runner:
 
     def _pending_step(self, loss, timing, marks, comm, batch) -> _PendingStep:
         tokens = batch_tokens(batch)
-        if not isinstance(self.strategy, PipelineStrategy):
-            return _PendingStep(self.step, loss.detach(), timing, marks, comm, tokens,
-                                self.strategy.last_grad_norm())
         bubble = self.strategy.last_bubble()
         sampled = bubble is not None and not bubble.warmup and (
             self.step % TIMELINE_EVERY == 0 or self._timeline_due)
@@ -434,7 +421,7 @@ class Runner:
             start, _ = self.strategy.last_window_ns()
             timeline = [StageSpan(e.micro_batch, e.kind, (e.start_ns - start) / 1e6, (e.end_ns - start) / 1e6)
                         for e in self.strategy.last_timeline()]
-        # Each stage does its share of the work on its replica's tokens.
+        # Each stage does its share of the work on its replica's tokens (all of it, without stages).
         return _PendingStep(self.step, loss.detach(), timing, marks, comm, tokens // self.strategy.num_stages,
                             self.strategy.last_grad_norm(), bubble, timeline, start / 1e6)
 
@@ -550,7 +537,7 @@ class Runner:
         return LATER  # answered when the last profiled step is done
 
     def _set_micro_batches(self, micro_batches: int) -> dict[str, Any]:
-        if not isinstance(self.strategy, PipelineStrategy):
+        if not self.strategy.takes_micro_batches:
             raise RuntimeError(f"{self.strategy.describe()} has no micro-batches; switch to pp first")
         before = self.strategy.micro_batches
         self.strategy.set_micro_batches(micro_batches)  # validates; all ranks reach the same verdict
@@ -609,8 +596,6 @@ class Runner:
             self._event("error", "switch", f"{exc}; still training with {old}", {"from": old, "to": args.strategy})
             raise
         self.strategy, self.cfg = new, new_cfg
-        if isinstance(new, PipelineStrategy):
-            self._count_pipeline_stages(self._build_model())
         self._data = self._build_data()  # a pipeline's stages share their replica's batches
         self._timeline_due = True
         if self.tracer is not None:

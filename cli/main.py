@@ -170,45 +170,39 @@ def _bench(bench_args: list[str]) -> int:
     return bench_main(bench_args)
 
 
-def _check_agent_args(agent_args: list[str]) -> int | None:
+def _agent_config(agent_args: list[str]):
+    """The ranks' config of these options (checked here, before any rank starts), or None after
+    saying what is wrong."""
     from ringtop.agent.config import ConfigError, parse_agent_args
 
     try:
-        parse_agent_args(agent_args)
+        return parse_agent_args(agent_args)
     except ConfigError as exc:
         print(f"ringtop: error: {exc}", file=sys.stderr)
-        return 2
-    return None
-
-
-def _option_value(agent_args: list[str], option: str) -> str | None:
-    for i, arg in enumerate(agent_args):
-        if arg == option and i + 1 < len(agent_args):
-            return agent_args[i + 1]
-        if arg.startswith(option + "="):
-            return arg.split("=", 1)[1]
-    return None
+        return None
 
 
 def _run(args: argparse.Namespace, agent_args: list[str]) -> int:
-    if (bad := _check_agent_args(agent_args)) is not None:
-        return bad
+    cfg = _agent_config(agent_args)
+    if cfg is None:
+        return 2
     from .launch import StderrTail, start_ranks, wait_ranks
 
     if not args.ui:
         proc = start_ranks(args.nproc, agent_args, capture_stderr=True)
         tail = StderrTail(proc)
         code = wait_ranks(proc)
-        _report_failure(code, _option_value(agent_args, "--log-dir"), tail.text())
+        _report_failure(code, cfg.log_dir, tail.text())
         return code
-    log_dir = Path(_option_value(agent_args, "--log-dir") or f"runs/run-{time.strftime('%Y%m%d-%H%M%S')}")
-    if _option_value(agent_args, "--log-dir") is None:
+    log_dir = Path(cfg.log_dir or f"runs/run-{time.strftime('%Y%m%d-%H%M%S')}")
+    if cfg.log_dir is None:
         agent_args = [*agent_args, "--log-dir", str(log_dir)]
-    return _run_with_ui(args.nproc, agent_args, log_dir)
+    return _run_with_ui(args.nproc, agent_args, log_dir, cfg.run_id)
 
 
-def _run_with_ui(nproc: int, agent_args: list[str], log_dir: Path) -> int:
-    """Start the ranks, wait for rank 0's connection file (its addresses and keys), open the UI."""
+def _run_with_ui(nproc: int, agent_args: list[str], log_dir: Path, run_id: str | None = None) -> int:
+    """Start the ranks, wait for rank 0's connection file (its addresses and keys), open the UI.
+    `run_id`: the one the agent options name; None: a new one, added to them."""
     from ringtop.protocol.connection_file import ConnectionFileError, ensure_runtime_dir
     from ringtop.tui.app import run_live
 
@@ -219,7 +213,6 @@ def _run_with_ui(nproc: int, agent_args: list[str], log_dir: Path) -> int:
     except (ConnectionFileError, OSError) as exc:
         print(f"ringtop: no place for the run's connection file: {exc}", file=sys.stderr)
         return 2
-    run_id = _option_value(agent_args, "--run-id")
     if run_id is None:
         run_id = uuid.uuid4().hex[:8]
         agent_args = [*agent_args, "--run-id", run_id]
@@ -308,6 +301,33 @@ def _demo(args: argparse.Namespace) -> int:
     return _run_with_ui(args.nproc, agent_args, log_dir)
 
 
+RUN_DESCRIPTION = ("Launch N ranks on this node (as torchrun does). Every option that is not one of run's own "
+                   "goes to each rank's agent.")
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nproc", type=int, default=2, help="ranks on this node (default: %(default)s)")
+    parser.add_argument("--ui", action="store_true", help="open the UI while the ranks train")
+
+
+class _RunHelp(argparse.Action):
+    """`ringtop run --help` lists the agent's options too, made from the agent's config fields
+    (imported only then: other commands start without the agent's modules)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from ringtop.agent.config import add_agent_arguments
+
+        full = argparse.ArgumentParser(prog=parser.prog, description=RUN_DESCRIPTION,
+                                       usage=f"{parser.prog} [-h] [--nproc NPROC] [--ui] [agent options]")
+        _add_run_options(full)
+        add_agent_arguments(full)
+        full.print_help()
+        parser.exit()
+
+
 def _add_key_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keys", default=None, metavar="FILE",
                         help="the run's connection file (from `ringtop connect-info` on its node): its keys, and "
@@ -338,9 +358,10 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("logdir", help="a run's --log-dir, or the id of a live run of yours (its logs)")
 
     run = sub.add_parser("run", help="launch N ranks (as torchrun does); agent options follow",
-                         epilog="Agent options: see `python -m ringtop.agent --help`.", allow_abbrev=False)
-    run.add_argument("--nproc", type=int, default=2, help="ranks on this node (default %(default)s)")
-    run.add_argument("--ui", action="store_true", help="open the UI while the ranks train")
+                         description=RUN_DESCRIPTION, add_help=False, allow_abbrev=False)
+    run.add_argument("-h", "--help", action=_RunHelp, help="show this help message, with the agent's options, "
+                     "and exit")
+    _add_run_options(run)
 
     demo = sub.add_parser("demo", help="2 CPU ranks training tiny-gpt, with the UI (or --headless)",
                           description="Two CPU ranks (gloo) train the built-in tiny GPT on synthetic tokens, "

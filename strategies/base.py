@@ -106,6 +106,10 @@ class Strategy(ABC):
         self.weights_identical = False
         """Set by a caller that loaded one full state into the model on every rank: wrappers may
         skip their start-up broadcast of the weights (DDP's 0.5 GB for the 125m model)."""
+        self.stage_index = 0
+        self.num_stages = 1
+        """A strategy that splits the model into stages (a pipeline) sets these in `setup`; any
+        other is one stage: each rank holds the whole model and does all of a step's work."""
 
     @classmethod
     def unavailable_reason(cls, device: torch.device) -> str | None:
@@ -120,6 +124,25 @@ class Strategy(ABC):
     def describe(self) -> str:
         """Name with the options that change behaviour, e.g. `fsdp(full)`."""
         return self.name
+
+    def stage_size(self) -> tuple[int, int] | None:
+        """(parameters, parameter tensors) of the stage this rank holds, counted in `setup` on the
+        whole model, for a strategy whose ranks hold a stage each (a pipeline; its memory is
+        predicted from that stage); None where a rank holds the whole model."""
+        return None
+
+    def last_bubble(self) -> Any:
+        """A pipeline stage's idle time in the last step (a StageBubble); None without stages or
+        before a step."""
+        return None
+
+    def last_timeline(self) -> list:
+        """A pipeline stage's forward/backward events of the last step; none without stages."""
+        return []
+
+    def last_window_ns(self) -> tuple[int, int]:
+        """(start_ns, end_ns) of a pipeline stage's last step."""
+        return (0, 0)
 
     def data_shard(self, ctx: DistContext) -> tuple[int, int]:
         """(index, count) of the data shard this rank reads: its data-parallel position. Ranks that
@@ -155,6 +178,9 @@ class Strategy(ABC):
         return loss
 
     traces_torch_collectives: ClassVar[bool] = True
+
+    takes_micro_batches: ClassVar[bool] = False
+    """A step runs in `micro_batches`, which `set_micro_batches` changes between steps (a pipeline)."""
 
     takes_meta_model: ClassVar[bool] = False
     """`setup` accepts a model on the meta device and allocates only what this rank holds; its

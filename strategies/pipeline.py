@@ -200,6 +200,7 @@ class PipelineStrategy(Strategy):
 
     name: ClassVar[str] = "pp"
     sharding: ClassVar[ShardingSpec] = ShardingSpec()  # stages split the layers; replicas copy a stage
+    takes_micro_batches: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -229,8 +230,7 @@ class PipelineStrategy(Strategy):
         self._window_ns = (0, 0)
         self._warmup = False
         self._fresh = True
-        self.stage_index = 0
-        self.num_stages = 1
+        self._stage_size: tuple[int, int] | None = None
         self.replica = 0
         self.replicas = 1
         self.split: list[int] = []
@@ -268,6 +268,9 @@ class PipelineStrategy(Strategy):
 
     def data_shard(self, ctx: DistContext) -> tuple[int, int]:
         return self.data_parallel_rank, self.data_parallel_size
+
+    def stage_size(self) -> tuple[int, int] | None:
+        return self._stage_size
 
     def stage_layers(self) -> range:
         """The transformer layers (block indices) this rank's stage holds."""
@@ -333,6 +336,7 @@ class PipelineStrategy(Strategy):
         self.num_stages, self.replicas = stages, ctx.world_size // stages
         self.stage_index, self.replica = ctx.rank % stages, ctx.rank // stages
         self._layers = ps.stage_layers(self.split)
+        self._stage_size = self.stage_param_counts(model, stages, self.split)[self.stage_index]
         self._make_groups(ctx)
 
         self._model_keys = list(model.state_dict().keys())

@@ -6,10 +6,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import msgspec
 import pytest
 from conftest import agent_env
 
-from ringtop.agent.config import ConfigError, parse_agent_args
+from ringtop.agent.config import AgentConfig, ConfigError, agent_parser, cli_fields, parse_agent_args
+from ringtop.cli.main import main as ringtop_main
 from ringtop.protocol import Bye, Hello, Step
 
 
@@ -54,6 +56,59 @@ def test_remote_bind_is_allowed_only_when_asked():
 def test_only_the_addresses_left_at_their_defaults_may_move():
     assert parse_agent_args([]).movable_endpoints == {"publish", "relay", "control"}
     assert parse_agent_args(["--control", "tcp://127.0.0.1:7001"]).movable_endpoints == {"publish", "relay"}
+
+
+AGENT_FLAGS = {
+    "--strategy", "--fsdp-sharding", "--ds-config", "--pp-stages", "--pp-schedule", "--micro-batches", "--pp-split",
+    "--dtype", "--grad-clip", "--model", "--model-size", "--data", "--steps", "--batch-size", "--seq-len", "--lr",
+    "--seed", "--device", "--ddp-bucket-cap-mb", "--dist-timeout-s", "--log-dir", "--publish", "--relay", "--control",
+    "--allow-remote", "--insecure", "--no-telemetry", "--run-id", "--step-times", "--print-every", "--link",
+    "--inject-slow-rank", "--inject-comm-delay", "--inject-save-delay", "--inject-fail-setup", "--checkpoint-dir",
+    "--resume", "--checkpoint-every", "--checkpoint-kind", "--keep",
+}
+"""The flags the README, the tests and users' scripts spell: none may go or be renamed."""
+
+NOT_OPTIONS = {"movable_endpoints", "ds_config_from_command"}
+"""AgentConfig's fields the agent derives (which addresses may move) or a command sets."""
+
+
+def test_an_empty_command_line_is_the_configs_defaults():
+    assert parse_agent_args([]) == AgentConfig()
+
+
+def test_every_field_but_the_derived_ones_is_an_option_and_its_help_says_its_default():
+    actions = {a.dest: a for a in agent_parser()._actions if a.dest != "help"}
+    assert set(actions) == {f.name for f in msgspec.structs.fields(AgentConfig)} - NOT_OPTIONS
+    assert {flag for a in actions.values() for flag in a.option_strings} == AGENT_FLAGS
+    for field in cli_fields():
+        if field.value_type is not bool:
+            assert "(default: " in actions[field.name].help, field.flag
+
+
+@pytest.mark.parametrize("argv, field, value", [
+    (["--no-telemetry"], "telemetry", False),
+    (["--step-times", "t.json"], "step_times_file", "t.json"),
+    (["--inject-comm-delay", "5"], "inject_comm_delay_ms", 5.0),
+    (["--inject-save-delay", "7"], "inject_save_delay_ms", 7.0),
+    (["--inject-slow-rank", "1:200"], "inject_slow_rank", (1, 200.0)),
+    (["--link", "pcie4"], "link_gbps", 32.0),
+    (["--strategy", "pp", "--pp-split", "3,1"], "pp_split", (3, 1)),
+])
+def test_an_option_spelled_unlike_its_field_sets_that_field(argv, field, value):
+    assert getattr(parse_agent_args(argv), field) == value
+
+
+def test_an_abbreviated_address_option_still_pins_that_address():
+    assert parse_agent_args(["--contr", "tcp://127.0.0.1:7001"]).movable_endpoints == {"publish", "relay"}
+
+
+def test_ringtop_run_help_lists_every_agent_option(capsys):
+    with pytest.raises(SystemExit) as exited:
+        ringtop_main(["run", "--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert "--nproc" in out
+    assert [flag for flag in sorted(AGENT_FLAGS) if flag not in out] == []
 
 
 def run_agent(*argv: str, timeout: float = 90) -> subprocess.CompletedProcess:

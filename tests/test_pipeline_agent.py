@@ -7,7 +7,7 @@ import pytest
 from numerics import LOSS_RTOL, assert_series_close
 from reference import reference_run
 
-from ringtop.protocol import Event, Hello, Timeline
+from ringtop.protocol import Event, Hello, Step, Timeline
 
 pytestmark = pytest.mark.timeout(240)
 BATCH, SEQ, LR = 8, 32, 1e-3
@@ -51,6 +51,8 @@ def test_a_two_stage_pipeline_publishes_timelines_and_changes_micro_batches_live
 def test_switching_into_and_out_of_the_pipeline_keeps_training(launch_agents):
     run = launch_agents(2, "--steps", "0", "--batch-size", str(BATCH), "--seq-len", str(SEQ), "--lr", str(LR))
     run.wait_for_step(2)
+    refused = list(run.send_command("set", {"micro_batches": 2}, timeout_s=60))[-1]
+    assert refused.status == "error" and "ddp has no micro-batches; switch to pp first" in refused.error
     for args in ({"strategy": "pp", "micro_batches": 2}, {"strategy": "fsdp"},
                  {"strategy": "pp", "pp_schedule": "1f1b", "micro_batches": 4}, {"strategy": "ddp"}):
         done = list(run.send_command("switch", args, timeout_s=120))[-1]
@@ -58,6 +60,16 @@ def test_switching_into_and_out_of_the_pipeline_keeps_training(launch_agents):
         run.wait_for_step(done.result["step"] + 2)
     assert list(run.send_command("stop", {}, timeout_s=60))[-1].status == "done"
     assert run.wait(60) == 0, run.output()[-3000:]
+
+    for rank in (0, 1):  # a switch into pp predicts what the stage then holds, not the whole model
+        msgs = run.messages(rank)
+        hello_at = [i for i, m in enumerate(msgs) if isinstance(m, Hello)] + [len(msgs)]
+        pp_spans = [(i, end) for i, end in zip(hello_at, hello_at[1:]) if msgs[i].strategy == "pp"]
+        assert len(pp_spans) == 2
+        for i, end in pp_spans:
+            predicted = msgs[i].prediction.params_bytes
+            following = [m.mem.params_bytes for m in msgs[i + 1:end] if isinstance(m, Step)]
+            assert predicted < 4 * msgs[i].param_count and predicted in following, (rank, predicted, following)
     # Under data parallelism each rank takes half the global batch of 2 x BATCH; a 2-stage pipeline
     # has one replica, which takes BATCH per step. The stream position carries over either way.
     hellos = [m for m in run.messages(0) if isinstance(m, Hello)]

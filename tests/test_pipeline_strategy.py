@@ -109,7 +109,7 @@ def _scenario_train(ctx, out: Path) -> dict:
             torch.save({"model": model_state, "optimizer": optim_state}, out / f"{schedule}-{m}.pt")
         result["runs"][f"{schedule}-{m}"] = {
             "losses": losses, "grad_norms": norms, "held": [held.params, held.grads, held.optimizer],
-            "layers": list(s.stage_layers()), "describe": s.describe(),
+            "layers": list(s.stage_layers()), "describe": s.describe(), "stage_size": list(s.stage_size()),
             "timeline": [list(e) for e in s.last_timeline()], "window_ns": list(s.last_window_ns()),
             "bubble": {k: getattr(bubble, k) for k in ("stage", "micro_batches", "window_ms", "busy_ms", "forward_ms",
                                                         "backward_ms", "wait_recv_ms", "idle_ms", "bubble", "theory")},
@@ -297,6 +297,7 @@ def test_each_rank_holds_its_stage_and_records_a_timeline(train_results):
     for rank, params, tensors in ((0, stage0, tensors0), (1, stage1, tensors1)):
         held = results[rank]["runs"]["gpipe-4"]["held"]
         assert held == [4 * params, 4 * params, 8 * params + 4 * tensors], rank  # fp32 params, grads, AdamW + step
+        assert results[rank]["runs"]["gpipe-4"]["stage_size"] == [params, tensors], "counted in setup, for the Hello"
 
     for rank in (0, 1):
         run = results[rank]["runs"]["gpipe-4"]
