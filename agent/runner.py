@@ -50,6 +50,7 @@ from .instruments.comm_tracer import CommSummary, CommTracer
 from .instruments.sampler import SystemSampler
 from .instruments.step_clock import StepClock, StepTiming, apply_device_phases, device_phases_ready
 from .model import MODEL_SIZES, build_tiny_gpt, count_params
+from .operations_log import OperationsLog
 from .peers import Peers
 from .prediction import predict, predict_pipeline_stage
 from .prewarm import Prewarm
@@ -125,6 +126,8 @@ class Runner:
         self.sampler: SystemSampler | None = None
         self.tracer: CommTracer | None = None
         self.diagnostician: Diagnostician | None = None
+        self.operations = OperationsLog()
+        """Rank 0: the latest commands, restated for UIs that attach later."""
         self.profiling: ProfileSession | None = None
         self.sync: StepSync | None = None
         self.prewarm: Prewarm | None = None
@@ -227,6 +230,7 @@ class Runner:
                                                  client_public=pair[:40].decode(), client_secret=pair[40:].decode())
 
     def _publish_reply(self, reply) -> None:
+        self.operations.record(reply)
         self.telemetry.emit(reply)
 
     def _refused(self, text: str, refused: int) -> None:
@@ -393,6 +397,8 @@ class Runner:
                 self.diagnostician.run_rules()
             if self.prewarm is not None and self.prewarm.done:
                 self._report_prewarm()
+            if self.telemetry is not None and self.ctx.rank == 0 and self.operations.due(time.monotonic()):
+                self._event("info", "operations_recent", "recent operations", self.operations.restatement())
         if self.sync is not None:
             self.sync.close()
         self._publish_ready_steps(wait=True)

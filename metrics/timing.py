@@ -30,3 +30,8 @@ def overlap_pct(busy_ms: float, exposed_ms: float) -> float:
     if not busy_ms > 0 or not math.isfinite(exposed_ms):
         return math.nan
     return min(100.0, max(0.0, 100.0 * (1.0 - exposed_ms / busy_ms)))
+
+
+def finite_or_0(x: float) -> float:
+    """A time from a message, NaN or missing taken as none at all."""
+    return x if isinstance(x, (int, float)) and math.isfinite(x) else 0.0

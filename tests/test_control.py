@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 import zmq
+from conftest import poll_until
 from numerics import assert_state_close
 from reference import reference_run
 from safetensors.torch import load_file
@@ -76,6 +77,16 @@ def test_status_checkpoint_bad_input_stop_and_resume(launch_agents):
     assert_state_close(weights, expected_state, steps=saved_step, lr=LR, allow_missing=frozenset({"head.weight"}))
 
     run.wait_for_step(saved_step + 3)
+
+    # A UI attached from now on learns of the checkpoint: rank 0 restates its latest operations.
+    def checkpoint_restated() -> bool:
+        for m in run.messages(0):
+            if isinstance(m, Event) and m.kind == "operations_recent":
+                if any(op["id"] == saved.id and op["status"] == "done" and op["args"] == {"kind": "full"}
+                       for op in m.data["operations"]):
+                    return True
+        return False
+    poll_until(checkpoint_restated, 30, "an operations_recent event naming the checkpoint")
     ack, done = replies(run, "stop", reason="test is over")
     assert done.status == "done"
     assert run.wait(60) == 0, run.output()[-3000:]

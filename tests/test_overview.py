@@ -89,3 +89,16 @@ def test_header_facts_leave_out_whole_items_that_do_not_fit():
         assert len(t) <= width and "…" not in t, (width, t)
         assert "ddp ×2" in t and "step 3/50" in t  # the strategy and the step stay longest
     assert "tok/s" not in facts_text(v, replay=True, source="log", width=70).plain
+
+
+def test_profile_result_says_which_figure_to_trust_when_trace_and_live_disagree():
+    from ringtop.tui.reducers import describe_result, profile_gap
+
+    assert profile_gap(3.25, 2.9) == "agree"
+    assert profile_gap(5.4, 2.5).startswith("differ 2.2×: trust the trace")
+    assert profile_gap(0.2, 0.7) == "agree"  # under a millisecond either way: nothing to explain
+    assert profile_gap(None, 2.0) == ""
+    text = describe_result("profile", "done", {"steps": 3, "ranks": [
+        {"rank": 0, "exposed_comm_ms_per_step_trace": 5.4, "exposed_comm_ms_per_step_live": 2.5}]})
+    assert "trace: torch.profiler's timeline of these 3 steps, the reference" in text
+    assert "rank 0: exposed 5.4 ms (trace) vs 2.5 ms (live)  [differ 2.2×" in text

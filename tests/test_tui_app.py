@@ -440,8 +440,9 @@ def column_labels(app: RingtopApp, table: str) -> dict[str, str]:
 
 
 async def test_zero3_header_per_kind_comm_and_memory_tab():
+    """At 160 columns: every column of both tabs is shown (narrower terminals drop some: test_snapshots)."""
     app = RingtopApp(messages=zero3_gpu_run(), source="zero3")
-    async with app.run_test(size=(120, 40)) as pilot:
+    async with app.run_test(size=(160, 40)) as pilot:
         await wait_until(pilot, lambda: app.replay_loaded, what="replay to load")
         await wait_until(pilot, lambda: app.query_one("#ranks").row_count == 2, what="two rows")
         await repainted(pilot)

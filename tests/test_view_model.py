@@ -575,7 +575,7 @@ def test_another_clients_command_is_named_from_its_ack_not_shown_as_internals():
 
 def test_a_status_reply_reads_as_a_sentence_that_fits():
     """Issue 13: `s` status was cut off at the checkpoint's path."""
-    from ringtop.tui.view_model import describe_result
+    from ringtop.tui.reducers import describe_result
 
     result = {"run_id": "3f2a9c1e", "step": 41, "steps": 100, "strategy": "fsdp(full)", "world_size": 8,
               "loss": 2.3125, "step_ms": 118.4,
@@ -585,3 +585,30 @@ def test_a_status_reply_reads_as_a_sentence_that_fits():
     assert text == "step 41/100, fsdp(full) ×8, loss 2.312, 118.4 ms/step, last ckpt step-00000040-full, 3 refused"
     assert len(text) < 100
     assert describe_result("status", "done", {"step": 0, "last_checkpoint": ""}).endswith("no checkpoint yet")
+
+
+def test_operations_restated_by_rank_0_fill_a_late_ui_without_event_lines():
+    """A UI attached after a switch and a checkpoint learns them from `operations_recent`; what it
+    saw itself stands; malformed entries are skipped."""
+
+    v = RunView(watch_liveness=False)
+    v.apply(hello(0), now=0.0)
+    v.note_command_sent("mine01", "checkpoint", {"kind": "full"})
+    events_before = v.events_total
+    ops = [
+        {"id": "aa11", "cmd": "switch", "args": {"strategy": "zero3"}, "status": "done",
+         "result": {"from": "ddp", "to": "zero3", "step": 40}, "error": "", "ts": 1000.0, "finished_ts": 1001.5},
+        {"id": "mine01", "cmd": "checkpoint", "args": {"kind": "sharded"}, "status": "error", "error": "x"},
+        {"id": "bb22", "cmd": "checkpoint", "status": "exploded"},  # not a status
+        {"id": 7, "cmd": "profile", "status": "done"},  # not an id
+        "garbage",
+    ]
+    v.apply(Event(rank=0, seq=1, ts=1002.0, kind="operations_recent", data={"operations": ops}), now=1.0)
+    assert v.events_total == events_before  # not news
+    recent = {c.id: c for c in v.recent_commands()}
+    assert set(recent) == {"aa11", "mine01"}
+    assert recent["aa11"].title == "switch → zero3" and recent["aa11"].phase == "done"
+    assert recent["aa11"].finished_ts - recent["aa11"].sent_ts == 1.5
+    assert recent["mine01"].status == "pending" and recent["mine01"].args == {"kind": "full"}  # its own view stands
+    v.apply(Event(rank=0, seq=2, ts=1003.0, kind="operations_recent", data={"operations": "nope"}), now=2.0)
+    assert len(v.recent_commands()) == 2

@@ -228,11 +228,13 @@ class RingtopApp(RunCommands, App):
             panel = self.query_one(OverviewPanel)
             panel.show(b.overview(v, now, replay=self.replay, table_width=panel.table_width))
         elif tab == "memory":
-            self.query_one(MemoryPanel).show(b.memory(v))
+            panel = self.query_one(MemoryPanel)
+            panel.show(b.memory(v, panel.table_width))
         elif tab == "comm":
             if self.comm_rank is not None and self.comm_rank not in v.ranks:
                 self.comm_rank = None  # a new run
-            self.query_one(CommPanel).show(b.comm_tab(v, self.comm_rank))
+            panel = self.query_one(CommPanel)
+            panel.show(b.comm_tab(v, self.comm_rank, panel.table_width))
         elif tab == "pipeline":
             panel = self.query_one(PipelinePanel)
             panel.show(b.pipeline(v, panel.timeline_width or (self.size.width - 2)))

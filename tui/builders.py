@@ -115,7 +115,7 @@ class Builders:
         legend = breakdown_legend() if any(c.key == "breakdown" for c in columns) else Text("")
         return OverviewModel(health_line(view, now), tuple(columns), tuple(rows), legend, charts, alert_text(view))
 
-    def memory(self, view: RunView) -> MemoryModel:
+    def memory(self, view: RunView, table_width: int = 0) -> MemoryModel:
         f = view.facts
         key = (f.param_count, f.world_size, len(view.ranks), f.dtype, f.optimizer_bytes_per_param, f.strategy,
                tuple(sorted(f.strategy_options.items(), key=str)), f.backend, f.device, f.device_mem_total_bytes,
@@ -125,15 +125,15 @@ class Builders:
             self._fit_key = key
             ft = fit_table(view)
             self._fit = (fit_caption(ft, view), tuple(fit_rows(ft)))
-        return MemoryModel(memory_caption(view), tuple(memory_columns(on_gpu(view))), tuple(memory_rows(view)),
-                           self._fit[0], tuple(fit_columns()), self._fit[1])
+        return MemoryModel(memory_caption(view), tuple(memory_columns(on_gpu(view), table_width)),
+                           tuple(memory_rows(view)), self._fit[0], tuple(fit_columns(table_width)), self._fit[1])
 
-    def comm_tab(self, view: RunView, rank: int | None) -> CommModel:
+    def comm_tab(self, view: RunView, rank: int | None, table_width: int = 0) -> CommModel:
         window, series, ref = self.comm.data(view, rank)
         slow = self.comm.slowest(view)
-        return CommModel(comm_caption(view, window, rank, slowest=slow), tuple(kinds_columns()),
+        return CommModel(comm_caption(view, window, rank, slowest=slow), tuple(kinds_columns(table_width)),
                          tuple(kinds_rows(window)), busbw_label(window, ref), tuple(series), exposed_text(window),
-                         tuple(ranks_columns()), tuple(ranks_rows(view, rank, slowest=slow)),
+                         tuple(ranks_columns(table_width)), tuple(ranks_rows(view, rank, slowest=slow)),
                          verdict_panel(view, slowest=slow))
 
     def pipeline(self, view: RunView, width: int) -> PipelineModel:

@@ -13,7 +13,7 @@ from ringtop.metrics.outliers import TABLE_MARK
 
 from .comm import COMM_WINDOW, CommWindow, KindRow, PeakRef, SlowestRank, comm_window, slowest_rank
 from .memory_tab import delta_text
-from .tables import Column
+from .tables import Column, fit_to_width
 from .view_model import Diagnosis, RunView, VerdictState
 
 VERDICT_STYLE = "bold yellow"
@@ -22,8 +22,13 @@ VERDICT_STYLE = "bold yellow"
 # ---------------------------------------------------------------------- per-kind table
 
 
-def kinds_columns() -> list[Column]:
-    return [
+KINDS_PRIORITY = {"delta": 5, "pred": 4, "algbw": 3, "count": 2}
+"""Dropped first on a narrow terminal (tables.fit_to_width): busbw, busy and exposed time stay."""
+RANKS_PRIORITY = {"mb": 4, "busbw": 3, "busy": 2}
+
+
+def kinds_columns(width: int = 0) -> list[Column]:
+    cols = [
         Column("kind", "kind", 18),
         Column("count", "calls/step", 10, True),
         Column("mb", "MB/step", 8, True),
@@ -35,6 +40,7 @@ def kinds_columns() -> list[Column]:
         Column("exposed", "exposed ms", 10, True),
         Column("overlap", "overlap %", 9, True),
     ]
+    return fit_to_width(cols, KINDS_PRIORITY, width) if width else cols
 
 
 def _kind_label(k: KindRow) -> Text:
@@ -153,8 +159,8 @@ def busbw_label(w: CommWindow, ref: PeakRef) -> Text:
 
 
 def exposed_text(w: CommWindow) -> Text:
-    """`exposed comm Z % of step`, with overlap and idle share beside it."""
-    t = Text(no_wrap=True, overflow="ellipsis")
+    """`exposed comm Z % of step`, with overlap and idle share beside it (wraps when narrow)."""
+    t = Text()
     t.append("exposed comm ", style="bold")
     if w.empty:
         t.append("-", style="dim")
@@ -187,8 +193,8 @@ def overview_comm_label(w: CommWindow, ref: PeakRef) -> Text:
 # ---------------------------------------------------------------------- per-rank table
 
 
-def ranks_columns() -> list[Column]:
-    return [
+def ranks_columns(width: int = 0) -> list[Column]:
+    cols = [
         Column("rank", "rank", 6),
         Column("step_ms", "step ms", 8, True),
         Column("mb", "MB/step", 8, True),
@@ -200,6 +206,7 @@ def ranks_columns() -> list[Column]:
         Column("busbw", "busbw GB/s", 10, True),
         Column("note", "note", 21),
     ]
+    return fit_to_width(cols, RANKS_PRIORITY, width) if width else cols
 
 
 def ranks_rows(view: RunView, selected: int | None, window: int = COMM_WINDOW,

@@ -10,7 +10,8 @@ from ringtop.metrics import fmt
 
 from .header_tab import PHASE_STYLE
 from .overview_tab import LEVEL_STYLE
-from .view_model import CommandState, EventLine, RunView, describe_result
+from .reducers import CommandState, EventLine, describe_result
+from .view_model import RunView
 
 OPERATIONS_SHOWN = 6
 RUN_KINDS = ("ended", "run", "rejected")

@@ -14,7 +14,7 @@ from rich.text import Text
 from ringtop.metrics import fmt
 
 from .memory import FitTable, StatePrediction, pct_diff, predicted_state
-from .tables import Column
+from .tables import Column, fit_to_width
 from .view_model import RunView
 
 PART_STYLES = {"params": "cyan", "grads": "magenta", "optim": "yellow", "other": "bright_black"}
@@ -87,7 +87,14 @@ def on_gpu(view: RunView) -> bool:
     return any(r.mem_is_cuda for r in view.ranks.values()) or (view.facts.device or "").startswith("cuda")
 
 
-def memory_columns(gpu: bool) -> list[Column]:
+MEMORY_PRIORITY = {"bar": 5, "reserved": 4, "peak": 3, "other": 2}
+"""Columns dropped first on a narrow terminal (tables.fit_to_width): the bar (the numbers say
+it too), then the allocator's figures after `alloc`."""
+FIT_PRIORITY = {"sharded": 4, "grads": 3, "params": 2, "optim": 1}
+"""The strategy's name says what it shards; state, need, capacity and traffic answer "would it fit"."""
+
+
+def memory_columns(gpu: bool, width: int = 0) -> list[Column]:
     cols = [
         Column("rank", "rank", 8),
         Column("bar", "p/g/o/other", BAR_WIDTH),
@@ -103,7 +110,7 @@ def memory_columns(gpu: bool) -> list[Column]:
                  Column("peak", "peak", 7, True)]
     else:
         cols.append(Column("total", "RSS", 7, True))
-    return cols
+    return fit_to_width(cols, MEMORY_PRIORITY, width) if width else cols
 
 
 def _bar_scale(view: RunView, preds: dict[int, StatePrediction | None], gpu: bool) -> float:
@@ -204,8 +211,8 @@ def memory_caption(view: RunView) -> Text:
     return t
 
 
-def fit_columns() -> list[Column]:
-    return [
+def fit_columns(width: int = 0) -> list[Column]:
+    cols = [
         Column("strategy", "strategy", 15),
         Column("sharded", "sharded", 18),
         Column("params", "params", 7, True),
@@ -216,6 +223,7 @@ def fit_columns() -> list[Column]:
         Column("fits", "of capacity", 12, True),
         Column("wire", "wire/step", 9, True),
     ]
+    return fit_to_width(cols, FIT_PRIORITY, width) if width else cols
 
 
 def fit_rows(ft: FitTable | None) -> list[tuple[str, dict[str, Text]]]:

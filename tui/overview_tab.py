@@ -14,7 +14,7 @@ from ringtop.metrics.fmt import mb_compact
 from ringtop.metrics.outliers import CELL_MEMORY, CELL_SHARE, CELL_TIME, NAMED, TABLE_MARK, Threshold, outliers
 
 from .comm_tab import alert_verdict_line
-from .tables import Column
+from .tables import Column, fit_to_width
 from .view_model import COMM_KIND_ABBR, SLOWEST_WINDOW, RankRow, RunView
 from .widgets.overview import ChartModel
 
@@ -68,36 +68,25 @@ def kind_abbr(kind: str) -> str:
 
 def overview_columns(kinds: list[str], kinds_cell_width: int = 0, table_width: int = DEFAULT_TABLE_WIDTH,
                      breakdown: bool = True) -> list[Column]:
-    """The rank table's columns for a table `table_width` cells wide (each column costs its width
-    plus 2 of padding): the lowest-priority columns are dropped until the rest fit, the note takes
-    what is left. With collective kinds, one more after "comm MB/s": per kind MB/s, e.g.
-    "RS/AG MB/s" holding "12.5/25.0", as wide as its widest cell so far."""
+    """The rank table's columns for a table `table_width` cells wide: the lowest-priority columns
+    are dropped until the rest fit, the note takes what is left. With collective kinds, one more
+    after "comm MB/s": per kind MB/s, e.g. "RS/AG MB/s" holding "12.5/25.0", as wide as its
+    widest cell so far."""
     kinds_label = "/".join(kind_abbr(k) for k in kinds) + " MB/s" if kinds else ""
-    wanted = []
+    cols, priority = [], {}
     for c in RANK_COLUMNS:
-        if c.key == "comm_kinds":
-            if not kinds:
-                continue
-            c = RankColumn(c.key, kinds_label, max(len(kinds_label), kinds_cell_width), c.priority)
-        if c.key == "breakdown" and not breakdown:
+        if (c.key == "comm_kinds" and not kinds) or (c.key == "breakdown" and not breakdown):
             continue
-        wanted.append(c)
-
-    def used(cols: list[RankColumn]) -> int:
-        return sum((c.width or NOTE_MIN_WIDTH) + 2 for c in cols)
-
-    while used(wanted) > table_width:
-        droppable = [c for c in wanted if c.priority > 0]
-        if not droppable:
-            break
-        worst = max(droppable, key=lambda c: (c.priority, wanted.index(c)))
-        wanted.remove(worst)
-    spare = max(0, table_width - used(wanted))
-    out = []
-    for c in wanted:
-        width = c.width or min(NOTE_MAX_WIDTH, NOTE_MIN_WIDTH + spare)
-        out.append(Column(c.key, c.label, width, c.numeric))
-    return out
+        width = c.width
+        if c.key == "comm_kinds":
+            width = max(len(kinds_label), kinds_cell_width)
+        elif c.key == "note":
+            width = NOTE_MIN_WIDTH
+        cols.append(Column(c.key, kinds_label if c.key == "comm_kinds" else c.label, width, c.numeric))
+        priority[c.key] = c.priority
+    kept = fit_to_width(cols, priority, table_width)
+    spare = max(0, table_width - sum(c.width + 2 for c in kept))
+    return [c._replace(width=min(NOTE_MAX_WIDTH, NOTE_MIN_WIDTH + spare)) if c.key == "note" else c for c in kept]
 
 
 def breakdown_bar(row: RankRow, width: int = BREAKDOWN_WIDTH) -> Text:

@@ -20,6 +20,23 @@ class Column(NamedTuple):
     right: bool = False
 
 
+def fit_to_width(columns: list[Column], priority: dict[str, int], width: int) -> list[Column]:
+    """The columns that fit `width` cells (each costs its width plus 2 of padding), dropping the
+    highest `priority` numbers first (a column not named there, or at 0, is always kept); the
+    order stays the table's own."""
+    kept = list(columns)
+
+    def used() -> int:
+        return sum(c.width + 2 for c in kept)
+
+    while used() > width:
+        droppable = [c for c in kept if priority.get(c.key, 0) > 0]
+        if not droppable:
+            break
+        kept.remove(max(droppable, key=lambda c: (priority[c.key], kept.index(c))))
+    return kept
+
+
 def cell_signature(cell: Text) -> tuple:
     return cell.plain, str(cell.style), tuple(cell.spans)
 

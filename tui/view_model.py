@@ -13,18 +13,16 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from ringtop.metrics import fmt
 from ringtop.metrics.outliers import slowest
 from ringtop.metrics.strategy_names import sharded_label, strategy_label
-from ringtop.metrics.timing import share_pct
+from ringtop.metrics.timing import finite_or_0, share_pct
 from ringtop.protocol import (
     UI_RANK,
     Bye,
-    Command,
     CommStat,
     Event,
     Heartbeat,
@@ -38,13 +36,20 @@ from ringtop.protocol import (
 )
 
 from .pipeline import PipelineState
-from .sanitize import visible
+from .reducers import (
+    VERDICT_KINDS,
+    CommandLog,
+    CommandState,
+    Diagnosis,
+    EventLine,
+    EventLog,
+    VerdictBoard,
+    VerdictState,
+)
+from .reducers.events import MAX_EVENTS
 
 HISTORY_POINTS = 240
 """Points kept per chart history (per rank and cross-rank)."""
-MAX_EVENTS = 500
-MAX_COMMANDS = 200
-"""Commands remembered for the Events tab's operations panel and the header's in-flight line."""
 SLOWEST_WINDOW = 20
 """Recent steps per rank averaged to pick the slowest rank."""
 STEP_LAG = 8
@@ -55,10 +60,6 @@ COMM_KIND_ORDER = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 """Collective kinds in the order the screens list them; other kinds follow alphabetically."""
 COMM_KIND_ABBR = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG", "broadcast": "BC",
                   "reduce": "RD", "all_to_all": "A2A", "send": "P2P", "recv": "P2P", "barrier": "BAR"}
-VERDICT_KINDS = ("verdict", "verdict_cleared", "diagnosis", "verdicts_active")
-"""Event kinds of rank 0's diagnosis: folded into `RunView.verdicts` / `RunView.diagnosis` (and still
-listed as events), shown on their own line rather than as the Overview's last warning."""
-MAX_CLEARED_VERDICTS = 20
 REJECT_EVENT_EVERY_S = 1.0
 MAX_RANKS_BEFORE_HELLO = 1024
 """Rows the view makes for ranks it has no Hello for yet (a Hello from rank 0 gives the real count)."""
@@ -342,83 +343,6 @@ class CommStep:
         acc.add(c)
 
 
-@dataclass
-class VerdictState:
-    """One finding of rank 0's diagnosis (an Event of kind `verdict`), until `verdict_cleared`."""
-
-    rule: str
-    rank: int | None
-    """The rank it is about; None for the whole run (e.g. communication-bound)."""
-    text: str
-    evidence: dict[str, Any] = field(default_factory=dict)
-    advice: str = ""
-    step: int = -1
-    ts: float = 0.0
-    level: str = "warn"
-    order: int = 0
-    """Arrival order: the newest verdict has the highest."""
-    cleared_step: int = -1
-
-    @property
-    def key(self) -> tuple[str, int | None]:
-        return self.rule, self.rank
-
-
-@dataclass
-class Diagnosis:
-    """The end-of-run summary (Event kind `diagnosis`): every verdict seen during the run."""
-
-    text: str
-    step: int = -1
-    ts: float = 0.0
-    verdicts: list[VerdictState] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class EventLine:
-    seq: int
-    """Position in the run's event stream, counting from 0; lets a screen append only new lines."""
-    ts: float
-    """Wall-clock seconds."""
-    level: str
-    rank: int | None
-    text: str
-    kind: str = ""
-    cmd_id: str = ""
-
-
-@dataclass
-class CommandState:
-    id: str
-    cmd: str
-    args: dict[str, Any] = field(default_factory=dict)
-    status: str = "pending"
-    """pending (sent, nothing back yet) -> ack -> done | error."""
-    history: list[str] = field(default_factory=list)
-    result: dict[str, Any] = field(default_factory=dict)
-    error: str = ""
-    code: str = ""
-    sent_ts: float = 0.0
-    """Wall clock when the UI sent it, or when the first reply was seen (a command of another client)."""
-    finished_ts: float = 0.0
-    mine: bool = False
-    """Sent by this UI (its arguments are known)."""
-
-    @property
-    def finished(self) -> bool:
-        return self.status in ("done", "error")
-
-    @property
-    def phase(self) -> str:
-        """What the user reads: pending (sent, nothing back), running (acknowledged), done, failed."""
-        return {"pending": "pending", "ack": "running", "done": "done", "error": "failed"}.get(self.status, self.status)
-
-    @property
-    def title(self) -> str:
-        """The command in words, from its arguments: `checkpoint sharded async`, `switch → zero3`."""
-        return command_title(self.cmd, self.args)
-
-
 class RunView:
     """Aggregates ringtop protocol messages into what the screens show."""
 
@@ -438,10 +362,9 @@ class RunView:
         self.steps: deque[StepPoint] = deque(maxlen=self.history_points)
         self._pending: dict[int, dict[int, tuple[float, float]]] = {}
         self._newest_step = -1
-        self.events: deque[EventLine] = deque(maxlen=self.max_events)
-        self.events_total = 0
-        self.commands: dict[str, CommandState] = {}
-        self._replies_seen: set[tuple[str, str]] = set()
+        self.event_log = EventLog(self.max_events, quiet_kinds=frozenset(VERDICT_KINDS))
+        self.command_log = CommandLog(self.event_log)
+        self.verdict_board = VerdictBoard()
         self.messages_total = 0
         self._failure_reported = False
         self.rejected_total = 0
@@ -453,19 +376,13 @@ class RunView:
         self._slowest_rank: int | None = None
         self._slowest_excess_pct = math.nan
         self._slowest_dirty = False
-        self.last_warning: EventLine | None = None
         self.pipeline = PipelineState()
         """Pipeline stage timelines (Timeline messages), folded into complete steps and a bubble history."""
         self._comm_kinds: set[str] = set()
         self.comm_steps: dict[int, CommStep] = {}
         """Per step number, communication summed over the ranks that reported it (bounded)."""
-        self.comm_version = getattr(self, "comm_version", 0) + 1
-        """Bumped whenever anything the Comm tab shows changes (steps, predictions, the link peak)."""
-        self.verdicts: dict[tuple[str, int | None], VerdictState] = {}
-        """Active verdicts: `verdict` events not yet followed by a matching `verdict_cleared`."""
-        self.cleared_verdicts: deque[VerdictState] = deque(maxlen=MAX_CLEARED_VERDICTS)
-        self.diagnosis: Diagnosis | None = None
-        self._verdict_order = 0
+        self.versions: Counter[str] = getattr(self, "versions", Counter())
+        self.versions.update(PARTS)  # a new run: every snapshot version moves on
         self.link_peak_gbps: float = 0.0
         """The link's peak bandwidth per direction in GB/s, the reference for busbw; 0 = unknown.
         Hook: set it with `set_link_peak` (the app's `link_peak_gbps`, e.g. from `--link`); it is also
@@ -480,72 +397,102 @@ class RunView:
         (a reply from the UI's own control socket). `now`: the caller's monotonic clock."""
         now = time.monotonic() if now is None else now
         self.messages_total += 1
-        if isinstance(msg, ControlReply):
-            self._last_rx = now
-            self._on_reply(msg.reply)
-            return
-        if isinstance(msg, Reply):  # the copy published on telemetry: part of rank 0's stream
-            self._last_rx = now
-            row = self.ranks.get(msg.rank)
-            if row is not None:
-                self._track_seq(row, msg)
-                row.last_seen = now
-            self._on_reply(msg)
-            return
-        if isinstance(msg, Command):
-            return  # another client's command echoed to us; nothing to show
+        route = ROUTES.get(type(msg))
+        if route is None:
+            return  # a Command: another client's, echoed to us; nothing to show
         self._last_rx = now
+        handler, parts, per_rank = route
+        if per_rank:
+            row = self._sender(msg, now)
+            if row is None:
+                return
+            handler(self, row, msg, now)
+        else:
+            handler(self, msg, now)
+        self.versions.update(parts)
+
+    def _sender(self, msg: Any, now: float) -> RankRow | None:
+        """The row of the rank that sent `msg` (made on its first message), with its liveness
+        updated; None for a message the UI itself published or from a rank outside the run."""
         if msg.rank == UI_RANK:
             if isinstance(msg, Event):
-                self._add_event(msg.level, None, msg.text or msg.kind, msg.ts, kind=msg.kind)
-            return
-        if isinstance(msg, Hello):
-            if msg.rank >= msg.world_size:
-                self.note_rejected(f"hello from rank {msg.rank} of a world of {msg.world_size}", now)
-                return
-            self._on_hello(msg, now)
-            return
+                self.event_log.add(msg.level, None, msg.text or msg.kind, msg.ts, kind=msg.kind)
+            return None
         if msg.rank not in self.ranks and not self._may_add_row(msg.rank):
             self.note_rejected(f"{msg.__struct_config__.tag} from rank {msg.rank}, outside the run's "
                                f"{self.facts.world_size or MAX_RANKS_BEFORE_HELLO} ranks", now)
-            return
+            return None
         row = self._row(msg.rank)
         if row.dead:
             row.dead, row.ended_at = False, None
             self._live.add(row.rank)
-            self._add_event("info", row.rank, f"rank {row.rank} is sending again", msg.ts, kind="dead")
+            self.event_log.add("info", row.rank, f"rank {row.rank} is sending again", msg.ts, kind="dead")
         self._track_seq(row, msg)
         row.last_seen = now
         if row.heard_since is None:
             row.heard_since = now
         row.last_ts = max(row.last_ts, msg.ts)
         row.silent_s = 0.0
-        if isinstance(msg, Step):
-            row.step_seen = now
-            self._on_step(row, msg)
-        elif isinstance(msg, Timeline):
-            self.pipeline.add(msg, host=row.host)
-        elif isinstance(msg, Sample):
-            if msg.cpu_percent or not math.isfinite(row.cpu_percent):
-                row.cpu_percent = msg.cpu_percent
-            if msg.rss_bytes:
-                row.mem_rss_bytes = msg.rss_bytes
-            if msg.gpu is not None:
-                row.gpu_util_percent = msg.gpu.util_percent
-                row.gpu_mem_used_bytes = msg.gpu.mem_used_bytes
-                if msg.gpu.mem_total_bytes:
-                    row.device_mem_total_bytes = msg.gpu.mem_total_bytes
-        elif isinstance(msg, Heartbeat):
-            if msg.step > row.step:
-                row.step = msg.step
-            row.agent_drops = max(row.agent_drops, msg.drops)
-        elif isinstance(msg, Event):
-            if msg.kind in VERDICT_KINDS:
-                self._on_verdict_event(msg)
-            if msg.kind != "verdicts_active":  # a periodic restatement for late joiners, not news
-                self._add_event(msg.level, msg.rank, self._event_text(msg), msg.ts, kind=msg.kind)
-        elif isinstance(msg, Bye):
-            self._on_bye(row, msg)
+        return row
+
+    # one handler per message type (ROUTES below); `now` is the caller's clock
+
+    def _on_control_reply(self, msg: ControlReply, now: float) -> None:
+        self.command_log.on_reply(msg.reply, self.facts.strategy_name)
+
+    def _on_published_reply(self, msg: Reply, now: float) -> None:
+        """The copy published on telemetry: part of rank 0's stream (its seq counts)."""
+        row = self.ranks.get(msg.rank)
+        if row is not None:
+            self._track_seq(row, msg)
+            row.last_seen = now
+        self.command_log.on_reply(msg, self.facts.strategy_name)
+
+    def _on_hello_message(self, msg: Hello, now: float) -> None:
+        if msg.rank == UI_RANK:
+            return
+        if msg.rank >= msg.world_size:
+            self.note_rejected(f"hello from rank {msg.rank} of a world of {msg.world_size}", now)
+            return
+        self._on_hello(msg, now)
+
+    def _on_step_message(self, row: RankRow, msg: Step, now: float) -> None:
+        row.step_seen = now
+        self._on_step(row, msg)
+
+    def _on_timeline(self, row: RankRow, msg: Timeline, now: float) -> None:
+        self.pipeline.add(msg, host=row.host)
+
+    def _on_sample(self, row: RankRow, msg: Sample, now: float) -> None:
+        if msg.cpu_percent or not math.isfinite(row.cpu_percent):
+            row.cpu_percent = msg.cpu_percent
+        if msg.rss_bytes:
+            row.mem_rss_bytes = msg.rss_bytes
+        if msg.gpu is not None:
+            row.gpu_util_percent = msg.gpu.util_percent
+            row.gpu_mem_used_bytes = msg.gpu.mem_used_bytes
+            if msg.gpu.mem_total_bytes:
+                row.device_mem_total_bytes = msg.gpu.mem_total_bytes
+
+    def _on_heartbeat(self, row: RankRow, msg: Heartbeat, now: float) -> None:
+        if msg.step > row.step:
+            row.step = msg.step
+        row.agent_drops = max(row.agent_drops, msg.drops)
+
+    def _on_event(self, row: RankRow, msg: Event, now: float) -> None:
+        if msg.kind in VERDICT_KINDS:
+            peak = self.verdict_board.on_event(msg)
+            if peak is not None:
+                self._agent_link_peak(peak, "the agent (--link)")
+        if msg.kind == "operations_recent":
+            data = msg.data if isinstance(msg.data, dict) else {}
+            self.command_log.restated(data.get("operations"), msg.ts)
+            return  # restated for late joiners, not news
+        if msg.kind != "verdicts_active":  # a periodic restatement for late joiners, not news
+            self.event_log.add(msg.level, msg.rank, self._event_text(msg), msg.ts, kind=msg.kind)
+
+    def _on_bye_message(self, row: RankRow, msg: Bye, now: float) -> None:
+        self._on_bye(row, msg)
 
     def apply_many(self, msgs: Iterable[Any], now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
@@ -560,36 +507,14 @@ class RunView:
         if self._last_reject_event is None or now - self._last_reject_event >= REJECT_EVENT_EVERY_S:
             n = self._rejected_unreported
             more = f" ({n} frames since the last report)" if n > 1 else ""
-            self._add_event("warn", None, f"rejected telemetry frame: {error_text}{more}", time.time(),
+            self.event_log.add("warn", None, f"rejected telemetry frame: {error_text}{more}", time.time(),
                             kind="rejected")
             self._rejected_unreported = 0
             self._last_reject_event = now
 
-    def note_command_sent(self, cmd_id: str, cmd: str, args: dict[str, Any] | None = None) -> CommandState:
-        """The UI sent a command; it is `pending` until a Reply arrives."""
-        state = CommandState(id=cmd_id, cmd=cmd, args=dict(args or {}), status="pending",
-                             history=["pending"], sent_ts=time.time(), mine=True)
-        self.commands[cmd_id] = state
-        while len(self.commands) > MAX_COMMANDS:
-            del self.commands[next(iter(self.commands))]
-        arg_text = " ".join(f"{k}={v}" for k, v in state.args.items())
-        sent = f" ({arg_text})" if arg_text else ""
-        self._add_event("info", None, f"{state.title} [{cmd_id}] sent{sent} → pending", state.sent_ts,
-                        kind="command", cmd_id=cmd_id)
-        return state
-
-    def active_commands(self) -> list[CommandState]:
-        """Operations still in flight (pending or acknowledged), oldest first; `status` is answered
-        at once and never listed."""
-        return [c for c in self.commands.values() if not c.finished and c.cmd != "status"]
-
-    def recent_commands(self, n: int = 6) -> list[CommandState]:
-        """The last `n` commands (sent here or seen in replies), newest first."""
-        return list(self.commands.values())[-n:][::-1]
-
     def note(self, text: str, level: str = "info", kind: str = "ui") -> None:
         """An event line that comes from the UI itself (e.g. 'not connected')."""
-        self._add_event(level, None, text, time.time(), kind=kind)
+        self.event_log.add(level, None, text, time.time(), kind=kind)
 
     def set_link_peak(self, gbps: float, source: str = "configured") -> None:
         """The hook for the link's peak (GB/s per direction, what busbw is held against); 0 clears it.
@@ -597,7 +522,7 @@ class RunView:
         gbps = float(gbps) if isinstance(gbps, (int, float)) and math.isfinite(gbps) and gbps > 0 else 0.0
         self._configured_peak = (gbps, source if gbps else "")
         self.link_peak_gbps, self.link_peak_source = self._configured_peak
-        self.comm_version += 1
+        self.versions["comm"] += 1
 
     def tick(self, now: float) -> str:
         """Update connection state (and per-rank silence) as of `now`; returns the state."""
@@ -651,14 +576,14 @@ class RunView:
             row.dead, row.ended_at = True, row.last_seen
             self._live.discard(row.rank)
             self._slowest_dirty = True
-            self.comm_version += 1
-            self._add_event("error", row.rank, f"rank {row.rank} stopped sending at step {row.step}: no heartbeat for "
-                            f"{now - row.last_seen:.0f} s while other ranks were heard; it died or its process hung",
-                            time.time(), kind="dead")
+            self.versions["comm"] += 1
+            self.event_log.add("error", row.rank, f"rank {row.rank} stopped sending at step {row.step}: no heartbeat "
+                               f"for {now - row.last_seen:.0f} s while other ranks were heard; it died or its "
+                               "process hung", time.time(), kind="dead")
             self._close_pending_steps()
         if self.is_ended and self.failure is not None and not self._failure_reported:
             self._failure_reported = True
-            self._add_event("error", None, f"the run failed: {self.failure}", time.time(), kind="failed")
+            self.event_log.add("error", None, f"the run failed: {self.failure}", time.time(), kind="failed")
 
     def rows(self) -> list[RankRow]:
         self._ensure_slowest()
@@ -705,9 +630,53 @@ class RunView:
 
     def events_since(self, seq: int) -> list[EventLine]:
         """Event lines with `seq >= seq` still held (older ones may have been dropped)."""
-        if not self.events or self.events[-1].seq < seq:
-            return []
-        return [e for e in self.events if e.seq >= seq]
+        return self.event_log.since(seq)
+
+    # the parts' state, read where the screens always read it
+
+    @property
+    def events(self) -> deque[EventLine]:
+        return self.event_log.lines
+
+    @property
+    def events_total(self) -> int:
+        return self.event_log.total
+
+    @property
+    def last_warning(self) -> EventLine | None:
+        return self.event_log.last_warning
+
+    @property
+    def commands(self) -> dict[str, CommandState]:
+        return self.command_log.commands
+
+    def note_command_sent(self, cmd_id: str, cmd: str, args: dict[str, Any] | None = None) -> CommandState:
+        """The UI sent a command; it is `pending` until a Reply arrives."""
+        return self.command_log.sent(cmd_id, cmd, args)
+
+    def active_commands(self) -> list[CommandState]:
+        return self.command_log.active()
+
+    def recent_commands(self, n: int = 6) -> list[CommandState]:
+        return self.command_log.recent(n)
+
+    @property
+    def verdicts(self) -> dict[tuple[str, int | None], VerdictState]:
+        return self.verdict_board.verdicts
+
+    @property
+    def cleared_verdicts(self) -> deque[VerdictState]:
+        return self.verdict_board.cleared
+
+    @property
+    def diagnosis(self) -> Diagnosis | None:
+        return self.verdict_board.diagnosis
+
+    @property
+    def comm_version(self) -> int:
+        """Moves on whenever anything the Comm tab shows may have changed (steps, predictions,
+        the link peak, who is live): builders recompute its figures only then."""
+        return self.versions["comm"]
 
     @property
     def comm_kinds(self) -> list[str]:
@@ -719,7 +688,7 @@ class RunView:
     @property
     def active_verdicts(self) -> list[VerdictState]:
         """Verdicts in force, newest first."""
-        return sorted(self.verdicts.values(), key=lambda v: v.order, reverse=True)
+        return self.verdict_board.active
 
     @property
     def total_drops(self) -> int:
@@ -766,7 +735,7 @@ class RunView:
         if self.facts.run_id and msg.run_id and msg.run_id != self.facts.run_id:
             old = self.facts.run_id
             self._reset()
-            self._add_event("info", None, f"new run {msg.run_id} (was {old})", msg.ts, kind="run")
+            self.event_log.add("info", None, f"new run {msg.run_id} (was {old})", msg.ts, kind="run")
         self._last_rx = now
         f = self.facts
         authoritative = msg.rank == 0 or not f.run_id
@@ -824,8 +793,6 @@ class RunView:
         row.pid = msg.pid or row.pid
         row.local_rank = msg.local_rank
         row.device = msg.device or row.device
-        if row.prediction != msg.prediction:
-            self.comm_version += 1
         row.prediction = msg.prediction
         peak = getattr(msg, "link_peak_gbps", 0.0)  # hook: a Hello that states the link's peak
         if peak:
@@ -839,7 +806,7 @@ class RunView:
         if first or restarted:  # an agent may repeat its Hello for late joiners; say it once
             where = f"{msg.host} pid {msg.pid}" if msg.host else f"pid {msg.pid}"
             extra = f", resuming at step {msg.start_step}" if msg.start_step else ""
-            self._add_event("info", msg.rank,
+            self.event_log.add("info", msg.rank,
                             f"{'rejoined' if restarted else 'joined'}: {where}, {msg.strategy or '?'} on "
                             f"{msg.device or msg.backend or '?'}{extra}", msg.ts, kind="hello")
 
@@ -903,17 +870,15 @@ class RunView:
         self.comm_steps.clear()
         for r in self.ranks.values():
             r.comm_history.clear()
-        self.comm_version += 1
 
     def _collect_comm(self, row: RankRow, msg: Step) -> None:
         if not (math.isfinite(msg.step_ms) and msg.step_ms > 0):
             return
-        cs = CommStep(step=msg.step, ranks=1, step_ms=msg.step_ms, data_ms=_finite_or_0(msg.data_ms),
-                      blocked_ms=_finite_or_0(msg.comm_blocked_ms), busy_ms=_finite_or_0(msg.comm_busy_ms))
+        cs = CommStep(step=msg.step, ranks=1, step_ms=msg.step_ms, data_ms=finite_or_0(msg.data_ms),
+                      blocked_ms=finite_or_0(msg.comm_blocked_ms), busy_ms=finite_or_0(msg.comm_busy_ms))
         for c in msg.comm:
             cs.add_comm(c)
         row.comm_history.append(cs)
-        self.comm_version += 1
         agg = self.comm_steps.get(msg.step)
         if agg is None:
             if len(self.comm_steps) >= self.history_points and msg.step < min(self.comm_steps):
@@ -923,64 +888,12 @@ class RunView:
                 del self.comm_steps[min(self.comm_steps)]
         agg.add(cs)
 
-    def _on_verdict_event(self, msg: Event) -> None:
-        data = msg.data if isinstance(msg.data, dict) else {}
-        if msg.kind == "diagnosis":
-            found = data.get("verdicts")
-            verdicts = []
-            for d in found if isinstance(found, list) else []:
-                if isinstance(d, dict):
-                    v = self._verdict_from(d, msg, text=str(d.get("text") or ""))
-                    live = self.verdicts.get(v.key)
-                    if live is not None and not v.evidence:
-                        v.evidence = dict(live.evidence)
-                    verdicts.append(v)
-            self.diagnosis = Diagnosis(text=msg.text, step=msg.step, ts=msg.ts, verdicts=verdicts)
-            return
-        if msg.kind == "verdicts_active":
-            found = data.get("verdicts")
-            for d in found if isinstance(found, list) else []:
-                if isinstance(d, dict):
-                    v = self._verdict_from(d, msg, text=str(d.get("text") or ""))
-                    if v.key not in self.verdicts:
-                        self._verdict_order += 1
-                        v.order = self._verdict_order
-                        self.verdicts[v.key] = v
-            return
-        v = self._verdict_from(data, msg, text=msg.text)
-        if msg.kind == "verdict":
-            self._verdict_order += 1
-            v.order = self._verdict_order
-            self.verdicts[v.key] = v
-            peak = v.evidence.get("link_peak_gbps")
-            if isinstance(peak, (int, float)) and peak > 0:
-                self._agent_link_peak(float(peak), "the agent (--link)")
-        else:  # verdict_cleared
-            gone = self.verdicts.pop(v.key, None)
-            if gone is not None:
-                gone.cleared_step = msg.step
-                self.cleared_verdicts.append(gone)
-
-    @staticmethod
-    def _verdict_from(data: dict[str, Any], msg: Event, text: str) -> VerdictState:
-        rule = data.get("rule")
-        rank = data.get("rank")
-        evidence = data.get("evidence")
-        advice = data.get("advice")
-        return VerdictState(
-            rule=rule if isinstance(rule, str) and rule else (msg.kind or "?"),
-            rank=rank if isinstance(rank, int) and not isinstance(rank, bool) else None,
-            text=text or msg.text or str(rule or msg.kind),
-            evidence=dict(evidence) if isinstance(evidence, dict) else {},
-            advice=advice if isinstance(advice, str) else "",
-            step=msg.step, ts=msg.ts, level=msg.level)
-
     def _agent_link_peak(self, gbps: float, source: str) -> None:
         if self._configured_peak[0] > 0 or not (math.isfinite(gbps) and gbps > 0):
             return  # a peak configured in the UI wins
         if (self.link_peak_gbps, self.link_peak_source) != (gbps, source):
             self.link_peak_gbps, self.link_peak_source = gbps, source
-            self.comm_version += 1
+            self.versions["comm"] += 1
 
     def _collect_step(self, step: int, rank: int, step_ms: float, loss: float) -> None:
         if self.steps and step <= self.steps[-1].step:
@@ -1035,22 +948,21 @@ class RunView:
         row.bye_ts = msg.ts
         row.ended = True
         row.ended_at = row.last_seen
-        self.comm_version += 1  # the Comm tab's slowest rank is among live ranks
         self._live.discard(row.rank)
         row.bye_reason = msg.reason or ("finished" if msg.ok else "failed")
         row.bye_ok = msg.ok
         if msg.step > row.step:
             row.step = msg.step
         level = "info" if msg.ok else "error"
-        self._add_event(level, msg.rank, f"bye at step {msg.step}: {row.bye_reason}", msg.ts, kind="bye")
+        self.event_log.add(level, msg.rank, f"bye at step {msg.step}: {row.bye_reason}", msg.ts, kind="bye")
         self._slowest_dirty = True
         self._close_pending_steps()
         if self.is_ended and not was_ended:
             if self.failure is None:
-                self._add_event("info", None, "every rank said bye: the run has ended", msg.ts, kind="ended")
+                self.event_log.add("info", None, "every rank said bye: the run has ended", msg.ts, kind="ended")
             elif not self._failure_reported:
                 self._failure_reported = True
-                self._add_event("error", None, f"the run failed: {self.failure}", msg.ts, kind="failed")
+                self.event_log.add("error", None, f"the run failed: {self.failure}", msg.ts, kind="failed")
 
     def _close_pending_steps(self) -> None:
         """A rank that left must not hold open the cross-rank chart."""
@@ -1061,49 +973,6 @@ class RunView:
             else:
                 break
 
-    def _on_reply(self, msg: Reply) -> None:
-        # Each reply reaches the UI that sent the command twice: on its control socket and on
-        # telemetry (where every UI sees it). Show each status of a command once.
-        key = (msg.id, msg.status)
-        if msg.id and key in self._replies_seen:
-            return
-        if msg.id:
-            self._replies_seen.add(key)
-            if len(self._replies_seen) > 10_000:
-                self._replies_seen.clear()
-        state = self.commands.get(msg.id)
-        if state is None:
-            state = CommandState(id=msg.id, cmd=msg.cmd, history=[], sent_ts=msg.ts or time.time())
-            self.commands[msg.id] = state
-            while len(self.commands) > MAX_COMMANDS:
-                del self.commands[next(iter(self.commands))]
-        state.cmd = state.cmd or msg.cmd
-        acked_args = msg.result.get("args") if msg.status == "ack" else None
-        if not state.args and isinstance(acked_args, dict):  # another client's command: its ack says what
-            state.args = dict(acked_args)
-        if state.finished and msg.status == "ack":
-            return  # the ack overtaken by its own result (two channels): the result stands
-        state.status = msg.status
-        state.history.append(msg.status)
-        if msg.result:
-            state.result = dict(msg.result)
-        if msg.error:
-            state.error = msg.error
-            state.code = msg.code
-        if state.finished:
-            state.finished_ts = msg.ts or time.time()
-        trail = " → ".join(state.history)
-        detail = ""
-        if msg.status == "error":
-            detail = f": {msg.error}" + (f" ({msg.code})" if msg.code else "")
-            if state.cmd == "switch" and self.facts.strategy:
-                detail += f"; the run goes on with {self.facts.strategy_name}"
-        elif msg.result:
-            detail = ": " + describe_result(state.cmd, msg.status, msg.result)
-        level = "error" if msg.status == "error" else "info"
-        self._add_event(level, msg.rank if msg.rank != UI_RANK else None,
-                        f"{state.title or '?'} [{msg.id}] {trail}{detail}", msg.ts, kind="reply", cmd_id=msg.id)
-
     @staticmethod
     def _event_text(msg: Event) -> str:
         text = msg.text or msg.kind or "(empty event)"
@@ -1113,122 +982,22 @@ class RunView:
             text = f"{text} (step {msg.step})"
         return text
 
-    def _add_event(self, level: str, rank: int | None, text: str, ts: float, *, kind: str = "",
-                   cmd_id: str = "") -> None:
-        line = EventLine(seq=self.events_total, ts=ts or time.time(), level=level, rank=rank, text=visible(text),
-                         kind=visible(kind), cmd_id=visible(cmd_id))
-        self.events_total += 1
-        self.events.append(line)
-        if level in ("warn", "error") and kind not in VERDICT_KINDS:  # verdicts have their own line
-            self.last_warning = line
 
 
-def command_title(cmd: str, args: dict[str, Any]) -> str:
-    """A command in words: `checkpoint sharded async`, `switch → fsdp grad-op`, `set micro_batches=4`."""
-    args = args if isinstance(args, dict) else {}
-    if cmd == "checkpoint" and args:
-        return " ".join(["checkpoint", str(args.get("kind", "full"))] + (["async"] if args.get("async") else []))
-    if cmd == "switch" and args.get("strategy"):
-        target = str(args["strategy"])
-        if args.get("fsdp_sharding"):
-            target += f" {args['fsdp_sharding']}"
-        return f"switch → {target}"
-    if cmd == "set" and args:
-        return "set " + " ".join(f"{k}={v}" for k, v in args.items())
-    if cmd == "profile" and "steps" in args:
-        return f"profile {args['steps']} steps"
-    return cmd or "?"
 
 
-def _num(d: dict[str, Any], key: str) -> float | None:
-    v = d.get(key)
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
-
-
-def describe_result(cmd: str, status: str, result: dict[str, Any], one_line: bool = False) -> str:
-    """A reply's result in words, for the event log (unknown keys fall back to key=value);
-    `one_line`: a single short line (the Events tab's operations panel)."""
-    r = result if isinstance(result, dict) else {}
-    if status == "ack":
-        where = r.get("applies_at")
-        return f"applies at {where}" if isinstance(where, str) else _compact(r)
-    seconds = _num(r, "seconds")
-    took = f" in {seconds:.2f} s" if seconds is not None else ""
-    if cmd == "checkpoint" and "path" in r:
-        parts = []
-        if _num(r, "bytes"):
-            parts.append(fmt.nbytes(_num(r, "bytes")))
-        if isinstance(r.get("step"), int):
-            parts.append(f"step {r['step']}")
-        extra = f" ({', '.join(parts)})" if parts else ""
-        return f"{r.get('kind', '')} checkpoint written{took}: {r['path']}{extra}".lstrip()
-    if cmd == "switch" and ("from" in r or "to" in r):
-        at = f" at step {r['step']}" if isinstance(r.get("step"), int) else ""
-        return f"{r.get('from', '?')} → {r.get('to', '?')}{at}{took}"
-    if cmd == "status" and "step" in r:
-        return status_text(r)
-    if cmd == "set" and "micro_batches" in r:
-        after = f" after step {r['step']}" if isinstance(r.get("step"), int) else ""
-        return f"micro-batches now {r['micro_batches']}{after}"
-    if cmd == "profile" and isinstance(r.get("ranks"), list) and one_line:
-        parts = [f"r{d.get('rank', '?')} {fmt.ms(_num(d, 'exposed_comm_ms_per_step_trace'))} vs "
-                 f"{fmt.ms(_num(d, 'exposed_comm_ms_per_step_live'))}" for d in r["ranks"] if isinstance(d, dict)]
-        return "exposed comm ms/step, trace vs live: " + ", ".join(parts)
-    if cmd == "profile" and isinstance(r.get("ranks"), list):
-        lines = [f"profile of {r.get('steps', '?')} steps, exposed communication per step, trace vs live:"]
-        for d in r["ranks"]:
-            if not isinstance(d, dict):
-                continue
-            trace, live = _num(d, "exposed_comm_ms_per_step_trace"), _num(d, "exposed_comm_ms_per_step_live")
-            total, overlap = _num(d, "comm_ms_per_step_trace"), _num(d, "overlap_pct_trace")
-            line = f"  rank {d.get('rank', '?')}: exposed {fmt.ms(trace)} ms (trace) vs {fmt.ms(live)} ms (live)"
-            if total is not None:
-                line += f", comm {fmt.ms(total)} ms"
-            if overlap is not None:
-                line += f", overlap {overlap:.0f}%"
-            if d.get("trace"):
-                line += f"  {d['trace']}"
-            if d.get("error"):
-                line += f"  error: {d['error']}"
-            lines.append(line)
-        return "\n".join(lines)
-    return _compact(r)
-
-
-def _finite_or_0(x: float) -> float:
-    return x if isinstance(x, (int, float)) and math.isfinite(x) else 0.0
-
-
-def status_text(r: dict[str, Any]) -> str:
-    """A `status` result in words, the checkpoint by its directory name (the whole path is in the
-    connection file's checkpoint_dir): nothing cut off at 100 columns."""
-    parts = []
-    steps = r.get("steps")
-    if isinstance(r.get("step"), int):
-        parts.append(f"step {r['step']}" + (f"/{steps}" if isinstance(steps, int) and steps > 0 else ""))
-    if r.get("strategy"):
-        ranks = f" ×{r['world_size']}" if isinstance(r.get("world_size"), int) else ""
-        parts.append(f"{r['strategy']}{ranks}")
-    loss, step_ms = _num(r, "loss"), _num(r, "step_ms")
-    if loss is not None:
-        parts.append(f"loss {fmt.loss(loss)}")
-    if step_ms is not None:
-        parts.append(f"{fmt.ms(step_ms)} ms/step")
-    last = r.get("last_checkpoint")
-    parts.append(f"last ckpt {str(last).rstrip('/').rsplit('/', 1)[-1]}" if last else "no checkpoint yet")
-    refused = r.get("refused_connections")
-    if isinstance(refused, int) and refused:
-        parts.append(f"{refused:,} refused")
-    return ", ".join(parts)
-
-
-def _compact(d: dict[str, Any], limit: int = 160) -> str:
-    parts = []
-    for k, v in d.items():
-        if isinstance(v, float):
-            v = f"{v:.4g}"
-        elif isinstance(v, (dict, list)):
-            v = f"{type(v).__name__}[{len(v)}]"
-        parts.append(f"{k}={v}")
-    text = " ".join(parts)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+PARTS = ("ranks", "steps", "comm", "events", "commands", "verdicts", "pipeline")
+"""The view's parts; each has a snapshot version (`RunView.versions`) that moves on whenever a
+message that may change it is folded in, so a screen rebuilds only what did change."""
+ROUTES: dict[type, tuple[Any, tuple[str, ...], bool]] = {
+    # message type: (handler, parts it may change, whether it comes from a rank's row)
+    ControlReply: (RunView._on_control_reply, ("commands", "events"), False),
+    Reply: (RunView._on_published_reply, ("commands", "events"), False),
+    Hello: (RunView._on_hello_message, ("ranks", "comm", "events"), False),
+    Step: (RunView._on_step_message, ("ranks", "steps", "comm"), True),
+    Timeline: (RunView._on_timeline, ("pipeline",), True),
+    Sample: (RunView._on_sample, ("ranks",), True),
+    Heartbeat: (RunView._on_heartbeat, ("ranks",), True),
+    Event: (RunView._on_event, ("events", "verdicts", "commands"), True),
+    Bye: (RunView._on_bye_message, ("ranks", "comm", "events"), True),
+}

@@ -10,7 +10,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import DataTable, Sparkline, Static
 
 from ..tables import Column
-from .drawing import Drawn
+from .drawing import Drawn, TableWidth
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class CommModel:
     verdicts: Text
 
 
-class CommPanel(VerticalScroll):
+class CommPanel(TableWidth, VerticalScroll):
     DEFAULT_CSS = """
     CommPanel { height: 1fr; }
     CommPanel .caption { height: auto; margin: 0 1; }
@@ -34,7 +34,7 @@ class CommPanel(VerticalScroll):
     CommPanel .comm-chart { height: 1; margin: 0 1; }
     CommPanel #comm-chart-label { width: auto; max-width: 70; padding: 0 2 0 0; }
     CommPanel #comm-spark { width: 1fr; }
-    CommPanel #comm-exposed { height: 1; margin: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
+    CommPanel #comm-exposed { height: auto; margin: 0 1; }
     CommPanel #comm-ranks { height: auto; max-height: 50%; margin: 1 0 0 0; }
     CommPanel #verdicts { height: auto; margin: 1 1 0 1; padding: 0 1; border-left: thick $warning; }
     """

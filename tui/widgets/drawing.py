@@ -46,3 +46,12 @@ class Drawn:
             return False
         self._shown[key] = value
         return True
+
+
+class TableWidth:
+    """Mixed into a panel whose tables drop columns to fit (tables.fit_to_width)."""
+
+    @property
+    def table_width(self) -> int:
+        """Cells a table may use (its scrollbar aside); 0 before the first layout."""
+        return max(0, self.content_size.width - 2)

@@ -11,7 +11,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Static
 
 from ..tables import Column
-from .drawing import Drawn
+from .drawing import Drawn, TableWidth
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class MemoryModel:
     fit_rows: tuple
 
 
-class MemoryPanel(VerticalScroll):
+class MemoryPanel(TableWidth, VerticalScroll):
     DEFAULT_CSS = """
     MemoryPanel { height: 1fr; }
     MemoryPanel .caption { height: auto; margin: 0 1; }

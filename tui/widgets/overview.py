@@ -10,7 +10,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Sparkline, Static
 
 from ..tables import Column
-from .drawing import Drawn
+from .drawing import Drawn, TableWidth
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ class OverviewModel:
     alert: Text
 
 
-class OverviewPanel(Vertical):
+class OverviewPanel(TableWidth, Vertical):
     DEFAULT_CSS = """
     OverviewPanel { height: 1fr; }
     OverviewPanel #health { height: 1; margin: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
@@ -97,11 +97,6 @@ class OverviewPanel(Vertical):
         yield Chart("loss")
         yield Chart("busbw")
         yield Static(id="alert")
-
-    @property
-    def table_width(self) -> int:
-        """Cells the rank table may use (its scrollbar aside); 0 before the first layout."""
-        return max(0, self.content_size.width - 2)
 
     def show(self, model: OverviewModel) -> None:
         d = self._drawn
