@@ -384,3 +384,37 @@ async def test_a_replay_offers_no_commands_and_micro_batches_only_a_pipeline():
                 await pilot.press("m")
                 await repainted(pilot)
                 assert isinstance(app.screen, MicroBatchesPrompt) is offered, strategy
+
+
+def palette_titles(app: RingtopApp) -> list[str]:
+    return [c.title for c in app.get_system_commands(app.screen)]
+
+
+async def test_the_command_palette_holds_ringtops_commands_and_sends_them():
+    """ctrl+p, type, Enter: the same command as its key, and only those the run can take now."""
+    from textual.command import CommandPalette
+    from textual.widgets import Input
+    from test_tui_app import make_hello as hello
+
+    replay = RingtopApp(messages=[hello(0), hello(1)], source="log")
+    async with replay.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: replay.replay_loaded, what="replay")
+        titles = palette_titles(replay)
+        assert not any("Checkpoint" in t or "Switch" in t for t in titles), titles  # a replay takes none
+        assert any(t == "Quit the application" or "Quit" in t for t in titles)
+
+    with FakeRankZero(lambda cmd: ("done", {"kind": "sharded", "step": 5, "path": "/ckpt/step-5"})) as run:
+        app = RingtopApp(publish_addr=run.pub_addr, control_addr=run.ctl_addr)
+        async with app.run_test(size=SIZE) as pilot:
+            await attach(app, pilot)
+            titles = palette_titles(app)
+            assert {"Switch strategy…  (S)", "Checkpoint (full)  (c)", "Checkpoint (sharded, async)  (C)",
+                    "Profile 3 steps  (p)", "Status  (s)"} <= set(titles), titles
+            assert not any("micro-batches" in t for t in titles)  # a ddp run has none
+            await pilot.press("ctrl+p")
+            await wait_until(pilot, lambda: isinstance(app.screen, CommandPalette), what="the palette")
+            app.screen.query_one(Input).value = "sharded async"
+            await repainted(pilot)
+            await pilot.press("enter")
+            await wait_until(pilot, lambda: run.commands, what="the command from the palette")
+            assert (run.commands[0].cmd, run.commands[0].args) == ("checkpoint", {"kind": "sharded", "async": True})

@@ -1,7 +1,10 @@
 """The UI's view model: protocol messages in, a plain snapshot of the run out.
 
 Pure Python — no Textual, no sockets, no clock of its own. `RunView.apply(msg, now)` folds one
-message in; `RunView.tick(now)` updates the connection state. Everything the screens show is read
+message in, through `ROUTES` (message type → handler, and the parts of the view it may change,
+whose snapshot versions then move on); `RunView.tick(now)` updates the connection state. The event
+log, the operations and the verdicts are their own reducers (tui/reducers); ranks, steps and
+communication share the rank rows and are folded in here. Everything the screens show is read
 from here, so it can be tested by feeding constructed messages with explicit `now` values.
 
 Times: `now` is whatever monotonic clock the caller uses (the app passes `time.monotonic()`); it
