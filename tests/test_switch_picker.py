@@ -392,9 +392,9 @@ def palette_titles(app: RingtopApp) -> list[str]:
 
 async def test_the_command_palette_holds_ringtops_commands_and_sends_them():
     """ctrl+p, type, Enter: the same command as its key, and only those the run can take now."""
+    from test_tui_app import make_hello as hello
     from textual.command import CommandPalette
     from textual.widgets import Input
-    from test_tui_app import make_hello as hello
 
     replay = RingtopApp(messages=[hello(0), hello(1)], source="log")
     async with replay.run_test(size=SIZE) as pilot:
