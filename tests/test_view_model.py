@@ -5,7 +5,8 @@ import math
 import pytest
 
 from ringtop.protocol import UI_RANK, Bye, CommStat, Event, Heartbeat, Hello, MemorySample, Reply, Sample, Step
-from ringtop.tui.view_model import STEP_LAG, ControlReply, RunningStat, RunView
+from ringtop.tui.reducers.steps import STEP_LAG
+from ringtop.tui.view_model import ControlReply, RunningStat, RunView
 
 
 def hello(rank, seq=0, ts=1000.0, world_size=2, **kw):

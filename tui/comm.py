@@ -27,7 +27,8 @@ from ringtop.metrics.busbw import busbw_factor_or_nan, rate_gbps
 from ringtop.metrics.timing import compute_ms, overlap_pct, share_pct
 from ringtop.protocol import CommStat
 
-from .view_model import COMM_KIND_ORDER, CommStep, RankRow, RunView
+from .reducers.comm import COMM_KIND_ORDER, CommStep
+from .view_model import RankRow, RunView
 
 COMM_WINDOW = 20
 """Steps in the Comm tab's window (per rank; aggregated: these step numbers over all ranks)."""

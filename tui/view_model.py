@@ -14,7 +14,6 @@ only decides live/stale. Message `ts` (the agent's wall clock) is kept for displ
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -22,11 +21,10 @@ from typing import Any, Iterable
 
 from ringtop.metrics.outliers import slowest
 from ringtop.metrics.strategy_names import sharded_label, strategy_label
-from ringtop.metrics.timing import finite_or_0, share_pct
+from ringtop.metrics.timing import share_pct
 from ringtop.protocol import (
     UI_RANK,
     Bye,
-    CommStat,
     Event,
     Heartbeat,
     Hello,
@@ -49,18 +47,14 @@ from .reducers import (
     VerdictBoard,
     VerdictState,
 )
+from .reducers.comm import CommLedger, CommStep
 from .reducers.events import MAX_EVENTS
+from .reducers.steps import StepHistory, StepPoint
 
 HISTORY_POINTS = 240
 """Points kept per chart history (per rank and cross-rank)."""
 SLOWEST_WINDOW = 20
 """Recent steps per rank averaged to pick the slowest rank."""
-STEP_LAG = 8
-"""A step is closed for the cross-rank chart once every live rank reported it, or once some rank
-is this many steps ahead (a silent rank must not stall the chart)."""
-MAX_PENDING_STEPS = 64
-COMM_KIND_ORDER = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
-"""Collective kinds in the order the screens list them; other kinds follow alphabetically."""
 COMM_KIND_ABBR = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG", "broadcast": "BC",
                   "reduce": "RD", "all_to_all": "A2A", "send": "P2P", "recv": "P2P", "barrier": "BAR"}
 REJECT_EVENT_EVERY_S = 1.0
@@ -300,52 +294,6 @@ class RankRow:
         return sum(pts) / len(pts)
 
 
-@dataclass(frozen=True)
-class StepPoint:
-    """One step across ranks, for the step-time and loss charts."""
-
-    step: int
-    max_ms: float
-    median_ms: float
-    max_rank: int
-    loss: float
-    """Mean of the ranks' losses at this step."""
-    ranks: int
-
-
-@dataclass(slots=True)
-class CommStep:
-    """Communication of one step: one rank's (`RankRow.comm_history`), or summed over the ranks that
-    reported that step number (`RunView.comm_steps`). Sums, so windows add them up; `ranks` counts
-    the rank-steps summed, the divisor for per-step means."""
-
-    step: int
-    ranks: int = 0
-    step_ms: float = 0.0
-    data_ms: float = 0.0
-    blocked_ms: float = 0.0
-    """Exposed communication (Step.comm_blocked_ms)."""
-    busy_ms: float = 0.0
-    """Union of in-flight collective intervals (Step.comm_busy_ms)."""
-    kinds: dict[tuple[str, int], CommStat] = field(default_factory=dict)
-    """(kind, group size) -> the kind's totals, summed; busy_ms per kind adds each call's own time."""
-
-    def add(self, other: "CommStep") -> None:
-        self.ranks += other.ranks
-        self.step_ms += other.step_ms
-        self.data_ms += other.data_ms
-        self.blocked_ms += other.blocked_ms
-        self.busy_ms += other.busy_ms
-        for c in other.kinds.values():
-            self.add_comm(c)
-
-    def add_comm(self, c: CommStat) -> None:
-        acc = self.kinds.get((c.kind, c.group_size))
-        if acc is None:
-            acc = self.kinds[(c.kind, c.group_size)] = CommStat(kind=c.kind, group_size=c.group_size)
-        acc.add(c)
-
-
 class RunView:
     """Aggregates ringtop protocol messages into what the screens show."""
 
@@ -362,9 +310,7 @@ class RunView:
     def _reset(self) -> None:
         self.facts = RunFacts()
         self.ranks: dict[int, RankRow] = {}
-        self.steps: deque[StepPoint] = deque(maxlen=self.history_points)
-        self._pending: dict[int, dict[int, tuple[float, float]]] = {}
-        self._newest_step = -1
+        self.step_history = StepHistory(self.history_points)
         self.event_log = EventLog(self.max_events, quiet_kinds=frozenset(VERDICT_KINDS))
         self.command_log = CommandLog(self.event_log)
         self.verdict_board = VerdictBoard()
@@ -381,9 +327,7 @@ class RunView:
         self._slowest_dirty = False
         self.pipeline = PipelineState()
         """Pipeline stage timelines (Timeline messages), folded into complete steps and a bubble history."""
-        self._comm_kinds: set[str] = set()
-        self.comm_steps: dict[int, CommStep] = {}
-        """Per step number, communication summed over the ranks that reported it (bounded)."""
+        self.comm_ledger = CommLedger(self.history_points)
         self.versions: Counter[str] = getattr(self, "versions", Counter())
         self.versions.update(PARTS)  # a new run: every snapshot version moves on
         self.link_peak_gbps: float = 0.0
@@ -583,7 +527,7 @@ class RunView:
             self.event_log.add("error", row.rank, f"rank {row.rank} stopped sending at step {row.step}: no heartbeat "
                                f"for {now - row.last_seen:.0f} s while other ranks were heard; it died or its "
                                "process hung", time.time(), kind="dead")
-            self._close_pending_steps()
+            self.step_history.close_complete(self._live)
         if self.is_ended and self.failure is not None and not self._failure_reported:
             self._failure_reported = True
             self.event_log.add("error", None, f"the run failed: {self.failure}", time.time(), kind="failed")
@@ -621,15 +565,15 @@ class RunView:
 
     @property
     def step_ms_max_history(self) -> list[float]:
-        return [p.max_ms for p in self.steps]
+        return [p.max_ms for p in self.step_history.points]
 
     @property
     def step_ms_median_history(self) -> list[float]:
-        return [p.median_ms for p in self.steps]
+        return [p.median_ms for p in self.step_history.points]
 
     @property
     def loss_history(self) -> list[float]:
-        return [p.loss for p in self.steps if math.isfinite(p.loss)]
+        return [p.loss for p in self.step_history.points if math.isfinite(p.loss)]
 
     def events_since(self, seq: int) -> list[EventLine]:
         """Event lines with `seq >= seq` still held (older ones may have been dropped)."""
@@ -676,6 +620,14 @@ class RunView:
         return self.verdict_board.diagnosis
 
     @property
+    def steps(self) -> deque[StepPoint]:
+        return self.step_history.points
+
+    @property
+    def comm_steps(self) -> dict[int, CommStep]:
+        return self.comm_ledger.steps
+
+    @property
     def comm_version(self) -> int:
         """Moves on whenever anything the Comm tab shows may have changed (steps, predictions,
         the link peak, who is live): builders recompute its figures only then."""
@@ -685,8 +637,7 @@ class RunView:
     def comm_kinds(self) -> list[str]:
         """Collective kinds seen in this run's steps (since the strategy last changed), in
         COMM_KIND_ORDER, others after it alphabetically."""
-        known = [k for k in COMM_KIND_ORDER if k in self._comm_kinds]
-        return known + sorted(self._comm_kinds.difference(COMM_KIND_ORDER))
+        return self.comm_ledger.kinds
 
     @property
     def active_verdicts(self) -> list[VerdictState]:
@@ -704,8 +655,7 @@ class RunView:
         for rank in [r for r in self.ranks if r >= self.facts.world_size > 0]:
             del self.ranks[rank]
             self._live.discard(rank)
-            for points in self._pending.values():
-                points.pop(rank, None)
+            self.step_history.forget_rank(rank)
             self._slowest_dirty = True
             self.note_rejected(f"rows for rank {rank}: outside the run's {self.facts.world_size} ranks")
 
@@ -747,8 +697,9 @@ class RunView:
             f.world_size = msg.world_size or f.world_size
             self._drop_phantom_rows()
             if msg.strategy and (msg.strategy, dict(msg.strategy_options)) != (f.strategy, f.strategy_options):
-                self._comm_kinds.clear()  # a new strategy talks in other collectives
-                self._clear_comm_windows()
+                self.comm_ledger.clear()  # a new strategy talks in other collectives
+                for r in self.ranks.values():
+                    r.comm_history.clear()
                 f.strategy = msg.strategy
                 f.strategy_options = dict(msg.strategy_options)
             f.sharding = msg.sharding
@@ -843,7 +794,6 @@ class RunView:
         for c in msg.comm:
             kinds[c.kind] = kinds.get(c.kind, 0) + c.bytes
         row.comm_kind_bytes = kinds
-        self._comm_kinds.update(kinds)
         row.comm_busy_ms = msg.comm_busy_ms
         if msg.step_ms > 0:
             step_s = msg.step_ms / 1000.0
@@ -857,7 +807,9 @@ class RunView:
             row.comm_kind_mb_s = {k: math.nan for k in kinds}
             row.comm_share_pct = math.nan
             row.idle_pct = math.nan
-        self._collect_comm(row, msg)
+        own = self.comm_ledger.collect(msg)
+        if own is not None:
+            row.comm_history.append(own)
         if msg.cpu_percent:
             row.cpu_percent = msg.cpu_percent
         row.agent_drops = max(row.agent_drops, msg.drops)
@@ -865,31 +817,8 @@ class RunView:
             row.step_ms_stat.update(msg.step_ms, msg.ts or None, fallback_weight=max(msg.step_ms, 0.0) / 1000.0)
             row.step_ms_history.append(msg.step_ms)
         row.loss_history.append(loss)
-        self._collect_step(msg.step, msg.rank, msg.step_ms, loss)
+        self.step_history.collect(msg.step, msg.rank, msg.step_ms, loss, self._live)
         self._slowest_dirty = True
-
-    def _clear_comm_windows(self) -> None:
-        """A new strategy: the Comm tab's window and chart start again (its figures are per strategy)."""
-        self.comm_steps.clear()
-        for r in self.ranks.values():
-            r.comm_history.clear()
-
-    def _collect_comm(self, row: RankRow, msg: Step) -> None:
-        if not (math.isfinite(msg.step_ms) and msg.step_ms > 0):
-            return
-        cs = CommStep(step=msg.step, ranks=1, step_ms=msg.step_ms, data_ms=finite_or_0(msg.data_ms),
-                      blocked_ms=finite_or_0(msg.comm_blocked_ms), busy_ms=finite_or_0(msg.comm_busy_ms))
-        for c in msg.comm:
-            cs.add_comm(c)
-        row.comm_history.append(cs)
-        agg = self.comm_steps.get(msg.step)
-        if agg is None:
-            if len(self.comm_steps) >= self.history_points and msg.step < min(self.comm_steps):
-                return  # older than everything kept
-            agg = self.comm_steps[msg.step] = CommStep(step=msg.step)
-            if len(self.comm_steps) > self.history_points:
-                del self.comm_steps[min(self.comm_steps)]
-        agg.add(cs)
 
     def _agent_link_peak(self, gbps: float, source: str) -> None:
         if self._configured_peak[0] > 0 or not (math.isfinite(gbps) and gbps > 0):
@@ -897,34 +826,6 @@ class RunView:
         if (self.link_peak_gbps, self.link_peak_source) != (gbps, source):
             self.link_peak_gbps, self.link_peak_source = gbps, source
             self.versions["comm"] += 1
-
-    def _collect_step(self, step: int, rank: int, step_ms: float, loss: float) -> None:
-        if self.steps and step <= self.steps[-1].step:
-            return  # already closed (a late rank); its own row still shows it
-        self._pending.setdefault(step, {})[rank] = (step_ms, loss)
-        self._newest_step = max(self._newest_step, step)
-        expected = self._live
-        for s in sorted(self._pending):
-            got = self._pending[s]
-            if expected.issubset(got) or s <= self._newest_step - STEP_LAG or len(self._pending) > MAX_PENDING_STEPS:
-                self._close_step(s, self._pending.pop(s))
-            else:
-                break
-
-    def _close_step(self, step: int, got: dict[int, tuple[float, float]]) -> None:
-        times = {r: ms for r, (ms, _) in got.items() if math.isfinite(ms)}
-        losses = [lo for _, lo in got.values() if math.isfinite(lo)]
-        if not times:
-            return
-        max_rank = max(times, key=times.__getitem__)
-        self.steps.append(StepPoint(
-            step=step,
-            max_ms=times[max_rank],
-            median_ms=statistics.median(times.values()),
-            max_rank=max_rank,
-            loss=sum(losses) / len(losses) if losses else math.nan,
-            ranks=len(got),
-        ))
 
     def _ensure_slowest(self) -> None:
         if self._slowest_dirty:
@@ -959,22 +860,13 @@ class RunView:
         level = "info" if msg.ok else "error"
         self.event_log.add(level, msg.rank, f"bye at step {msg.step}: {row.bye_reason}", msg.ts, kind="bye")
         self._slowest_dirty = True
-        self._close_pending_steps()
+        self.step_history.close_complete(self._live)
         if self.is_ended and not was_ended:
             if self.failure is None:
                 self.event_log.add("info", None, "every rank said bye: the run has ended", msg.ts, kind="ended")
             elif not self._failure_reported:
                 self._failure_reported = True
                 self.event_log.add("error", None, f"the run failed: {self.failure}", msg.ts, kind="failed")
-
-    def _close_pending_steps(self) -> None:
-        """A rank that left must not hold open the cross-rank chart."""
-        expected = self._live
-        for s in sorted(self._pending):
-            if expected.issubset(self._pending[s]):
-                self._close_step(s, self._pending.pop(s))
-            else:
-                break
 
     @staticmethod
     def _event_text(msg: Event) -> str:

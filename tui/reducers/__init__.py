@@ -1,5 +1,6 @@
-"""The view model's parts, each folding the messages it owns into its own state: the event log,
-the operations (commands and their replies), rank 0's verdicts. `RunView` routes to them."""
+"""The view model's parts, each folding what it owns into its own state: the event log, the
+operations (commands and their replies), rank 0's verdicts, the cross-rank step history, the
+communication per step. `RunView` routes messages to them and keeps the rank rows."""
 
 from .commands import CommandLog, CommandState, command_title, describe_result, profile_gap, status_text
 from .events import EventLine, EventLog

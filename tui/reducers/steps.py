@@ -1,0 +1,74 @@
+"""The cross-rank step history behind the Overview's charts: one point per step once every live
+rank reported it (or once it is too far behind), with the slowest rank's time, the median and the
+mean loss."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass
+
+STEP_LAG = 8
+"""A step is closed for the cross-rank chart once every live rank reported it, or once some rank
+is this many steps ahead (a silent rank must not stall the chart)."""
+MAX_PENDING_STEPS = 64
+
+
+@dataclass(frozen=True)
+class StepPoint:
+    """One step across ranks, for the step-time and loss charts."""
+
+    step: int
+    max_ms: float
+    median_ms: float
+    max_rank: int
+    loss: float
+    """Mean of the ranks' losses at this step."""
+    ranks: int
+
+
+class StepHistory:
+    def __init__(self, points: int) -> None:
+        self.points: deque[StepPoint] = deque(maxlen=points)
+        self._pending: dict[int, dict[int, tuple[float, float]]] = {}
+        self._newest_step = -1
+
+    def collect(self, step: int, rank: int, step_ms: float, loss: float, live: set[int]) -> None:
+        if self.points and step <= self.points[-1].step:
+            return  # already closed (a late rank); its own row still shows it
+        self._pending.setdefault(step, {})[rank] = (step_ms, loss)
+        self._newest_step = max(self._newest_step, step)
+        for s in sorted(self._pending):
+            got = self._pending[s]
+            if live.issubset(got) or s <= self._newest_step - STEP_LAG or len(self._pending) > MAX_PENDING_STEPS:
+                self._close(s, self._pending.pop(s))
+            else:
+                break
+
+    def close_complete(self, live: set[int]) -> None:
+        """A rank that left must not hold open the cross-rank chart."""
+        for s in sorted(self._pending):
+            if live.issubset(self._pending[s]):
+                self._close(s, self._pending.pop(s))
+            else:
+                break
+
+    def forget_rank(self, rank: int) -> None:
+        for points in self._pending.values():
+            points.pop(rank, None)
+
+    def _close(self, step: int, got: dict[int, tuple[float, float]]) -> None:
+        times = {r: ms for r, (ms, _) in got.items() if math.isfinite(ms)}
+        losses = [lo for _, lo in got.values() if math.isfinite(lo)]
+        if not times:
+            return
+        max_rank = max(times, key=times.__getitem__)
+        self.points.append(StepPoint(
+            step=step,
+            max_ms=times[max_rank],
+            median_ms=statistics.median(times.values()),
+            max_rank=max_rank,
+            loss=sum(losses) / len(losses) if losses else math.nan,
+            ranks=len(got),
+        ))
