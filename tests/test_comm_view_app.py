@@ -9,7 +9,8 @@ from textual.widgets import DataTable, TabbedContent
 from ui_waits import eventually
 
 from ringtop.protocol import Event
-from ringtop.tui.app import RingtopApp, TelemetryBatch
+from ringtop.tui.app import RingtopApp
+from ringtop.tui.feeds import TelemetryBatch
 
 SIZE = (120, 50)
 

@@ -11,7 +11,6 @@ Quitting closes only the UI's own sockets; the agents are separate processes and
 
 from __future__ import annotations
 
-import asyncio
 import sys
 import time
 from pathlib import Path
@@ -20,7 +19,6 @@ from typing import Any, Iterable
 from rich.text import Text
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
-from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, TabbedContent, TabPane
 
@@ -28,6 +26,7 @@ from ringtop.protocol.curve import ClientKeys
 
 from .builders import Builders
 from .connection import TelemetryClient
+from .feeds import Feeds
 from .header_tab import header_model
 from .replay import ReplayError, load_replay
 from .run_commands import RunCommands
@@ -35,20 +34,10 @@ from .view_model import RunView
 from .widgets import CommPanel, EventsPanel, HeaderModel, MemoryPanel, OverviewPanel, PipelinePanel, RunHeader
 
 REFRESH_S = 0.25
-REPLAY_CHUNK = 5_000
 TABS = ("overview", "memory", "comm", "pipeline", "events")
 
 
-class TelemetryBatch(Message):
-    """Decoded messages (and rejected-frame errors) from the receive thread."""
-
-    def __init__(self, messages: list[Any], rejected: list[str]) -> None:
-        super().__init__()
-        self.messages = messages
-        self.rejected = rejected
-
-
-class RingtopApp(RunCommands, App):
+class RingtopApp(Feeds, RunCommands, App):
     """The ringtop cockpit. Live: pass `publish_addr` (and `control_addr`); replay: pass `messages`."""
 
     TITLE = "ringtop"
@@ -118,53 +107,8 @@ class RingtopApp(RunCommands, App):
         self.set_interval(REFRESH_S, self.refresh_view)
         self.refresh_view()
 
-    def _start_client(self) -> None:
-        assert self.publish_addr is not None
-        client = TelemetryClient(self.publish_addr, self.control_addr, self._on_batch_from_thread, keys=self.keys)
-        try:
-            client.start()
-        except Exception as exc:  # a bad address: say so, keep the UI up
-            self.view.note(f"cannot connect to {self.publish_addr}: {exc}", level="error", kind="connect")
-            return
-        self.client = client
-        self.view.note(f"subscribed to {self.publish_addr}, control {self.control_addr or 'none'}", kind="connect")
-
-    def _on_batch_from_thread(self, messages: list[Any], rejected: list[str]) -> None:
-        self.post_message(TelemetryBatch(messages, rejected))  # thread-safe (call_soon_threadsafe)
-
-    async def _load_replay(self) -> None:
-        msgs = self._replay_messages
-        for i in range(0, len(msgs), REPLAY_CHUNK):
-            now = time.monotonic()
-            for m in msgs[i : i + REPLAY_CHUNK]:
-                self._apply_one(m, now)
-            self.replay_applied = min(len(msgs), i + REPLAY_CHUNK)
-            await asyncio.sleep(0)
-        self.replay_applied = len(msgs)
-        self.replay_loaded = True
-        self.view.note(f"replay loaded: {len(msgs):,} messages from {self.source or 'log'}", kind="replay")
-        self.refresh_view()
-
     def on_unmount(self) -> None:
         self._stop_client()
-
-    def _stop_client(self) -> None:
-        if self.client is not None:
-            self.client.stop()
-            self.client = None
-
-    def on_telemetry_batch(self, batch: TelemetryBatch) -> None:
-        now = time.monotonic()
-        for m in batch.messages:
-            self._apply_one(m, now)
-        for err in batch.rejected:
-            self.view.note_rejected(err, now)
-
-    def _apply_one(self, msg: Any, now: float) -> None:
-        try:
-            self.view.apply(msg, now)
-        except Exception as exc:  # a view bug must not take the UI down
-            self.view.note(f"could not show a {type(msg).__name__} message: {exc!r}", level="error", kind="ui")
 
     # ------------------------------------------------------------------ keys
 
@@ -252,9 +196,6 @@ class RingtopApp(RunCommands, App):
         m = self._header_model()
         return Text.assemble(m.facts, "  ", m.connection)
 
-    def _replay_pct(self) -> float:
-        n = len(self._replay_messages)
-        return 100.0 * self.replay_applied / n if n else 100.0
 
 
 def run_live(publish: str, control: str | None = None, *, keys: ClientKeys | None = None,
