@@ -102,3 +102,13 @@ def test_profile_result_says_which_figure_to_trust_when_trace_and_live_disagree(
         {"rank": 0, "exposed_comm_ms_per_step_trace": 5.4, "exposed_comm_ms_per_step_live": 2.5}]})
     assert "trace: torch.profiler's timeline of these 3 steps, the reference" in text
     assert "rank 0: exposed 5.4 ms (trace) vs 2.5 ms (live)  [differ 2.2×" in text
+
+
+def test_an_operation_line_names_the_checkpoint_and_the_event_log_its_path():
+    from ringtop.tui.reducers import describe_result
+
+    result = {"kind": "full", "path": "runs/demo-20261201/checkpoints/step-00000315-full", "step": 315,
+              "bytes": 12_700_000, "seconds": 0.22}
+    assert describe_result("checkpoint", "done", result, one_line=True) == \
+        "full checkpoint written in 0.22 s: step-00000315-full (12.1MiB, step 315)"
+    assert "runs/demo-20261201/checkpoints/step-00000315-full" in describe_result("checkpoint", "done", result)

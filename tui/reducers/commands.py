@@ -187,7 +187,10 @@ def describe_result(cmd: str, status: str, result: dict[str, Any], one_line: boo
         if isinstance(r.get("step"), int):
             parts.append(f"step {r['step']}")
         extra = f" ({', '.join(parts)})" if parts else ""
-        return f"{r.get('kind', '')} checkpoint written{took}: {r['path']}{extra}".lstrip()
+        path = str(r["path"])
+        if one_line:  # the checkpoint's own name; the event log has the whole path
+            path = path.rstrip("/").rsplit("/", 1)[-1]
+        return f"{r.get('kind', '')} checkpoint written{took}: {path}{extra}".lstrip()
     if cmd == "switch" and ("from" in r or "to" in r):
         at = f" at step {r['step']}" if isinstance(r.get("step"), int) else ""
         return f"{r.get('from', '?')} → {r.get('to', '?')}{at}{took}"
