@@ -6,9 +6,10 @@ several rounds: a plain hand-written DDP loop (benchmarks/plain_ddp.py), the age
 everything on but `--insecure` (plain sockets), and the agent as it runs by default (everything
 on, every socket authenticated and encrypted with CURVE). Each arm records the
 wall time at the end of every step on rank 0; a step's time is the interval between consecutive
-ends, so per-step syncs, tracing and publishing are inside it. Reports medians and the ratios
-agent/plain (target <= 1.03), agent/no-telemetry, the cost of telemetry and tracing (target <= 1.01),
-and agent/insecure, the cost of CURVE (target <= 1.01).
+ends, so per-step syncs, tracing and publishing are inside it. The arms' order rotates from round
+to round. Reports medians and, as the median (and range) of the per-round ratios, agent/plain
+(target <= 1.03), agent/no-telemetry, the cost of telemetry and tracing (target <= 1.01), and
+agent/insecure, the cost of CURVE (target <= 1.01).
 
     python benchmarks/bench_agent_overhead.py [--rounds 5] [--steps 40]
 """
@@ -77,26 +78,45 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     common = ["--steps", str(args.steps), "--batch-size", str(args.batch_size), "--seq-len", str(args.seq_len),
               "--model-size", args.model_size]
-    arms: dict[str, list[float]] = {"plain": [], "agent_no_telemetry": [], "agent_insecure": [], "agent": []}
+    arms = {
+        "plain": lambda work: run_plain(work, common),
+        "agent_no_telemetry": lambda work: run_agent(work, common, telemetry=False),
+        "agent_insecure": lambda work: run_agent(work, common, telemetry=True, insecure=True),
+        "agent": lambda work: run_agent(work, common, telemetry=True),
+    }
+    names = list(arms)
+    steps: dict[str, list[float]] = {k: [] for k in names}
+    per_round: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             work = Path(tmp) / f"round{r}"
             work.mkdir()
-            arms["plain"] += run_plain(work, common)
-            arms["agent_no_telemetry"] += run_agent(work, common, telemetry=False)
-            arms["agent_insecure"] += run_agent(work, common, telemetry=True, insecure=True)
-            arms["agent"] += run_agent(work, common, telemetry=True)
-            print(f"round {r + 1}/{args.rounds}: " + ", ".join(
-                f"{k} {statistics.median(v):.2f} ms" for k, v in arms.items()), file=sys.stderr)
-    med = {k: statistics.median(v) for k, v in arms.items()}
+            # The order rotates: on a machine that drifts within a run, a fixed order would bias
+            # whichever arm always runs last.
+            order = names[r % len(names):] + names[:r % len(names)]
+            medians = {}
+            for name in order:
+                got = arms[name](work)
+                steps[name] += got
+                medians[name] = statistics.median(got)
+            per_round.append(medians)
+            print(f"round {r + 1}/{args.rounds} ({' → '.join(order)}): " + ", ".join(
+                f"{k} {medians[k]:.2f} ms" for k in names), file=sys.stderr)
+
+    def ratio(a: str, b: str) -> dict[str, float]:
+        """Median and range of the per-round ratios: each round's arms ran minutes apart at most."""
+        rs = [m[a] / m[b] for m in per_round]
+        return {"median": round(statistics.median(rs), 4), "min": round(min(rs), 4), "max": round(max(rs), 4)}
+
     print(json.dumps({
         "model_size": args.model_size, "ranks": 2, "rounds": args.rounds,
         "steps_measured_per_run": args.steps - WARMUP_STEPS - 1,
-        "step_ms_median": {k: round(v, 3) for k, v in med.items()},
-        "ratio_agent_over_plain": round(med["agent"] / med["plain"], 4), "target_agent_over_plain": 1.03,
-        "ratio_agent_over_no_telemetry": round(med["agent"] / med["agent_no_telemetry"], 4),
+        "step_ms_median": {k: round(statistics.median(v), 3) for k, v in steps.items()},
+        "per_round_step_ms_median": [{k: round(v, 3) for k, v in m.items()} for m in per_round],
+        "ratio_agent_over_plain": ratio("agent", "plain"), "target_agent_over_plain": 1.03,
+        "ratio_agent_over_no_telemetry": ratio("agent", "agent_no_telemetry"),
         "target_telemetry_and_tracing": 1.01,
-        "ratio_curve_on_over_off": round(med["agent"] / med["agent_insecure"], 4), "target_curve": 1.01,
+        "ratio_curve_on_over_off": ratio("agent", "agent_insecure"), "target_curve": 1.01,
     }, indent=2))
 
 
