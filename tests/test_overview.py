@@ -112,3 +112,30 @@ def test_an_operation_line_names_the_checkpoint_and_the_event_log_its_path():
     assert describe_result("checkpoint", "done", result, one_line=True) == \
         "full checkpoint written in 0.22 s: step-00000315-full (12.1MiB, step 315)"
     assert "runs/demo-20261201/checkpoints/step-00000315-full" in describe_result("checkpoint", "done", result)
+
+
+def test_a_non_finite_loss_is_named_with_the_first_rank_and_step_and_the_grad_norm_is_charted():
+    from ringtop.tui.health import health_line
+
+    v = RunView(watch_liveness=False)
+    v.apply_many([make_hello(0), make_hello(1)], now=0.0)
+    seq = {0: 0, 1: 0}
+    for n, bad in ((1, ()), (2, ()), (3, ()), (4, (1,)), (5, (0, 1))):
+        for rank in (0, 1):
+            seq[rank] += 1
+            s = make_step(rank, n, seq[rank], 1000.0 + n)
+            s.grad_norm = 2.0 / n
+            if rank in bad:
+                s.loss, s.grad_norm = None, None  # how the agent sends a non-finite loss
+            v.apply(s, now=float(n))
+    assert (v.first_nonfinite.step, v.first_nonfinite.rank) == (4, 1)
+    assert v.nonfinite_ranks == [0, 1]
+    line = health_line(v, now=6.0).plain
+    assert "✖ loss not finite on ranks 0, 1 (first: rank 1 at step 4)" in line
+    assert v.grad_norm_history[:3] == [2.0, 1.0, 2.0 / 3]  # one number per step; the bad steps have none
+    # finite again (a skipped step): nothing to report, the first occurrence is still known
+    for rank in (0, 1):
+        seq[rank] += 1
+        v.apply(make_step(rank, 6, seq[rank], 1006.0), now=6.0)
+    assert v.nonfinite_ranks == [] and "not finite" not in health_line(v, now=7.0).plain
+    assert v.first_nonfinite.step == 4

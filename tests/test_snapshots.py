@@ -74,7 +74,7 @@ def zero2_run(steps: int = 60) -> list:
                                  rss_bytes=(900 if r == 0 else 600) * MiB),
                 comm=[CommStat(kind="reduce_scatter", count=4, bytes=40 * MiB, busy_ms=14.0, group_size=4),
                       CommStat(kind="all_gather", count=4, bytes=40 * MiB, busy_ms=12.0, group_size=4)],
-                cpu_percent=95.0, idle_ms=3.0 + wait + wobble))
+                cpu_percent=95.0, idle_ms=3.0 + wait + wobble, grad_norm=round(1.5 * math.exp(-n / 25) + 0.4, 4)))
         if n == 20:
             msgs.append(Event(rank=0, seq=next_seq(0), ts=T0 + 1 + n * 0.15, level="info", kind="checkpoint",
                               text="sharded checkpoint of step 20: runs/snap/checkpoints/step-00000020-sharded",

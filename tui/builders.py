@@ -110,6 +110,7 @@ class Builders:
         charts = (
             chart_model("step time (max of ranks)", "ms", view.step_ms_max_history, span, fmt.ms),
             chart_model("loss (mean of ranks)", "", view.loss_history, span, fmt.loss),
+            chart_model("grad norm (global, before clipping)", "", view.grad_norm_history, span, fmt.loss),
             ChartModel(overview_comm_label(window, ref), busbw.data, busbw.top, busbw.bottom),
         )
         legend = breakdown_legend() if any(c.key == "breakdown" for c in columns) else Text("")

@@ -65,6 +65,11 @@ def health_line(view: RunView, now: float) -> Text:
     dead = sorted(r.rank for r in view.ranks.values() if r.dead)
     if dead:
         problems.append(("bold red", f"✖ rank{'s' if len(dead) > 1 else ''} {_ranks(dead)} dead"))
+    bad = view.nonfinite_ranks
+    if bad:
+        first = view.first_nonfinite
+        since = f" (first: rank {first.rank} at step {first.step:,})" if first is not None else ""
+        problems.append(("bold red", f"✖ loss not finite on rank{'s' if len(bad) > 1 else ''} {_ranks(bad)}{since}"))
     for stall in stalled_ranks(view, now)[:3]:
         last = f"last {stall.step}" if stall.step >= 0 else "none yet"
         if stall.seen_a_step:

@@ -161,6 +161,12 @@ class RunFacts:
         return parts + " sharded" if parts else "replicated"
 
 
+@dataclass(frozen=True)
+class NonFinite:
+    step: int
+    rank: int
+
+
 @dataclass
 class RankRow:
     rank: int
@@ -177,6 +183,8 @@ class RankRow:
     backward_ms: float = 0.0
     optimizer_ms: float = 0.0
     comm_blocked_ms: float = 0.0
+    grad_norm: float = math.nan
+    """Step.grad_norm of the latest step: global, before clipping; NaN when not finite or not sent."""
     tokens_per_s: float = 0.0
     # memory, bytes
     mem_params_bytes: int = 0
@@ -311,6 +319,8 @@ class RunView:
         self.facts = RunFacts()
         self.ranks: dict[int, RankRow] = {}
         self.step_history = StepHistory(self.history_points)
+        self.first_nonfinite: NonFinite | None = None
+        """The earliest step (lowest rank on a tie) whose loss was not finite on some rank."""
         self.event_log = EventLog(self.max_events, quiet_kinds=frozenset(VERDICT_KINDS))
         self.command_log = CommandLog(self.event_log)
         self.verdict_board = VerdictBoard()
@@ -572,6 +582,16 @@ class RunView:
         return [p.median_ms for p in self.step_history.points]
 
     @property
+    def grad_norm_history(self) -> list[float]:
+        return [p.grad_norm for p in self.step_history.points if math.isfinite(p.grad_norm)]
+
+    @property
+    def nonfinite_ranks(self) -> list[int]:
+        """Live ranks whose latest loss (from a step this UI received) is not finite."""
+        return sorted(r.rank for r in self.ranks.values()
+                      if r.step_seen is not None and not r.ended and not math.isfinite(r.loss))
+
+    @property
     def loss_history(self) -> list[float]:
         return [p.loss for p in self.step_history.points if math.isfinite(p.loss)]
 
@@ -817,7 +837,12 @@ class RunView:
             row.step_ms_stat.update(msg.step_ms, msg.ts or None, fallback_weight=max(msg.step_ms, 0.0) / 1000.0)
             row.step_ms_history.append(msg.step_ms)
         row.loss_history.append(loss)
-        self.step_history.collect(msg.step, msg.rank, msg.step_ms, loss, self._live)
+        row.grad_norm = math.nan if msg.grad_norm is None else msg.grad_norm
+        if not math.isfinite(loss):
+            first = self.first_nonfinite
+            if first is None or (msg.step, msg.rank) < (first.step, first.rank):
+                self.first_nonfinite = NonFinite(step=msg.step, rank=msg.rank)
+        self.step_history.collect(msg.step, msg.rank, msg.step_ms, loss, self._live, row.grad_norm)
         self._slowest_dirty = True
 
     def _agent_link_peak(self, gbps: float, source: str) -> None:

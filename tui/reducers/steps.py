@@ -26,18 +26,21 @@ class StepPoint:
     loss: float
     """Mean of the ranks' losses at this step."""
     ranks: int
+    grad_norm: float = math.nan
+    """The global gradient norm before clipping (one number per step: every rank reports the same)."""
 
 
 class StepHistory:
     def __init__(self, points: int) -> None:
         self.points: deque[StepPoint] = deque(maxlen=points)
-        self._pending: dict[int, dict[int, tuple[float, float]]] = {}
+        self._pending: dict[int, dict[int, tuple[float, float, float]]] = {}
         self._newest_step = -1
 
-    def collect(self, step: int, rank: int, step_ms: float, loss: float, live: set[int]) -> None:
+    def collect(self, step: int, rank: int, step_ms: float, loss: float, live: set[int],
+                grad_norm: float = math.nan) -> None:
         if self.points and step <= self.points[-1].step:
             return  # already closed (a late rank); its own row still shows it
-        self._pending.setdefault(step, {})[rank] = (step_ms, loss)
+        self._pending.setdefault(step, {})[rank] = (step_ms, loss, grad_norm)
         self._newest_step = max(self._newest_step, step)
         for s in sorted(self._pending):
             got = self._pending[s]
@@ -58,9 +61,10 @@ class StepHistory:
         for points in self._pending.values():
             points.pop(rank, None)
 
-    def _close(self, step: int, got: dict[int, tuple[float, float]]) -> None:
-        times = {r: ms for r, (ms, _) in got.items() if math.isfinite(ms)}
-        losses = [lo for _, lo in got.values() if math.isfinite(lo)]
+    def _close(self, step: int, got: dict[int, tuple[float, float, float]]) -> None:
+        times = {r: ms for r, (ms, _, _) in got.items() if math.isfinite(ms)}
+        losses = [lo for _, lo, _ in got.values() if math.isfinite(lo)]
+        norms = [g for _, _, g in got.values() if math.isfinite(g)]
         if not times:
             return
         max_rank = max(times, key=times.__getitem__)
@@ -71,4 +75,5 @@ class StepHistory:
             max_rank=max_rank,
             loss=sum(losses) / len(losses) if losses else math.nan,
             ranks=len(got),
+            grad_norm=max(norms) if norms else math.nan,
         ))

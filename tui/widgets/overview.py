@@ -95,6 +95,7 @@ class OverviewPanel(TableWidth, Vertical):
         yield Static(id="parts-legend")
         yield Chart("step")
         yield Chart("loss")
+        yield Chart("grad-norm")
         yield Chart("busbw")
         yield Static(id="alert")
 
