@@ -40,17 +40,17 @@ class Chart(Vertical):
 
     def __init__(self, name: str) -> None:
         super().__init__(id=f"{name}-chart")
-        self._name = name
+        self._series = name
         self._drawn = Drawn()
         self._data: tuple[float, ...] | None = None
 
     def compose(self) -> ComposeResult:
-        yield Static(id=f"{self._name}-label", classes="chart-title")
+        yield Static(id=f"{self._series}-label", classes="chart-title")
         with Horizontal():
             with Vertical(classes="chart-axis"):
                 yield Static(classes="axis-top")
                 yield Static(classes="axis-bottom")
-            yield Sparkline([], id=f"{self._name}-spark")
+            yield Sparkline([], id=f"{self._series}-spark")
 
     def show(self, model: ChartModel) -> None:
         self._drawn.text(self.query_one(".chart-title", Static), model.title)
