@@ -51,7 +51,7 @@ from ringtop.protocol import CommStat, Step, decode, encode
 
 def test_metrics_imports_neither_torch_nor_a_ui_library():
     code = ("import sys, ringtop.metrics, ringtop.metrics.busbw, ringtop.metrics.fmt, ringtop.metrics.outliers, "
-            "ringtop.metrics.strategy_names, ringtop.metrics.timing, ringtop.metrics.units; "
+            "ringtop.metrics.strategy_names, ringtop.metrics.timing, ringtop.metrics.units, ringtop.metrics.numerics; "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'textual', 'rich')); "
             "assert 'torch' not in sys.modules and not bad, bad")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -246,3 +246,20 @@ def test_comm_stat_add_sums_calls_and_skips_a_time_that_is_not_finite():
     c.add(CommStat(kind="all_gather", count=2, bytes=10, busy_ms=1.5))
     c.add(CommStat(kind="all_gather", count=1, bytes=5, busy_ms=math.nan))
     assert (c.count, c.bytes, c.busy_ms, c.group_size) == (3, 15, 1.5, 2)
+
+
+def test_robust_z_and_loss_spikes_against_hand_computed_values():
+    from ringtop.metrics.numerics import MAD_TO_SIGMA, loss_spike, robust_z
+
+    # median 3, absolute deviations 2 1 0 1 2 -> MAD 1
+    assert robust_z(9.0, [1, 2, 3, 4, 5]) == pytest.approx(6.0 / MAD_TO_SIGMA)
+    assert robust_z(3.0, [3.0, 3.0]) == 0.0 and robust_z(4.0, [3.0, 3.0]) == math.inf
+    assert math.isnan(robust_z(1.0, [])) and math.isnan(robust_z(math.nan, [1.0]))
+    calm = [3.0, 3.1] * 15  # median 3.05, MAD 0.05: sigma 0.0741
+    spike = loss_spike(calm, 3.6)  # 0.55 above: z 7.4
+    assert spike is not None and spike.median == pytest.approx(3.05)
+    assert spike.z == pytest.approx(0.55 / (MAD_TO_SIGMA * 0.05))
+    assert loss_spike(calm, 3.4) is None  # z 4.7: below 6
+    assert loss_spike(calm[:19], 3.6) is None  # too few steps to judge
+    # one earlier spike in the window does not raise the bar for the next (a mean and std would)
+    assert loss_spike(calm[:-1] + [9.0], 3.6) is not None

@@ -139,3 +139,29 @@ def test_a_non_finite_loss_is_named_with_the_first_rank_and_step_and_the_grad_no
         v.apply(make_step(rank, 6, seq[rank], 1006.0), now=6.0)
     assert v.nonfinite_ranks == [] and "not finite" not in health_line(v, now=7.0).plain
     assert v.first_nonfinite.step == 4
+
+
+def test_a_loss_spike_is_on_the_health_line_for_a_while():
+    from ringtop.tui.health import SPIKE_SHOWN_STEPS, health_line
+
+    v = RunView(watch_liveness=False)
+    v.apply_many([make_hello(0), make_hello(1)], now=0.0)
+    seq = 0
+
+    def step(n: int, loss: float) -> None:
+        nonlocal seq
+        seq += 1
+        for rank in (0, 1):
+            s = make_step(rank, n, seq, 1000.0 + n)
+            s.loss = loss
+            v.apply(s, now=float(n))
+    for n in range(1, 31):
+        step(n, 3.0 + 0.1 * (n % 2))
+    assert "spike" not in health_line(v, now=31.0).plain
+    step(31, 3.6)
+    assert "⚠ loss spike at step 31: 3.6 against a median 3.05 (z 7)" in health_line(v, now=32.0).plain
+    for n in range(32, 32 + SPIKE_SHOWN_STEPS):
+        step(n, 3.0 + 0.1 * (n % 2))
+    assert "loss spike at step 31" in health_line(v, now=100.0).plain  # 50 steps on: still shown
+    step(32 + SPIKE_SHOWN_STEPS, 3.0)
+    assert "spike" not in health_line(v, now=101.0).plain

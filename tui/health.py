@@ -24,6 +24,10 @@ FIRST_STEP_GRACE_S = 120.0
 """Before a rank's first step (warm-up, compilation, a large model's first pass) it may take this long."""
 
 
+SPIKE_SHOWN_STEPS = 50
+"""A loss spike stays on the health line for this many steps after it."""
+
+
 @dataclass(frozen=True)
 class Stall:
     rank: int
@@ -70,6 +74,10 @@ def health_line(view: RunView, now: float) -> Text:
         first = view.first_nonfinite
         since = f" (first: rank {first.rank} at step {first.step:,})" if first is not None else ""
         problems.append(("bold red", f"✖ loss not finite on rank{'s' if len(bad) > 1 else ''} {_ranks(bad)}{since}"))
+    spike = view.step_history.last_spike
+    if spike is not None and view.latest_step - spike.step <= SPIKE_SHOWN_STEPS:
+        problems.append(("bold yellow", f"⚠ loss spike at step {spike.step:,}: {spike.spike.loss:.3g} against a "
+                                        f"median {spike.spike.median:.3g} (z {spike.spike.z:.0f})"))
     for stall in stalled_ranks(view, now)[:3]:
         last = f"last {stall.step}" if stall.step >= 0 else "none yet"
         if stall.seen_a_step:

@@ -9,6 +9,8 @@ import statistics
 from collections import deque
 from dataclasses import dataclass
 
+from ringtop.metrics.numerics import SPIKE_WINDOW, Spike, loss_spike
+
 STEP_LAG = 8
 """A step is closed for the cross-rank chart once every live rank reported it, or once some rank
 is this many steps ahead (a silent rank must not stall the chart)."""
@@ -30,9 +32,17 @@ class StepPoint:
     """The global gradient norm before clipping (one number per step: every rank reports the same)."""
 
 
+@dataclass(frozen=True)
+class LossSpike:
+    step: int
+    spike: Spike
+
+
 class StepHistory:
     def __init__(self, points: int) -> None:
         self.points: deque[StepPoint] = deque(maxlen=points)
+        self.last_spike: LossSpike | None = None
+        """The latest step whose mean loss was a spike against the steps before it."""
         self._pending: dict[int, dict[int, tuple[float, float, float]]] = {}
         self._newest_step = -1
 
@@ -68,12 +78,17 @@ class StepHistory:
         if not times:
             return
         max_rank = max(times, key=times.__getitem__)
+        loss = sum(losses) / len(losses) if losses else math.nan
+        recent = [p.loss for p in list(self.points)[-SPIKE_WINDOW:]]
+        spike = loss_spike(recent, loss)
+        if spike is not None:
+            self.last_spike = LossSpike(step, spike)
         self.points.append(StepPoint(
             step=step,
             max_ms=times[max_rank],
             median_ms=statistics.median(times.values()),
             max_rank=max_rank,
-            loss=sum(losses) / len(losses) if losses else math.nan,
+            loss=loss,
             ranks=len(got),
             grad_norm=max(norms) if norms else math.nan,
         ))
