@@ -36,6 +36,7 @@ from ringtop.protocol.guard import LoopFaults
 from ringtop.protocol.messages import MAX_ID_CHARS
 
 from .gatekeeper import Gatekeeper
+from .operations_log import OperationsLog
 from .ports import BindError, bind
 
 MAX_PENDING_COMMANDS = 16
@@ -57,12 +58,17 @@ class ControlServer(threading.Thread):
         context: zmq.Context | None = None,
         gate: Gatekeeper | None = None,
         movable: bool = False,
+        restate_operations: Callable[[dict[str, Any]], None] | None = None,
     ):
         """`gate`: the socket authenticates through it (None: a plain socket, --insecure).
-        `movable`: a default address, which moves to a free port when taken."""
+        `movable`: a default address, which moves to a free port when taken.
+        `restate_operations`: called from this thread every few seconds with the latest operations
+        (operations_log.py), for UIs that attach later."""
         super().__init__(name="ringtop-control", daemon=True)
         self._snapshot = snapshot
         self._publish_reply = publish_reply
+        self._restate = restate_operations
+        self.operations = OperationsLog()
         ctx = gate.context if gate is not None else (context or zmq.Context.instance())
         self._socket = ctx.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 500)
@@ -111,6 +117,8 @@ class ControlServer(threading.Thread):
                     if dict(poller.poll(20)):
                         self._receive_all()
                     self._send_outgoing()
+                    if self._restate is not None and self.operations.due(time.monotonic()):
+                        self._restate(self.operations.restatement())
                 except zmq.ContextTerminated:
                     return
                 except Exception as exc:  # never let the control thread die
@@ -180,6 +188,7 @@ class ControlServer(threading.Thread):
                     self._socket.send_multipart([identity, frame], zmq.NOBLOCK)
                 except zmq.ZMQError:
                     pass
+            self.operations.record(msg, len(frame))
             self._publish_reply(msgspec.structs.replace(msg))
 
 

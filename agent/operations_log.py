@@ -1,22 +1,19 @@
-"""Rank 0's memory of the latest operations (commands and how they ended), restated every few
-seconds as an `operations_recent` event so that a UI attached later — after a reconnect, or a
-second UI — shows what was switched and checkpointed instead of "none"."""
+"""Rank 0's memory of the latest operations (commands and how they ended), kept and restated by
+the control thread every few seconds as an `operations_recent` event, so that a UI attached later
+(after a reconnect, or a second UI) shows what was switched and checkpointed instead of "none"."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import OrderedDict
 from typing import Any
-
-import msgspec
 
 from ringtop.protocol import Reply
 
 KEPT = 6
 RESTATE_EVERY_S = 5.0
 MAX_RESULT_BYTES = 2048
-"""A result larger than this (a profile of many ranks) is restated without its details."""
+"""A reply larger than this (a profile of many ranks) is restated without its result's details."""
 
 
 class OperationsLog:
@@ -25,17 +22,12 @@ class OperationsLog:
         self._kept = kept
         self._every_s = every_s
         self._last_s = 0.0
-        self._lock = threading.Lock()
-        """record() runs on the control thread, restatement() on the training thread."""
 
-    def record(self, reply: Reply) -> None:
-        """Called for every reply rank 0 publishes (the control thread): cheap, no I/O."""
+    def record(self, reply: Reply, encoded_bytes: int) -> None:
+        """Every reply rank 0 publishes (`encoded_bytes`: its frame's size); all calls come from
+        the control thread."""
         if not reply.id or reply.cmd == "status":
             return
-        with self._lock:
-            self._record(reply)
-
-    def _record(self, reply: Reply) -> None:
         op = self._ops.setdefault(reply.id, {"id": reply.id, "cmd": reply.cmd, "args": {}, "status": "ack",
                                              "result": {}, "error": "", "ts": time.time()})
         self._ops.move_to_end(reply.id)
@@ -43,8 +35,7 @@ class OperationsLog:
             op["args"] = dict(reply.result["args"])
         if reply.status in ("done", "error"):
             op["status"], op["error"], op["finished_ts"] = reply.status, reply.error, time.time()
-            small = len(msgspec.msgpack.encode(reply.result)) <= MAX_RESULT_BYTES
-            op["result"] = dict(reply.result) if small else {}
+            op["result"] = dict(reply.result) if encoded_bytes <= MAX_RESULT_BYTES else {}
         while len(self._ops) > self._kept:
             self._ops.popitem(last=False)
 
@@ -55,5 +46,4 @@ class OperationsLog:
         return True
 
     def restatement(self) -> dict[str, Any]:
-        with self._lock:
-            return {"operations": [dict(op) for op in self._ops.values()]}
+        return {"operations": [dict(op) for op in self._ops.values()]}

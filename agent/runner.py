@@ -50,7 +50,6 @@ from .instruments.comm_tracer import CommSummary, CommTracer
 from .instruments.sampler import SystemSampler
 from .instruments.step_clock import StepClock, StepTiming, apply_device_phases, device_phases_ready
 from .model import MODEL_SIZES, build_tiny_gpt, count_params
-from .operations_log import OperationsLog
 from .peers import Peers
 from .prediction import predict, predict_pipeline_stage
 from .prewarm import Prewarm
@@ -126,8 +125,6 @@ class Runner:
         self.sampler: SystemSampler | None = None
         self.tracer: CommTracer | None = None
         self.diagnostician: Diagnostician | None = None
-        self.operations = OperationsLog()
-        """Rank 0: the latest commands, restated for UIs that attach later."""
         self.profiling: ProfileSession | None = None
         self.sync: StepSync | None = None
         self.prewarm: Prewarm | None = None
@@ -186,7 +183,8 @@ class Runner:
             self.relay = Relay(cfg.endpoints.relay, cfg.endpoints.publish, run_id=self.run_id,
                                world_size=self.ctx.world_size, gate=self.gate, movable=cfg.movable_endpoints)
             self.control = ControlServer(cfg.endpoints.control, self.snapshot, self._publish_reply, gate=self.gate,
-                                         movable="control" in cfg.movable_endpoints)
+                                         movable="control" in cfg.movable_endpoints,
+                                         restate_operations=self._restate_operations)
             self.endpoints = Endpoints(publish=self.relay.publish_address, relay=self.relay.relay_address,
                                        control=self.control.address)
             self.client_keys = keys.client if keys is not None else None
@@ -230,8 +228,12 @@ class Runner:
                                                  client_public=pair[:40].decode(), client_secret=pair[40:].decode())
 
     def _publish_reply(self, reply) -> None:
-        self.operations.record(reply)
         self.telemetry.emit(reply)
+
+    def _restate_operations(self, operations: dict[str, Any]) -> None:
+        """From the control thread, never the training thread's step path."""
+        if self.telemetry is not None:
+            self._event("info", "operations_recent", "recent operations", operations)
 
     def _refused(self, text: str, refused: int) -> None:
         """The gatekeeper's (rate-limited) report of connections it refused."""
@@ -328,8 +330,9 @@ class Runner:
             raise
         except BaseException as exc:
             error = f"{type(exc).__name__}: {exc}"
-            bye.reason, bye.ok = f"error: {error}", False  # set before looking for the dead peer: a stop
-            bye.reason = f"error: {self.peers.explain(error)}"  # signal may end the look
+            # first without the dead peer's name: a stop signal may end the look for it
+            bye.reason, bye.ok = f"error: {error}", False
+            bye.reason = f"error: {self.peers.explain(error)}"
             raise
         finally:
             bye.step = self.step
@@ -397,8 +400,6 @@ class Runner:
                 self.diagnostician.run_rules()
             if self.prewarm is not None and self.prewarm.done:
                 self._report_prewarm()
-            if self.telemetry is not None and self.ctx.rank == 0 and self.operations.due(time.monotonic()):
-                self._event("info", "operations_recent", "recent operations", self.operations.restatement())
         if self.sync is not None:
             self.sync.close()
         self._publish_ready_steps(wait=True)
