@@ -329,6 +329,11 @@ def cli_fields() -> tuple[CliField, ...]:
     return tuple(out)
 
 
+def _flag(name: str) -> str:
+    """The command-line flag of an AgentConfig field."""
+    return next(f.flag for f in cli_fields() if f.name == name)
+
+
 def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     """One argument per field with an Option, in groups as the fields come."""
     groups: dict[str, argparse._ArgumentGroup] = {}
@@ -362,7 +367,7 @@ def _check_combinations(cfg: AgentConfig, given: Set[str]) -> None:
     if not cfg.telemetry:
         clashing = sorted(given & {"log_dir", "print_every", *ENDPOINT_NAMES})
         if clashing:
-            names = ", ".join("--" + n.replace("_", "-") for n in clashing)
+            names = ", ".join(_flag(n) for n in clashing)
             raise ConfigError(f"--no-telemetry turns off all telemetry and control; drop {names} "
                               "or drop --no-telemetry")
     if cfg.strategy not in STRATEGY_CHOICES:
@@ -371,7 +376,7 @@ def _check_combinations(cfg: AgentConfig, given: Set[str]) -> None:
         raise ConfigError("--fsdp-sharding applies to --strategy fsdp only")
     pp_given = [n for n in PIPELINE_OPTIONS if n in given]
     if pp_given and cfg.strategy != "pp":
-        raise ConfigError(f"--{pp_given[0].replace('_', '-')} applies to --strategy pp only")
+        raise ConfigError(f"{_flag(pp_given[0])} applies to --strategy pp only")
     if "micro_batches" in given and (cfg.micro_batches < 1 or cfg.batch_size % cfg.micro_batches):
         raise ConfigError(f"--micro-batches {cfg.micro_batches} must be >= 1 and divide --batch-size "
                           f"{cfg.batch_size}")

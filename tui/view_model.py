@@ -405,18 +405,6 @@ class RunView:
             row.last_seen = now
         self.command_log.on_reply(msg, self.facts.strategy_name)
 
-    def _on_hello_message(self, msg: Hello, now: float) -> None:
-        if msg.rank == UI_RANK:
-            return
-        if msg.rank >= msg.world_size:
-            self.note_rejected(f"hello from rank {msg.rank} of a world of {msg.world_size}", now)
-            return
-        self._on_hello(msg, now)
-
-    def _on_step_message(self, row: RankRow, msg: Step, now: float) -> None:
-        row.step_seen = now
-        self._on_step(row, msg)
-
     def _on_timeline(self, row: RankRow, msg: Timeline, now: float) -> None:
         self.pipeline.add(msg, host=row.host)
 
@@ -447,9 +435,6 @@ class RunView:
             return  # restated for late joiners, not news
         if msg.kind != "verdicts_active":  # a periodic restatement for late joiners, not news
             self.event_log.add(msg.level, msg.rank, self._event_text(msg), msg.ts, kind=msg.kind)
-
-    def _on_bye_message(self, row: RankRow, msg: Bye, now: float) -> None:
-        self._on_bye(row, msg)
 
     def apply_many(self, msgs: Iterable[Any], now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
@@ -705,6 +690,11 @@ class RunView:
             row.last_seq = seq
 
     def _on_hello(self, msg: Hello, now: float) -> None:
+        if msg.rank == UI_RANK:
+            return
+        if msg.rank >= msg.world_size:
+            self.note_rejected(f"hello from rank {msg.rank} of a world of {msg.world_size}", now)
+            return
         if self.facts.run_id and msg.run_id and msg.run_id != self.facts.run_id:
             old = self.facts.run_id
             self._reset()
@@ -784,7 +774,8 @@ class RunView:
                             f"{'rejoined' if restarted else 'joined'}: {where}, {msg.strategy or '?'} on "
                             f"{msg.device or msg.backend or '?'}{extra}", msg.ts, kind="hello")
 
-    def _on_step(self, row: RankRow, msg: Step) -> None:
+    def _on_step(self, row: RankRow, msg: Step, now: float) -> None:
+        row.step_seen = now
         loss = math.nan if msg.loss is None else msg.loss  # null: the loss was not finite
         row.step = max(row.step, msg.step)
         row.loss = loss
@@ -870,7 +861,7 @@ class RunView:
         self._slowest_excess_pct = found.excess_pct
         self.ranks[found.rank].slowest = True
 
-    def _on_bye(self, row: RankRow, msg: Bye) -> None:
+    def _on_bye(self, row: RankRow, msg: Bye, now: float) -> None:
         if row.ended and msg.ts <= row.bye_ts:
             return  # the relay's cached copy, sent again to a new subscriber
         was_ended = self.is_ended
@@ -913,11 +904,11 @@ ROUTES: dict[type, tuple[Any, tuple[str, ...], bool]] = {
     # message type: (handler, parts it may change, whether it comes from a rank's row)
     ControlReply: (RunView._on_control_reply, ("commands", "events"), False),
     Reply: (RunView._on_published_reply, ("commands", "events"), False),
-    Hello: (RunView._on_hello_message, ("ranks", "comm", "events"), False),
-    Step: (RunView._on_step_message, ("ranks", "steps", "comm"), True),
+    Hello: (RunView._on_hello, ("ranks", "comm", "events"), False),
+    Step: (RunView._on_step, ("ranks", "steps", "comm"), True),
     Timeline: (RunView._on_timeline, ("pipeline",), True),
     Sample: (RunView._on_sample, ("ranks",), True),
     Heartbeat: (RunView._on_heartbeat, ("ranks",), True),
     Event: (RunView._on_event, ("events", "verdicts", "commands"), True),
-    Bye: (RunView._on_bye_message, ("ranks", "comm", "events"), True),
+    Bye: (RunView._on_bye, ("ranks", "comm", "events"), True),
 }
