@@ -16,22 +16,25 @@ ZERO_STRATEGIES: tuple[str, ...] = ("zero1", "zero2", "zero3")
 FSDP_SHARDINGS: tuple[str, ...] = ("full", "grad-op", "no-shard")
 PP_SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b")
 
-STRATEGIES: tuple[str, ...] = ("ddp", "zero1", "zero2", "zero3", "fsdp-full", "fsdp-grad-op", "fsdp-no-shard", "pp")
-"""Canonical (cost-model) names: `fsdp` + a sharding is one name per sharding."""
-DATA_PARALLEL_STRATEGIES: tuple[str, ...] = tuple(s for s in STRATEGIES if s != "pp")
-"""What the switch picker offers and the Memory tab's fit table compares: the same model whole on
-every rank, so one parameter count prices them all."""
-
-LESS_SHARDED: dict[str, str] = {"zero3": "zero2", "fsdp-full": "fsdp-grad-op"}
-"""The strategy that keeps parameters gathered from forward to backward, dropping the backward
-all-gather: the diagnosis' advice to a communication-bound fully sharded run."""
-
 _FSDP = "fsdp-"
 
 
 def fsdp_name(sharding: str) -> str:
     """The canonical name of FSDP with `sharding`: `full` -> `fsdp-full`."""
     return _FSDP + sharding
+
+
+STRATEGIES: tuple[str, ...] = tuple(
+    name for s in STRATEGY_CHOICES for name in ([fsdp_name(x) for x in FSDP_SHARDINGS] if s == "fsdp" else [s]))
+"""Canonical (cost-model) names: `fsdp` + a sharding is one name per sharding (ddp, zero1-3,
+fsdp-full, fsdp-grad-op, fsdp-no-shard, pp)."""
+DATA_PARALLEL_STRATEGIES: tuple[str, ...] = tuple(s for s in STRATEGIES if s != "pp")
+"""What the switch picker offers and the Memory tab's fit table compares: the same model whole on
+every rank, so one parameter count prices them all."""
+
+LESS_SHARDED: dict[str, str] = {"zero3": "zero2", fsdp_name("full"): fsdp_name("grad-op")}
+"""The strategy that keeps parameters gathered from forward to backward, dropping the backward
+all-gather: the diagnosis' advice to a communication-bound fully sharded run."""
 
 
 def canonical_strategy(strategy: str, fsdp_sharding: str | None = None) -> str:

@@ -165,8 +165,8 @@ class CommTracer:
             busy_ms += d_busy
             blocked_ms += d_blocked
             p2p_wait_ms += d_p2p
-        return CommSummary(kinds=list(totals.values()), blocked_ms=blocked_ms, busy_ms=busy_ms, p2p_wait_ms=p2p_wait_ms,
-                           pending=pending)
+        return CommSummary(kinds=list(totals.values()), blocked_ms=blocked_ms, busy_ms=busy_ms,
+                           p2p_wait_ms=p2p_wait_ms, pending=pending)
 
     def _resolve_device(self, device: list[_DeviceRecord], stalls: list[tuple[Any, Any, bool]],
                         totals: dict[str, CommStat]) -> tuple[float, float, float, int]:
@@ -239,7 +239,9 @@ def _add(totals: dict[str, CommStat], kind: str, nbytes: int, group_size: int, m
     agg = totals.get(kind)
     if agg is None:
         agg = totals[kind] = CommStat(kind=kind, group_size=group_size)
-    agg.add(CommStat(kind=kind, count=1, bytes=nbytes, busy_ms=ms))
+    agg.count += 1
+    agg.bytes += nbytes
+    agg.busy_ms += ms
 
 
 def union_ns(intervals: list[tuple[float, float]]) -> float:
