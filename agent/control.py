@@ -31,7 +31,7 @@ from ringtop.protocol import (
     encode,
     validate_command,
 )
-from ringtop.protocol.curve import CLIENT_DOMAIN
+from ringtop.protocol.curve import CLIENT_DOMAIN, close_monitored
 from ringtop.protocol.guard import LoopFaults
 from ringtop.protocol.messages import MAX_ID_CHARS
 
@@ -78,7 +78,7 @@ class ControlServer(threading.Thread):
         try:
             self.address = bind(self._socket, address, movable, "control", "--control")
         except BindError:
-            self._socket.close(0)
+            close_monitored(self._socket, 0)
             raise
         self._pending: queue.Queue[PendingCommand] = queue.Queue(MAX_PENDING_COMMANDS)
         self._identities: dict[str, bytes] = {}
@@ -127,7 +127,7 @@ class ControlServer(threading.Thread):
                     self._send_outgoing()
                     return
         finally:
-            self._socket.close()
+            close_monitored(self._socket)
 
     def _receive_all(self) -> None:
         while True:

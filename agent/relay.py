@@ -20,7 +20,7 @@ from typing import Collection
 import zmq
 
 from ringtop.protocol import Hello, ProtocolError, decode
-from ringtop.protocol.curve import CLIENT_DOMAIN, RELAY_DOMAIN
+from ringtop.protocol.curve import CLIENT_DOMAIN, RELAY_DOMAIN, close_monitored
 from ringtop.protocol.guard import LoopFaults
 
 from .gatekeeper import Gatekeeper
@@ -58,8 +58,8 @@ class Relay(threading.Thread):
             self.relay_address = bind(self._backend, relay_address, "relay" in movable, "relay input", "--relay")
             self.publish_address = bind(self._frontend, publish_address, "publish" in movable, "telemetry", "--publish")
         except BindError:
-            self._backend.close(0)
-            self._frontend.close(0)
+            close_monitored(self._backend, 0)
+            close_monitored(self._frontend, 0)
             raise
         self._backend.send(b"\x01")
         self._cache: dict[bytes, list[bytes]] = {}
@@ -90,8 +90,8 @@ class Relay(threading.Thread):
                 if self._stop_event.is_set() and not events:
                     return
         finally:
-            self._backend.close()
-            self._frontend.close()
+            close_monitored(self._backend)
+            close_monitored(self._frontend)
 
     def _forward_all(self) -> None:
         while True:

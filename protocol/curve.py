@@ -117,11 +117,19 @@ def client_failure_reason(event: int, value: int, has_keys: bool) -> str:
             "started with --insecure: `ringtop ls` marks those)")
 
 
+def close_monitored(sock: zmq.Socket, linger: int | None = None) -> None:
+    """Close a socket whose handshakes a monitor may watch (a server under the gatekeeper), on its
+    own thread: libzmq frees a socket only once its monitor is turned off."""
+    sock.disable_monitor()
+    sock.close(linger)
+
+
 class HandshakeWatch:
     """A client socket's handshake failures, read without blocking (for a clear error instead of
     silence when a run refuses our keys)."""
 
     def __init__(self, sock: zmq.Socket, has_keys: bool) -> None:
+        self._sock = sock
         self._monitor = sock.get_monitor_socket(HANDSHAKE_FAILURES | zmq.EVENT_HANDSHAKE_SUCCEEDED)
         self._has_keys = has_keys
         self.failure = ""
@@ -141,4 +149,8 @@ class HandshakeWatch:
                 self.failure = client_failure_reason(event["event"], event["value"], self._has_keys)
 
     def close(self) -> None:
+        """Before the socket closes, on its thread: libzmq frees a socket only once its monitor is
+        turned off, and a monitor's endpoint is named after the file descriptor the next socket
+        reuses (a client's second command failed with "Address already in use")."""
+        self._sock.disable_monitor()
         self._monitor.close(linger=0)

@@ -247,3 +247,35 @@ def test_a_taken_port_moves_only_when_it_was_not_asked_for():
     finally:
         sock.close()
         holder.close()
+
+
+def test_a_watched_client_socket_is_freed_when_closed():
+    """Every `ringtop ctl` command and UI connection watches its socket's handshakes. libzmq frees
+    a monitored socket only once the monitor is off: before, each one kept three descriptors and
+    its monitor endpoint (named after a descriptor the next socket reuses), and a process's later
+    command failed with "Address already in use". In a process of its own, on the shared context
+    as `ringtop ctl` uses it: a socket never freed can also keep that process from ending."""
+    code = """
+import os, time, zmq
+from ringtop.protocol import curve, free_tcp_port
+ctx = zmq.Context.instance()  # as `ringtop ctl` does
+before = len(os.listdir("/proc/self/fd"))
+for _ in range(200):
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    watch = curve.HandshakeWatch(sock, has_keys=True)
+    sock.connect(f"tcp://127.0.0.1:{free_tcp_port()}")
+    watch.close()
+    sock.close()
+deadline = time.monotonic() + 10
+while len(os.listdir("/proc/self/fd")) - before >= 20 and time.monotonic() < deadline:
+    time.sleep(0.05)
+print(len(os.listdir("/proc/self/fd")) - before, flush=True)
+"""
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                             env=agent_env())
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"the sockets were not freed: the context never ended ({exc.stdout!r})") from None
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.split()[-1]) < 20, f"{out.stdout.split()[-1]} descriptors more than before"
