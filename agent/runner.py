@@ -327,6 +327,8 @@ class Runner:
             raise
         except Interrupted as exc:
             bye.reason, bye.ok = f"interrupted: {exc}", False
+            if self.peers.gone():  # the launcher stops the survivors of a dead rank: name it
+                bye.reason = f"error: {self.peers.explain(bye.reason, wait_s=0)}"
             raise
         except BaseException as exc:
             error = f"{type(exc).__name__}: {exc}"
