@@ -14,12 +14,13 @@ attaches later.
 
 from __future__ import annotations
 
+import collections
 import threading
-from typing import Collection
+from typing import Callable, Collection
 
 import zmq
 
-from ringtop.protocol import Hello, ProtocolError, decode
+from ringtop.protocol import Hello, Message, ProtocolError, decode
 from ringtop.protocol.curve import CLIENT_DOMAIN, RELAY_DOMAIN, close_monitored
 from ringtop.protocol.guard import LoopFaults
 
@@ -32,9 +33,11 @@ CACHED_TOPICS = (b"hello.", b"bye.", b"timeline.")
 class Relay(threading.Thread):
     def __init__(self, relay_address: str, publish_address: str, context: zmq.Context | None = None,
                  run_id: str | None = None, world_size: int | None = None, gate: Gatekeeper | None = None,
-                 movable: Collection[str] = ()):
+                 movable: Collection[str] = (), observers: Collection[Callable[[Message], None]] = ()):
         """`gate`: both sockets authenticate through it (None: plain sockets, --insecure).
-        `movable`: which of "relay" and "publish" are defaults, which move to free ports when taken."""
+        `movable`: which of "relay" and "publish" are defaults, which move to free ports when taken.
+        `observers`: called on the relay's thread with each message it forwards (already validated),
+        e.g. the hang watch and the Prometheus exporter; one that raises is counted, never fatal."""
         super().__init__(name="ringtop-relay", daemon=True)
         self.run_id = run_id
         """Hellos of another run are dropped (None: not checked)."""
@@ -65,6 +68,8 @@ class Relay(threading.Thread):
         self._cache: dict[bytes, list[bytes]] = {}
         self._stop_event = threading.Event()
         self.forwarded = 0
+        self.observers = list(observers)
+        self._downlink: collections.deque[bytes] = collections.deque(maxlen=64)
 
     def stop(self, timeout_s: float = 2.0) -> None:
         self._stop_event.set()
@@ -83,6 +88,8 @@ class Relay(threading.Thread):
                         self._forward_all()
                     if self._frontend in events:
                         self._handle_subscriptions()
+                    if self._downlink:
+                        self._send_downlink()
                 except zmq.ContextTerminated:
                     return
                 except Exception as exc:  # never let the relay die
@@ -100,13 +107,33 @@ class Relay(threading.Thread):
             except zmq.Again:
                 return
             frames = [p.bytes for p in parts]
-            if not self._is_real(frames, self._sender(parts[-1])):
+            msg = self._real(frames, self._sender(parts[-1]))
+            if msg is None:
                 self.dropped += 1
                 continue
             if frames[0].startswith(CACHED_TOPICS):
                 self._cache[frames[0]] = frames  # one per topic, and topics are bounded by the ranks
             self._frontend.send_multipart(frames)
             self.forwarded += 1
+            for observe in self.observers:
+                try:
+                    observe(msg)
+                except Exception as exc:  # an observer's bug must not stop the forwarding
+                    self.faults.record(exc)
+
+    def send_down(self, frame: bytes) -> None:
+        """Thread-safe: `frame` goes to every rank's telemetry socket (an XSUB passes a message that
+        is not a subscription up to every publisher): the ranks' way to hear rank 0 without their
+        training threads, which may be stuck."""
+        self._downlink.append(frame)
+
+    def _send_downlink(self) -> None:
+        while self._downlink:
+            frame = self._downlink.popleft()
+            try:
+                self._backend.send(frame, zmq.NOBLOCK)
+            except zmq.Again:
+                pass
 
     def _sender(self, frame: zmq.Frame) -> int | None:
         """The rank whose key the sending connection authenticated with (None: not authenticated)."""
@@ -117,23 +144,24 @@ class Relay(threading.Thread):
         except (zmq.ZMQError, ValueError, TypeError):
             return -1  # no rank: never matches a message's
 
-    def _is_real(self, frames: list[bytes], sender: int | None = None) -> bool:
+    def _real(self, frames: list[bytes], sender: int | None = None) -> Message | None:
+        """The message, if it is real (see the module docstring); None otherwise."""
         if len(frames) != 2:
-            return False
+            return None
         try:
             msg = decode(frames[1])
         except ProtocolError:
-            return False
+            return None
         if frames[0] != f"{msg.__struct_config__.tag}.{msg.rank}".encode():
-            return False
+            return None
         if sender is not None and msg.rank != sender:
-            return False
+            return None
         if self.world_size is not None and not 0 <= msg.rank < self.world_size:
-            return False
+            return None
         if isinstance(msg, Hello) and ((self.run_id is not None and msg.run_id != self.run_id)
                                        or (self.world_size is not None and msg.world_size != self.world_size)):
-            return False
-        return True
+            return None
+        return msg
 
     def _handle_subscriptions(self) -> None:
         new_subscriber = False

@@ -242,6 +242,68 @@ class Bye(Envelope, tag="bye", kw_only=True):
     ok: bool = True
 
 
+MAX_STACK_FRAMES = 64
+MAX_IN_FLIGHT = 64
+MAX_GROUPS = 64
+
+
+class InFlight(msgspec.Struct, kw_only=True):
+    """A collective this rank has issued and not yet seen complete."""
+
+    group: str
+    """Its process group, named by its ranks (`world`, `0-3`, `0-6/2`, `1,5,9`: see metrics.hang)."""
+    seq: Count
+    """Its place among the collectives this rank issued on that group (1 = the first), the same on
+    every rank that issues the same collectives in the same order."""
+    kind: str
+    bytes: Count = 0
+    shapes: str = ""
+    """A short digest of its tensors' shapes and dtypes: equal on ranks that issue the same call."""
+    age_s: Real = 0.0
+
+
+class GroupCursor(msgspec.Struct, kw_only=True):
+    """How far this rank has got on one process group."""
+
+    group: str
+    issued: Count = 0
+    """Seq of the last collective issued on the group (0: none yet)."""
+    completed: Count = 0
+    """Seq of the last one seen complete."""
+
+
+Frames = Annotated[list[str], msgspec.Meta(max_length=MAX_STACK_FRAMES)]
+
+
+class Stall(Envelope, tag="stall", kw_only=True):
+    """Where a rank is while its step runs far longer than its recent steps (`stalled`, repeated
+    while it lasts), that it moved on (`recovered`), or an answer to `stacks` (`snapshot`). Taken by
+    a watch thread from the tracer's ledger and `sys._current_frames()`: never the training thread,
+    never the device."""
+
+    state: Literal["stalled", "recovered", "snapshot"] = "stalled"
+    request: CommandId = ""
+    """The `stacks` command this snapshot answers."""
+    step: Count = 0
+    """The step being run (the last one finished + 1)."""
+    phase: str = ""
+    """What the training thread is doing: data, forward, backward, optimizer, step-sync (the step
+    boundary, where ranks agree on commands), command:<name>, ..."""
+    running_s: Real = 0.0
+    """How long the current phase of work (step or command) has been running."""
+    threshold_s: Real = 0.0
+    """Running longer than this is a stall: max(k x the recent median step, a floor)."""
+    where: str = ""
+    """The innermost frame of the stack outside torch, the standard library and ringtop's own
+    instruments: `model.py:57 in forward`."""
+    stack: Frames = []
+    """The training thread's Python stack, outermost first, `path:line in function`."""
+    in_flight: Annotated[list[InFlight], msgspec.Meta(max_length=MAX_IN_FLIGHT)] = []
+    groups: Annotated[list[GroupCursor], msgspec.Meta(max_length=MAX_GROUPS)] = []
+    gone_peers: Annotated[list[Rank], msgspec.Meta(max_length=MAX_WORLD_SIZE)] = []
+    """Ranks on this host whose process has ended."""
+
+
 # ---------------------------------------------------------------- control (UI -> rank 0 -> UI)
 
 
@@ -265,9 +327,10 @@ class Reply(Envelope, tag="reply", kw_only=True):
     code: str = ""
 
 
-Telemetry = Union[Hello, Step, Sample, Timeline, Heartbeat, Event, Bye]
-Message = Union[Hello, Step, Sample, Timeline, Heartbeat, Event, Bye, Command, Reply]
+Telemetry = Union[Hello, Step, Sample, Timeline, Heartbeat, Event, Stall, Bye]
+Message = Union[Hello, Step, Sample, Timeline, Heartbeat, Event, Stall, Bye, Command, Reply]
 
 MESSAGE_TYPES: dict[str, type] = {
-    cls.__struct_config__.tag: cls for cls in (Hello, Step, Sample, Timeline, Heartbeat, Event, Bye, Command, Reply)
+    cls.__struct_config__.tag: cls
+    for cls in (Hello, Step, Sample, Timeline, Heartbeat, Event, Stall, Bye, Command, Reply)
 }
