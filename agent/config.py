@@ -41,6 +41,7 @@ from ringtop.strategies.ds_config import (
 )
 from ringtop.strategies.links import parse_link
 
+HANG_PLACES = ("forward", "before-collective")
 BUILTIN_MODEL = "tiny-gpt"
 BUILTIN_DATA = "synthetic"
 MODEL_SIZE_CHOICES = ("1m", "10m", "25m", "125m")
@@ -93,6 +94,32 @@ def _slow_rank(text: str) -> tuple[int, float]:
     if not sep or slow is None or slow[0] < 0 or slow[1] < 0:
         raise ConfigError(f"--inject-slow-rank {text!r}: expected R:MS, e.g. 1:200")
     return slow
+
+
+def _rank_step(flag: str, text: str) -> tuple[int, int, str]:
+    parts = text.split(":")
+    try:
+        rank, step = int(parts[0]), int(parts[1])
+    except (ValueError, IndexError):
+        rank = step = -1
+    if len(parts) not in (2, 3) or rank < 0 or step < 1:
+        raise ConfigError(f"{flag} {text!r}: expected R:STEP (a rank, a step >= 1)")
+    return rank, step, parts[2] if len(parts) == 3 else ""
+
+
+def _hang(text: str) -> tuple[int, int, str]:
+    rank, step, place = _rank_step("--inject-hang", text)
+    place = place or "forward"
+    if place not in HANG_PLACES:
+        raise ConfigError(f"--inject-hang {text!r}: the place is one of {', '.join(HANG_PLACES)}")
+    return rank, step, place
+
+
+def _desync(text: str) -> tuple[int, int]:
+    rank, step, extra = _rank_step("--inject-desync", text)
+    if extra:
+        raise ConfigError(f"--inject-desync {text!r}: expected R:STEP")
+    return rank, step
 
 
 def _layers_per_stage(text: str) -> tuple[int, ...]:
@@ -177,6 +204,12 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
         flag="--step-times", metavar="FILE", default_text="none")] = None
     print_every: Annotated[int, Option(TELEMETRY, "rank 0 prints a line every N steps; 0 = never", metavar="N",
                                        ge=0)] = 0
+    stall_factor: Annotated[float, Option(
+        TELEMETRY, "a step counts as stalled past FACTOR x the median of recent steps + --stall-floor",
+        metavar="FACTOR", ge=1)] = 2.0
+    stall_floor_s: Annotated[float, Option(
+        TELEMETRY, "seconds added to the stall threshold (noise on a busy node, a slow first steps)",
+        flag="--stall-floor", metavar="S", gt=0)] = 4.0
     link_gbps: Annotated[float, Option(
         TELEMETRY, "the link's peak for the diagnosis: nvlink3|nvlink4|pcie4|pcie5|ib-hdr|ib-ndr or GB/s per "
         "direction", flag="--link", metavar="LINK", parse=_link_peak_gbps, default_text="unknown")] = 0.0
@@ -192,6 +225,12 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     inject_fail_setup: Annotated[str | None, Option(
         FAULTS, "a switch to STRATEGY fails while wrapping (as if out of memory), to show the rollback",
         metavar="STRATEGY", default_text="none")] = None
+    inject_hang: Annotated[tuple[int, int, str] | None, Option(
+        FAULTS, "rank R hangs at step STEP, in its model's forward or just before a collective (default forward)",
+        metavar="R:STEP[:forward|before-collective]", parse=_hang, default_text="none")] = None
+    inject_desync: Annotated[tuple[int, int] | None, Option(
+        FAULTS, "at step STEP every rank broadcasts a buffer, rank R one element larger: a mismatched collective "
+        "gloo does not notice", metavar="R:STEP", parse=_desync, default_text="none")] = None
 
     checkpoint_dir: Annotated[str, Option(
         CHECKPOINTS, "where checkpoints are written; a `switch` command's ds_config must lie inside it",

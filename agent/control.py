@@ -59,13 +59,23 @@ class ControlServer(threading.Thread):
         gate: Gatekeeper | None = None,
         movable: bool = False,
         restate_operations: Callable[[dict[str, Any]], None] | None = None,
+        immediate: dict[str, Callable[[Command, Any], Any]] | None = None,
+        on_stop: Callable[[str], None] | None = None,
     ):
         """`gate`: the socket authenticates through it (None: a plain socket, --insecure).
         `movable`: a default address, which moves to a free port when taken.
         `restate_operations`: called from this thread every few seconds with the latest operations
-        (operations_log.py), for UIs that attach later."""
+        (operations_log.py), for UIs that attach later.
+        `immediate`: handlers of the immediate commands other than `status`, called on this thread
+        with the command and its arguments; each returns the result, or a function this thread
+        polls with the time until it returns the result (an answer gathered from the ranks).
+        `on_stop`: told of each `stop` as it is queued (a stuck run is stopped without its
+        training thread: stall_watch.py)."""
         super().__init__(name="ringtop-control", daemon=True)
         self._snapshot = snapshot
+        self._immediate = dict(immediate or {})
+        self._on_stop = on_stop
+        self._answering: list[tuple[Command, Callable[[float], Any]]] = []
         self._publish_reply = publish_reply
         self._restate = restate_operations
         self.operations = OperationsLog()
@@ -116,6 +126,8 @@ class ControlServer(threading.Thread):
                 try:
                     if dict(poller.poll(20)):
                         self._receive_all()
+                    if self._answering:
+                        self._poll_answers(time.monotonic())
                     self._send_outgoing()
                     if self._restate is not None and self.operations.due(time.monotonic()):
                         self._restate(self.operations.restatement())
@@ -162,7 +174,7 @@ class ControlServer(threading.Thread):
             return
         self._identities[msg.id] = identity
         if msg.cmd in IMMEDIATE_COMMANDS:
-            self.reply(msg, "done", result=self._snapshot())
+            self._answer_now(msg, args)
             return
         try:
             self._pending.put_nowait(PendingCommand(msg, args, identity))
@@ -171,6 +183,40 @@ class ControlServer(threading.Thread):
                        code="busy")
             return
         self.reply(msg, "ack", result={"applies_at": "the step boundary after next", "args": dict(msg.args)})
+        if msg.cmd == "stop" and self._on_stop is not None:
+            self._on_stop(args.reason)
+
+    def _answer_now(self, msg: Command, args: Any) -> None:
+        handler = self._immediate.get(msg.cmd)
+        if handler is None:
+            if msg.cmd != "status":
+                self.reply(msg, "error", error=f"{msg.cmd!r} is not available in this run", code="unavailable")
+                return
+            self.reply(msg, "done", result=self._snapshot())
+            return
+        try:
+            answer = handler(msg, args)
+        except Exception as exc:  # a failed answer is this command's error, not the thread's end
+            self.reply(msg, "error", error=f"{type(exc).__name__}: {exc}", code="failed")
+            return
+        if callable(answer):
+            self._answering.append((msg, answer))
+        else:
+            self.reply(msg, "done", result=answer)
+
+    def _poll_answers(self, now: float) -> None:
+        waiting = []
+        for msg, poll in self._answering:
+            try:
+                result = poll(now)
+            except Exception as exc:
+                self.reply(msg, "error", error=f"{type(exc).__name__}: {exc}", code="failed")
+                continue
+            if result is None:
+                waiting.append((msg, poll))
+            else:
+                self.reply(msg, "done", result=result)
+        self._answering = waiting
 
     def _send_outgoing(self) -> None:
         while self._outgoing:

@@ -127,6 +127,9 @@ class Relay(threading.Thread):
         training threads, which may be stuck."""
         self._downlink.append(frame)
 
+    def has_downlink(self) -> bool:
+        return bool(self._downlink)
+
     def _send_downlink(self) -> None:
         while self._downlink:
             frame = self._downlink.popleft()

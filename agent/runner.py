@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ import torch.distributed as dist
 
 from ringtop.protocol import (
     Bye,
+    Command,
     Endpoints,
     Event,
     Hello,
@@ -32,6 +34,7 @@ from ringtop.protocol import (
     connection_file,
     curve,
 )
+from ringtop.protocol.downlink import Downlink, decode_downlink, encode_downlink
 from ringtop.strategies import collective_hooks
 from ringtop.strategies.base import DistContext, Strategy, TrainSettings, unique_parameters
 from ringtop.strategies.diagnosis import RunContext
@@ -45,7 +48,9 @@ from .control import ControlServer, PendingCommand, StepSync, broadcast_bytes, s
 from .data import synthetic_batches
 from .diagnosis_exchange import Diagnostician
 from .factories import BuildContext, batch_to, batch_tokens, call_model, user_data, user_model
+from .faults import desynchronised_broadcast, hang_before_collectives, hang_in_forward, inner_module
 from .gatekeeper import Gatekeeper
+from .hang_watch import HangWatch
 from .instruments.comm_tracer import CommSummary, CommTracer
 from .instruments.sampler import SystemSampler
 from .instruments.step_clock import StepClock, StepTiming, apply_device_phases, device_phases_ready
@@ -56,6 +61,8 @@ from .prewarm import Prewarm
 from .profiling import ProfileSession, gather_results
 from .relay import Relay
 from .run_paths import inside_run_directory
+from .stacks import StackRequests
+from .stall_watch import StallWatch, WatchSettings
 from .switching import SwitchAborted, SwitchError, switch_strategy
 from .telemetry import Telemetry
 
@@ -101,6 +108,25 @@ class _NoPhases:
         pass
 
 
+NEXT_PHASE = {"data": "forward", "forward": "backward", "backward": "optimizer", "optimizer": "after-step"}
+
+
+class _WatchedPhases:
+    """The step clock's marks, also telling the stall watch which phase runs now (one attribute
+    write: the watch reads it from its own thread)."""
+
+    def __init__(self, clock: Any, watch: StallWatch) -> None:
+        self._clock, self._watch = clock, watch
+
+    def mark(self, phase: str) -> None:
+        self._clock.mark(phase)
+        self._watch.phase(NEXT_PHASE.get(phase, phase))
+
+
+EXIT_STOPPED_WHILE_STUCK = 3
+"""A rank the stall watch ended because its training thread could not (a stop while stuck)."""
+
+
 class Runner:
     def __init__(self, cfg: AgentConfig, ctx: DistContext):
         self.cfg = cfg
@@ -128,6 +154,11 @@ class Runner:
         self.profiling: ProfileSession | None = None
         self.sync: StepSync | None = None
         self.prewarm: Prewarm | None = None
+        self.watch: StallWatch | None = None
+        self.hang_watch: HangWatch | None = None
+        self.stack_requests: StackRequests | None = None
+        self._ending = threading.Lock()
+        """Held by whoever ends the process: the training thread's shutdown or the watch's escape."""
         self.control_group = dist.new_group(backend="gloo") if ctx.world_size > 1 else None
         self.io_group = dist.new_group(backend="gloo") if ctx.world_size > 1 else None
         self.peers = Peers.gather(ctx.rank, ctx.world_size, self.control_group)
@@ -158,9 +189,14 @@ class Runner:
 
     def _build_model(self) -> torch.nn.Module:
         if self.cfg.model == BUILTIN_MODEL:
-            return build_tiny_gpt(self.cfg.model_size, self.cfg.seed)
-        torch.manual_seed(self.cfg.seed)
-        return user_model(self.cfg.model, self._build_context())
+            model = build_tiny_gpt(self.cfg.model_size, self.cfg.seed)
+        else:
+            torch.manual_seed(self.cfg.seed)
+            model = user_model(self.cfg.model, self._build_context())
+        hang = self.cfg.inject_hang
+        if hang is not None and hang[0] == self.ctx.rank and hang[2] == "forward":
+            hang_in_forward(inner_module(model), lambda: self.step + 1 == hang[1])
+        return model
 
     def _build_data(self):
         if self.cfg.data == BUILTIN_DATA:
@@ -180,11 +216,16 @@ class Runner:
             keys = None if cfg.insecure else curve.generate(self.ctx.world_size)
             if keys is not None:
                 self.gate = Gatekeeper(keys, on_refusal=self._refused)
+            self.hang_watch = HangWatch(self.ctx.world_size, self._event_from_relay)
+            self.stack_requests = StackRequests(self.ctx.world_size)
             self.relay = Relay(cfg.endpoints.relay, cfg.endpoints.publish, run_id=self.run_id,
-                               world_size=self.ctx.world_size, gate=self.gate, movable=cfg.movable_endpoints)
+                               world_size=self.ctx.world_size, gate=self.gate, movable=cfg.movable_endpoints,
+                               observers=(self.hang_watch.observe, self.stack_requests.observe))
             self.control = ControlServer(cfg.endpoints.control, self.snapshot, self._publish_reply, gate=self.gate,
                                          movable="control" in cfg.movable_endpoints,
-                                         restate_operations=self._restate_operations)
+                                         restate_operations=self._restate_operations,
+                                         immediate={"stacks": self._command_stacks, "dump": self._command_dump},
+                                         on_stop=self._stop_commanded)
             self.endpoints = Endpoints(publish=self.relay.publish_address, relay=self.relay.relay_address,
                                        control=self.control.address)
             self.client_keys = keys.client if keys is not None else None
@@ -202,6 +243,10 @@ class Runner:
         gpu_index = self.ctx.device.index if self.ctx.device.type == "cuda" else None
         self.sampler = SystemSampler(self.telemetry.emit, gpu_index=gpu_index)
         self.tracer = CommTracer()
+        self.watch = StallWatch(self.tracer, self.telemetry.emit, self.peers,
+                                WatchSettings(factor=cfg.stall_factor, floor_s=cfg.stall_floor_s),
+                                training_thread=threading.get_ident(), escape=self._escape)
+        self.telemetry.on_downlink = self._downlink
         capacity = (torch.cuda.get_device_properties(self.ctx.device).total_memory
                     if self.ctx.device.type == "cuda" else 0)
         canonical = self.cfg.canonical_strategy
@@ -234,6 +279,117 @@ class Runner:
         """From the control thread, never the training thread's step path."""
         if self.telemetry is not None:
             self._event("info", "operations_recent", "recent operations", operations)
+
+    def _event_from_relay(self, level: str, kind: str, text: str, data: dict[str, Any]) -> None:
+        """The hang watch's verdicts, from the relay's thread (rank 0's training thread may be stuck)."""
+        if self.telemetry is not None:
+            self.telemetry.emit(Event(level=level, kind=kind, text=text, step=self.step, data=data))
+
+    # ------------------------------------------------------------------ without the training thread
+
+    def _command_stacks(self, command: Command, args) -> Callable[[float], dict[str, Any] | None]:
+        """On rank 0's control thread: ask every rank's telemetry thread for its stack."""
+        request = self.stack_requests.open(command.id, args.timeout_s)
+        self.relay.send_down(encode_downlink(Downlink(action="stacks", id=command.id)))
+
+        def answer(now: float) -> dict[str, Any] | None:
+            result = request.poll(now)
+            if result is not None:
+                self.stack_requests.close(command.id)
+            return result
+        return answer
+
+    def _command_dump(self, command: Command, args) -> dict[str, Any]:
+        self.relay.send_down(encode_downlink(Downlink(action="dump", id=command.id)))
+        return {"directory": str(self._dump_directory()), "ranks": self.ctx.world_size,
+                "flight_recorder": self.ctx.backend == "nccl"}
+
+    def _dump_directory(self) -> Path:
+        return Path(self.cfg.log_dir or self.cfg.checkpoint_dir) / "dumps"
+
+    def _stop_commanded(self, reason: str) -> None:
+        """On rank 0's control thread, as a `stop` is queued: if the training thread is stuck and
+        cannot apply it, the watch stops every rank (through the relay) and this one."""
+        if self.watch is not None:
+            said = reason if reason.startswith("stopped by user") else f"stopped by user: {reason}"
+            self.watch.request_stop(said, only_if_stalled=True)
+
+    def _downlink(self, frame: bytes) -> None:
+        """On this rank's telemetry thread: what rank 0 sent down."""
+        message = decode_downlink(frame)
+        if message is None or self.watch is None:
+            return
+        if message.action == "stacks":
+            self.telemetry.emit(self.watch.report("snapshot", request=message.id))
+        elif message.action == "stop" and self.ctx.rank != 0:
+            self.watch.request_stop(message.reason, only_if_stalled=True)
+        elif message.action == "dump":
+            self._write_dump()
+
+    def _write_dump(self) -> None:
+        """This rank's ledger as JSON and, on NCCL, PyTorch's Flight Recorder buffer where its
+        `fr_trace` analyser looks for it (`<dir>/nccl_trace_rank_<R>`)."""
+        directory = self._dump_directory()
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            ledger = {"rank": self.ctx.rank, "step": self.step, "host": socket.gethostname(),
+                      "collectives": self.tracer.ledger_entries() if self.tracer is not None else []}
+            (directory / f"ledger-rank-{self.ctx.rank}.json").write_text(json.dumps(ledger))
+            if self.ctx.backend == "nccl":
+                from torch._C._distributed_c10d import _dump_nccl_trace
+
+                (directory / f"nccl_trace_rank_{self.ctx.rank}").write_bytes(_dump_nccl_trace())
+            self._event("info", "dump", f"rank {self.ctx.rank} wrote its collective ledger to {directory}",
+                        {"directory": str(directory)})
+        except Exception as exc:  # a dump that fails is said, never fatal
+            self._event("error", "dump", f"rank {self.ctx.rank} could not write its dump: {exc}")
+
+    def _escape(self, reason: str) -> None:
+        """On the watch's thread: the training thread cannot end the run (it is stuck inside a
+        collective, where signal handlers never run). Say goodbye for it, naming where it is stuck,
+        and end the process; rank 0 first tells the other ranks to do the same."""
+        if not self._ending.acquire(blocking=False):
+            return  # the training thread is already shutting down
+        where = self.watch.report("stalled")
+        stuck = next((f"{op.kind} #{op.seq} on group {op.group}" for op in where.in_flight), "")
+        place = f"in {where.phase}" + (f" at {where.where}" if where.where else "")
+        place += f", inside {stuck}" if stuck else ""
+        bye = Bye(reason=f"{reason} while stuck at step {where.step} {place}", ok=False, step=self.step)
+        print(f"ringtop agent [rank {self.ctx.rank}]: {bye.reason}; leaving without the training thread",
+              file=sys.stderr, flush=True)
+        if self.ctx.rank == 0 and self.relay is not None:
+            self.relay.send_down(encode_downlink(Downlink(action="stop", reason=reason[:200])))
+            deadline = time.monotonic() + 1.0
+            while self.relay.has_downlink() and time.monotonic() < deadline:
+                time.sleep(0.02)
+        if self.control is not None:
+            for pending in self.control.take_pending():
+                if pending.command.cmd == "stop":
+                    self.control.reply(pending.command, "done", result={"step": self.step, "stuck": place})
+                else:
+                    self.control.reply(pending.command, "error", error="the run was stopped while stuck", code="ended")
+        try:
+            self._release_outside_world(bye)
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (OSError, ValueError):
+                    pass
+            os._exit(EXIT_STOPPED_WHILE_STUCK)
+
+    def _release_outside_world(self, bye: Bye) -> None:
+        """Everything a rank holds outside itself, let go in order: the connection file, the
+        sampler, the last replies, the Bye, the sockets. No collective."""
+        if self._connection_path is not None:
+            connection_file.remove(self._connection_path)
+            self._connection_path = None
+        if self.sampler is not None:
+            self.sampler.stop()
+        if self.control is not None:
+            self.control.stop()  # its last replies are published before the Bye
+        if self.telemetry is not None:
+            self.telemetry.close(bye)
 
     def _refused(self, text: str, refused: int) -> None:
         """The gatekeeper's (rate-limited) report of connections it refused."""
@@ -314,6 +470,8 @@ class Runner:
                 self.telemetry.emit(self._hello())
                 self.telemetry.step = self.step
                 self.sampler.start()
+                self.watch.start()
+                self.watch.catch_stop_signals()
                 self.prewarm = Prewarm()
                 self.prewarm.start()
             if resumed is not None:
@@ -371,16 +529,29 @@ class Runner:
                 time.sleep(extra_s)  # injected: this rank computes longer
                 return call_model(model, batch)
         collective_hooks.comm_delay_s = cfg.inject_comm_delay_ms / 1e3
+        hang = cfg.inject_hang
+        if hang is not None and hang[0] == self.ctx.rank and hang[2] == "before-collective":
+            collective_hooks.before_issue = hang_before_collectives(lambda: self.step + 1 == hang[1])
+        watch = self.watch
+        if clock is not None and watch is not None:
+            phases = _WatchedPhases(clock, watch)
         step_ends: list[float] | None = [] if cfg.step_times_file and self.ctx.rank == 0 else None
         while cfg.steps == 0 or self.step < cfg.steps:
+            if watch is not None:
+                watch.iteration(self.step + 1, "step-sync")
             if self.sync is not None:
                 for pending in self.sync.commands_for_step():
                     self._apply(pending)
                 if self.stop_reason:
                     break
+            if watch is not None:
+                watch.phase("data")
             if clock is not None:
                 clock.begin()
             batch = batch_to(next(self._data), self.ctx.device)
+            if cfg.inject_desync is not None and cfg.inject_desync[1] == self.step + 1:
+                with collective_hooks.active(self.tracer):
+                    desynchronised_broadcast(self.ctx.rank, cfg.inject_desync[0])
             phases.mark("data")
             loss = self.strategy.run_step(batch, model_call, phases)
             self.step += 1
@@ -397,6 +568,8 @@ class Runner:
             if self.checkpoints.busy:
                 self._poll_checkpoint()
             if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                if watch is not None:
+                    watch.generous("checkpoint")
                 self._periodic_checkpoint()
             if self.diagnostician is not None and self.diagnostician.due(self.step):
                 self.diagnostician.run_rules()
@@ -404,6 +577,8 @@ class Runner:
                 self._report_prewarm()
         if self.sync is not None:
             self.sync.close()
+        if watch is not None:
+            watch.idle()
         self._publish_ready_steps(wait=True)
         if step_ends is not None:
             Path(cfg.step_times_file).write_text(json.dumps(step_ends))
@@ -484,7 +659,7 @@ class Runner:
             optimizer_ms=ph.get("optimizer", 0.0), comm_blocked_ms=p.comm.blocked_ms,
             comm_busy_ms=p.comm.busy_ms, tokens=p.tokens,
             tokens_per_s=p.tokens / (timing.step_ms / 1e3) if timing.step_ms > 0 else 0.0, mem=mem,
-            comm=p.comm.kinds,
+            comm=p.comm.kinds, collectives=p.comm.collectives,
             cpu_percent=self.sampler.latest.cpu_percent, drops=self.telemetry.drops, idle_ms=idle_ms,
         ))
         if self.ctx.rank == 0 and self.cfg.print_every and p.step % self.cfg.print_every == 0:
@@ -498,6 +673,8 @@ class Runner:
         """One command, on every rank at the same step boundary: its handler's result is the
         `done` reply; a handler that answers later (a background save, a profile) returns LATER."""
         command = pending.command
+        if self.watch is not None:
+            self.watch.generous(f"command:{command.cmd}")
         try:
             handler = COMMAND_HANDLERS.get(command.cmd)
             if handler is None:
@@ -711,14 +888,11 @@ class Runner:
         of a dead rank moments after it died) must not cut this short: the Bye would be lost."""
         if _is_main_thread():
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        if self._connection_path is not None:
-            connection_file.remove(self._connection_path)
-        if self.sampler is not None:
-            self.sampler.stop()
-        if self.control is not None:
-            self.control.stop()  # its last replies are published before the Bye
-        if self.telemetry is not None:
-            self.telemetry.close(bye)
+        if not self._ending.acquire(blocking=False):
+            return  # the watch is ending the process for a stuck training thread
+        if self.watch is not None:
+            self.watch.stop()
+        self._release_outside_world(bye)
         if bye.ok and self.control_group is not None:
             dist.barrier(group=self.control_group)
         if self.relay is not None:
@@ -746,6 +920,4 @@ def _raise_interrupted(signum, frame):
 
 
 def _is_main_thread() -> bool:
-    import threading
-
     return threading.current_thread() is threading.main_thread()

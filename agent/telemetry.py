@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import zmq
 
@@ -64,6 +65,8 @@ class Telemetry:
             self._socket.setsockopt(zmq.LINGER, 2000)
             secure_client(self._socket, keys)
             self._socket.connect(relay_address)
+        self.on_downlink: Callable[[bytes], None] | None = None
+        """Called on this thread with each frame rank 0's relay sends down (protocol/downlink.py)."""
         self._file = None
         if log_dir:
             Path(log_dir).mkdir(parents=True, exist_ok=True)
@@ -117,6 +120,8 @@ class Telemetry:
                 self._flush_queue()
             if closing:
                 return
+            if self._subscribed and self._socket is not None:
+                self._read_downlink()
 
     def _report_failure(self, exc: Exception) -> None:
         self.failures += 1
@@ -138,6 +143,21 @@ class Telemetry:
             pass
         if time.monotonic() - self._connected_at > SUBSCRIPTION_WAIT_S:
             self._subscribed = True
+
+    def _read_downlink(self) -> None:
+        for _ in range(64):  # bounded: a flood from the relay cannot hold up the sending
+            try:
+                frame = self._socket.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            except zmq.ZMQError:
+                return
+            if frame[:1] in (b"\x00", b"\x01") or self.on_downlink is None:
+                continue
+            try:
+                self.on_downlink(frame)
+            except Exception as exc:  # a bad frame or handler must not end telemetry
+                self._report_failure(exc)
 
     def _flush_queue(self) -> None:
         while self._queue:

@@ -40,6 +40,15 @@ class ProfileArgs(msgspec.Struct, forbid_unknown_fields=True):
     steps: Annotated[int, msgspec.Meta(ge=1, le=100)] = 3
 
 
+class StacksArgs(msgspec.Struct, forbid_unknown_fields=True):
+    timeout_s: Annotated[float, msgspec.Meta(gt=0, le=30)] = 3.0
+    """How long rank 0 waits for the ranks' answers before it replies with those it has."""
+
+
+class DumpArgs(msgspec.Struct, forbid_unknown_fields=True):
+    pass
+
+
 COMMANDS: dict[str, type[msgspec.Struct]] = {
     "status": StatusArgs,
     "checkpoint": CheckpointArgs,
@@ -47,10 +56,14 @@ COMMANDS: dict[str, type[msgspec.Struct]] = {
     "switch": SwitchArgs,
     "set": SetArgs,
     "profile": ProfileArgs,
+    "stacks": StacksArgs,
+    "dump": DumpArgs,
 }
 
-IMMEDIATE_COMMANDS = frozenset({"status"})
-"""Answered by rank 0 at once from a snapshot; the rest wait for a step boundary on every rank."""
+IMMEDIATE_COMMANDS = frozenset({"status", "stacks", "dump"})
+"""Answered by rank 0's control thread without the training threads (`status` from a snapshot;
+`stacks` and `dump` through the ranks' telemetry threads, so they work while training is stuck);
+the rest wait for a step boundary on every rank."""
 
 
 def validate_command(command: Command) -> Any:

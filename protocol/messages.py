@@ -135,6 +135,41 @@ class CommStat(msgspec.Struct, kw_only=True, array_like=False):
             self.busy_ms += other.busy_ms
 
 
+MAX_STACK_FRAMES = 64
+MAX_IN_FLIGHT = 64
+MAX_GROUPS = 64
+
+
+class InFlight(msgspec.Struct, kw_only=True):
+    """A collective this rank has issued and not yet seen complete."""
+
+    group: str
+    """Its process group, named by its ranks (`world`, `0-3`, `0-6/2`, `1,5,9`: see metrics.hang)."""
+    seq: Count
+    """Its place among the collectives this rank issued on that group (1 = the first), the same on
+    every rank that issues the same collectives in the same order."""
+    kind: str
+    bytes: Count = 0
+    shapes: str = ""
+    """A short digest of its tensors' shapes and dtypes: equal on ranks that issue the same call."""
+    age_s: Real = 0.0
+
+
+class GroupCursor(msgspec.Struct, kw_only=True):
+    """How far this rank has got on one process group."""
+
+    group: str
+    issued: Count = 0
+    """Seq of the last collective issued on the group (0: none yet)."""
+    completed: Count = 0
+    """Seq of the last one seen complete."""
+    count: Count = 0
+    """In a Step: collectives issued on the group during that step."""
+    digest: str = ""
+    """In a Step: a digest of those collectives' kinds, sizes and shapes in issue order. Ranks that
+    issued the same collectives agree on it; a rank that differs is out of step (a desync)."""
+
+
 class Step(Envelope, tag="step", kw_only=True):
     step: Count
     loss: Real | None
@@ -161,6 +196,8 @@ class Step(Envelope, tag="step", kw_only=True):
     idle_ms: Real = 0.0
     """Time this rank waited rather than computed: input plus exposed communication, or, in a
     pipeline, the stage's idle time (its bubble). The UI's idle column means this everywhere."""
+    collectives: Annotated[list[GroupCursor], msgspec.Meta(max_length=MAX_GROUPS)] = []
+    """Per process group this step used: its progress and the digest of its collectives."""
 
 
 class GpuSample(msgspec.Struct, kw_only=True):
@@ -240,36 +277,6 @@ class Bye(Envelope, tag="bye", kw_only=True):
     reason: str = ""
     step: Count = 0
     ok: bool = True
-
-
-MAX_STACK_FRAMES = 64
-MAX_IN_FLIGHT = 64
-MAX_GROUPS = 64
-
-
-class InFlight(msgspec.Struct, kw_only=True):
-    """A collective this rank has issued and not yet seen complete."""
-
-    group: str
-    """Its process group, named by its ranks (`world`, `0-3`, `0-6/2`, `1,5,9`: see metrics.hang)."""
-    seq: Count
-    """Its place among the collectives this rank issued on that group (1 = the first), the same on
-    every rank that issues the same collectives in the same order."""
-    kind: str
-    bytes: Count = 0
-    shapes: str = ""
-    """A short digest of its tensors' shapes and dtypes: equal on ranks that issue the same call."""
-    age_s: Real = 0.0
-
-
-class GroupCursor(msgspec.Struct, kw_only=True):
-    """How far this rank has got on one process group."""
-
-    group: str
-    issued: Count = 0
-    """Seq of the last collective issued on the group (0: none yet)."""
-    completed: Count = 0
-    """Seq of the last one seen complete."""
 
 
 Frames = Annotated[list[str], msgspec.Meta(max_length=MAX_STACK_FRAMES)]

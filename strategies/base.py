@@ -48,7 +48,9 @@ class DistContext:
 class CommRecorder(Protocol):
     """Where strategies report the collectives they issue (implemented by the agent's tracer)."""
 
-    def begin(self, kind: str, nbytes: int, group_size: int) -> int: ...
+    def begin(self, kind: str, nbytes: int, group_size: int, group: str = "world", shapes: str = "") -> int:
+        """A collective of `kind` is issued on the process group named `group` (by its ranks);
+        `shapes`: a digest of its tensors' shapes. Returns the handle its end is reported with."""
 
     def end(self, handle: int) -> None: ...
 

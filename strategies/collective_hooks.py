@@ -45,12 +45,16 @@ import functools
 import threading
 import time
 import weakref
+import zlib
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from ringtop.metrics import rank_sets
+from ringtop.metrics.rank_sets import WORLD
 
 from .base import CommRecorder
 
@@ -71,6 +75,43 @@ def _first_tensor(t: Any) -> torch.Tensor | None:
             if (found := _first_tensor(x)) is not None:
                 return found
     return None
+
+
+MAX_SHAPES_HASHED = 8
+"""A list payload's shapes digest covers its first tensors and its length (an all_gather's list
+of a thousand equal tensors costs no more than eight)."""
+
+
+def shapes_digest(t: Any) -> str:
+    """8 hex digits of the payload's dtypes and shapes: equal on ranks that issue the same call."""
+    if isinstance(t, torch.Tensor):
+        text = f"{t.dtype}{tuple(t.shape)}"
+    elif isinstance(t, (list, tuple)):
+        text = f"{len(t)}:" + ";".join(f"{x.dtype}{tuple(x.shape)}" for x in t[:MAX_SHAPES_HASHED]
+                                       if isinstance(x, torch.Tensor))
+    else:
+        return ""
+    return f"{zlib.crc32(text.encode()):08x}"
+
+
+_group_names: dict[int, tuple[Any, str]] = {}
+
+
+def group_name(group: Any) -> str:
+    """The process group named by its members (`world`, `0-3`, ...: metrics.rank_sets), the same
+    on every member; cached per group object."""
+    cached = _group_names.get(id(group))
+    if cached is not None and cached[0] is group:
+        return cached[1]
+    try:
+        if group is None or group is dist.group.WORLD:
+            name = WORLD
+        else:
+            name = rank_sets.group_name(dist.get_process_group_ranks(group), dist.get_world_size())
+    except Exception:  # noqa: BLE001 - not a member, or no default group: still a name, never a failure
+        name = f"group-{id(group):x}"
+    _group_names[id(group)] = (group, name)
+    return name
 
 
 def _arg(args: tuple, kwargs: dict, index: int, *names: str) -> Any:
@@ -101,6 +142,14 @@ _OPS: dict[str, tuple[str, Callable[[tuple, dict], Any]]] = {
 }
 
 
+_GROUP_POSITION = {
+    "all_reduce": 2, "all_reduce_coalesced": 2, "reduce_scatter_tensor": 3, "reduce_scatter": 3,
+    "_reduce_scatter_base": 3, "all_gather_into_tensor": 2, "_all_gather_base": 2, "all_gather": 2, "broadcast": 2,
+    "reduce": 3, "all_to_all_single": 4, "batch_isend_irecv": 99, "_batch_p2p": 99,
+}
+"""Where each function takes its process group when it is passed by position."""
+
+
 class CudaTiming:
     """The GPU path's clock: CUDA events on CUDA streams (tests substitute a stand-in)."""
 
@@ -129,6 +178,9 @@ _issued: dict[int, tuple[Any, Any, bool]] = {}
 _installed = False
 _install_lock = threading.Lock()
 comm_delay_s = 0.0
+before_issue: Callable[[str], None] | None = None
+"""Fault injection: called with the kind before each traced collective is issued (`--inject-hang
+R:STEP:before-collective` hangs in it)."""
 step_annotation: Callable[[], AbstractContextManager[Any]] | None = None
 
 
@@ -179,13 +231,16 @@ def _wrap(name: str, fn: Callable[..., Any], kind: str, payload: Callable[[tuple
         recorder = _recorder
         if recorder is None or getattr(_state, "inside", False):
             return fn(*args, **kwargs)
-        group = kwargs.get("group")
+        group = _arg(args, kwargs, _GROUP_POSITION.get(name, 99), "group")
         try:
             group_size = dist.get_world_size(group)
         except Exception:  # noqa: BLE001 - not a member, or no default group: size unknown
             group_size = 0
         tensors = payload(args, kwargs)
-        handle = recorder.begin(kind, _nbytes(tensors), group_size)
+        if before_issue is not None:
+            before_issue(kind)
+        handle = recorder.begin(kind, _nbytes(tensors), group_size,
+                                "p2p" if kind == "p2p" else group_name(group), shapes_digest(tensors))
         if getattr(recorder, "end_device", None) is not None:
             tensor = _first_tensor(tensors)
             if tensor is not None and device_timing.is_device_tensor(tensor):

@@ -78,11 +78,15 @@ class DDPStrategy(TorchNativeStrategy):
         group = dist.group.WORLD
         group_size = dist.get_world_size()
         lane = collective_hooks.lane_of(group)
+        name = collective_hooks.group_name(group)
         device = getattr(recorder, "end_device", None) is not None
 
         def traced_allreduce(state, bucket):  # DDP rejects string annotations (this module has postponed ones)
             buffer = bucket.buffer()
-            handle = recorder.begin("all_reduce", buffer.numel() * buffer.element_size(), group_size)
+            if collective_hooks.before_issue is not None:
+                collective_hooks.before_issue("all_reduce")
+            handle = recorder.begin("all_reduce", buffer.numel() * buffer.element_size(), group_size, name,
+                                    collective_hooks.shapes_digest(buffer))
             start = collective_hooks.device_start(buffer) if device else None
             fut = default_hooks.allreduce_hook(group, bucket)
 

@@ -63,6 +63,7 @@ AGENT_FLAGS = {
     "--dtype", "--grad-clip", "--model", "--model-size", "--data", "--steps", "--batch-size", "--seq-len", "--lr",
     "--seed", "--device", "--ddp-bucket-cap-mb", "--dist-timeout-s", "--log-dir", "--publish", "--relay", "--control",
     "--allow-remote", "--insecure", "--no-telemetry", "--run-id", "--step-times", "--print-every", "--link",
+    "--stall-factor", "--stall-floor", "--inject-hang", "--inject-desync",
     "--inject-slow-rank", "--inject-comm-delay", "--inject-save-delay", "--inject-fail-setup", "--checkpoint-dir",
     "--resume", "--checkpoint-every", "--checkpoint-kind", "--keep",
 }
@@ -93,9 +94,26 @@ def test_every_field_but_the_derived_ones_is_an_option_and_its_help_says_its_def
     (["--inject-slow-rank", "1:200"], "inject_slow_rank", (1, 200.0)),
     (["--link", "pcie4"], "link_gbps", 32.0),
     (["--strategy", "pp", "--pp-split", "3,1"], "pp_split", (3, 1)),
+    (["--inject-hang", "3:12"], "inject_hang", (3, 12, "forward")),
+    (["--inject-hang", "1:5:before-collective"], "inject_hang", (1, 5, "before-collective")),
+    (["--inject-desync", "2:7"], "inject_desync", (2, 7)),
+    (["--stall-floor", "1.5"], "stall_floor_s", 1.5),
 ])
 def test_an_option_spelled_unlike_its_field_sets_that_field(argv, field, value):
     assert getattr(parse_agent_args(argv), field) == value
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--inject-hang", "3"], "expected R:STEP"),
+    (["--inject-hang", "3:0"], "expected R:STEP"),
+    (["--inject-hang", "x:4"], "expected R:STEP"),
+    (["--inject-hang", "1:4:sideways"], "the place is one of forward, before-collective"),
+    (["--inject-desync", "1:4:forward"], "expected R:STEP"),
+    (["--stall-factor", "0.5"], "--stall-factor"),
+])
+def test_a_bad_fault_or_stall_option_is_refused_with_what_to_write(argv, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_agent_args(argv)
 
 
 def test_an_abbreviated_address_option_still_pins_that_address():

@@ -30,8 +30,10 @@ from ringtop.protocol import (
     Endpoints,
     Event,
     GpuSample,
+    GroupCursor,
     Heartbeat,
     Hello,
+    InFlight,
     InvalidMessageError,
     MalformedError,
     MemorySample,
@@ -42,6 +44,7 @@ from ringtop.protocol import (
     Sample,
     Sharding,
     StageSpan,
+    Stall,
     Step,
     Timeline,
     UnknownCommandError,
@@ -112,6 +115,7 @@ STEP = Step(
     comm=[CommStat(kind="all_reduce", count=4, bytes=1 << 20, busy_ms=12.5, group_size=8),
           CommStat(kind="broadcast", count=1, bytes=64, busy_ms=0.25, group_size=8)],
     cpu_percent=98.5, drops=2, idle_ms=20.0,
+    collectives=[GroupCursor(group="world", issued=412, completed=411, count=4, digest="9a0c13fe")],
 )
 STEP_WIRE = {
     **ENV, "type": "step",
@@ -126,6 +130,7 @@ STEP_WIRE = {
         {"kind": "broadcast", "count": 1, "bytes": 64, "busy_ms": 0.25, "group_size": 8},
     ],
     "cpu_percent": 98.5, "drops": 2, "idle_ms": 20.0,
+    "collectives": [{"group": "world", "issued": 412, "completed": 411, "count": 4, "digest": "9a0c13fe"}],
 }
 
 SAMPLE = Sample(
@@ -171,6 +176,20 @@ EVENT = Event(rank=3, seq=41, ts=1767225600.125, level="warn", kind="straggler",
 EVENT_WIRE = {**ENV, "type": "event", "level": "warn", "kind": "straggler",
               "text": "rank 5 is slow", "step": 1200, "data": {"rank": 5, "over_median": 0.35}}
 
+STALL = Stall(rank=3, seq=41, ts=1767225600.125, state="snapshot", request="ui-7", step=1205, phase="forward",
+              running_s=41.5, threshold_s=4.5, where="model.py:57 in forward",
+              stack=["train.py:10 in main", "model.py:57 in forward"],
+              in_flight=[InFlight(group="0-3", seq=412, kind="all_reduce", bytes=4 << 20, shapes="1b2c3d4e",
+                                  age_s=41.25)],
+              groups=[GroupCursor(group="0-3", issued=412, completed=411)], gone_peers=[2])
+STALL_WIRE = {**ENV, "type": "stall", "state": "snapshot", "request": "ui-7", "step": 1205, "phase": "forward",
+              "running_s": 41.5, "threshold_s": 4.5, "where": "model.py:57 in forward",
+              "stack": ["train.py:10 in main", "model.py:57 in forward"],
+              "in_flight": [{"group": "0-3", "seq": 412, "kind": "all_reduce", "bytes": 4194304,
+                             "shapes": "1b2c3d4e", "age_s": 41.25}],
+              "groups": [{"group": "0-3", "issued": 412, "completed": 411, "count": 0, "digest": ""}],
+              "gone_peers": [2]}
+
 BYE = Bye(rank=3, seq=41, ts=1767225600.125, reason="crashed", step=1205, ok=False)
 BYE_WIRE = {**ENV, "type": "bye", "reason": "crashed", "step": 1205, "ok": False}
 
@@ -191,6 +210,7 @@ CASES = {
     "timeline": (TIMELINE, TIMELINE_WIRE),
     "heartbeat": (HEARTBEAT, HEARTBEAT_WIRE),
     "event": (EVENT, EVENT_WIRE),
+    "stall": (STALL, STALL_WIRE),
     "bye": (BYE, BYE_WIRE),
     "command": (COMMAND, COMMAND_WIRE),
     "reply": (REPLY, REPLY_WIRE),
@@ -217,7 +237,8 @@ def test_constants():
 
 
 def test_cases_cover_every_type_and_every_field():
-    assert set(CASES) == {"hello", "step", "sample", "timeline", "heartbeat", "event", "bye", "command", "reply"}
+    assert set(CASES) == {"hello", "step", "sample", "timeline", "heartbeat", "event", "stall", "bye", "command",
+                          "reply"}
     for name, (msg, wire) in CASES.items():
         fields = set(msg.__struct_fields__) | {"type"}
         assert set(wire) == fields, f"{name}: fixture and struct disagree on fields"
@@ -226,6 +247,7 @@ def test_cases_cover_every_type_and_every_field():
         "hello": Hello(run_id="x", world_size=1), "step": Step(step=0, loss=0.0, step_ms=0.0),
         "sample": Sample(), "heartbeat": Heartbeat(),
         "timeline": Timeline(step=0, stage=0, stages=0, micro_batches=0), "event": Event(), "bye": Bye(),
+        "stall": Stall(),
         "command": Command(id="", cmd=""), "reply": Reply(id="", status="ack"),
     }
     for name, (msg, _) in CASES.items():
@@ -613,8 +635,8 @@ def cmd(name, **args):
 
 
 def test_command_table():
-    assert set(COMMANDS) == {"status", "checkpoint", "stop", "switch", "set", "profile"}
-    assert IMMEDIATE_COMMANDS == {"status"}
+    assert set(COMMANDS) == {"status", "checkpoint", "stop", "switch", "set", "profile", "stacks", "dump"}
+    assert IMMEDIATE_COMMANDS == {"status", "stacks", "dump"}
 
 
 def test_validate_good_commands():
@@ -643,7 +665,7 @@ def test_validate_command_after_the_wire():
 def test_unknown_command(name):
     err = raises(UnknownCommandError, cmd(name), via=validate_command, match="unknown command")
     assert repr(name) in err.message
-    assert "checkpoint, profile, set, status, stop, switch" in err.message
+    assert "checkpoint, dump, profile, set, stacks, status, stop, switch" in err.message
     assert err.code == "unknown_command"
 
 

@@ -32,16 +32,35 @@ How the device intervals become the summary (all in device time, on one timeline
 
 from __future__ import annotations
 
+import collections
 import itertools
 import threading
 import time
-from dataclasses import dataclass
+import zlib
+from dataclasses import dataclass, field
 from typing import Any
 
-from ringtop.protocol import CommStat
+from ringtop.protocol import CommStat, GroupCursor, InFlight
 
 MAX_PENDING_DEVICE = 4096
 """Device records whose events have not completed are kept at most this many (oldest dropped)."""
+LEDGER_CAPACITY = 4096
+"""The ledger keeps this many of the latest collectives (a ring, like PyTorch's Flight Recorder)."""
+
+
+class LedgerEntry:
+    """One collective: what, on which group, its place there, when issued and completed (perf ns,
+    0 until completed). Written by `begin` and `end`, read by the stall watch and `ctl dump`."""
+
+    __slots__ = ("group", "seq", "kind", "nbytes", "shapes", "group_size", "issued_ns", "done_ns")
+
+    def __init__(self, group: str, seq: int, kind: str, nbytes: int, shapes: str, group_size: int,
+                 issued_ns: int) -> None:
+        self.group, self.seq, self.kind, self.nbytes, self.shapes = group, seq, kind, nbytes, shapes
+        self.group_size, self.issued_ns, self.done_ns = group_size, issued_ns, 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
 
 
 @dataclass(frozen=True)
@@ -61,6 +80,8 @@ class CommSummary:
     transfers: on a pipeline mostly the other stage's compute, i.e. bubble."""
     pending: int = 0
     """Device records carried to the next drain because their events had not completed."""
+    collectives: list[GroupCursor] = field(default_factory=list)
+    """Per process group used since the previous drain: progress and the digest of its calls."""
 
 
 @dataclass
@@ -75,11 +96,17 @@ class _DeviceRecord:
 
 
 class CommTracer:
-    def __init__(self) -> None:
+    def __init__(self, ledger_capacity: int = LEDGER_CAPACITY) -> None:
         self._ids = itertools.count()
         self._lock = threading.Lock()
-        self._open: dict[int, tuple[str, int, int, int]] = {}
+        self._open: dict[int, LedgerEntry] = {}
         self._done: list[tuple[str, int, int, int, int]] = []
+        self.ledger: collections.deque[LedgerEntry] = collections.deque(maxlen=ledger_capacity)
+        self._issued: dict[str, int] = {}
+        """Per group, the seq of the last collective issued (they count from 1)."""
+        self._completed: dict[str, int] = {}
+        self._step_calls: dict[str, tuple[int, int]] = {}
+        """Per group, since the last drain: (count, running digest)."""
         self._blocked: list[tuple[int, int]] = []
         self._p2p_blocked: list[tuple[int, int]] = []
         self._device: list[_DeviceRecord] = []
@@ -92,19 +119,47 @@ class CommTracer:
         with self._lock:
             return len(self._open)
 
-    def begin(self, kind: str, nbytes: int, group_size: int) -> int:
+    def begin(self, kind: str, nbytes: int, group_size: int, group: str = "world", shapes: str = "") -> int:
         handle = next(self._ids)
+        now = time.perf_counter_ns()
         with self._lock:
-            self._open[handle] = (kind, nbytes, group_size, time.perf_counter_ns())
+            seq = self._issued[group] = self._issued.get(group, 0) + 1
+            entry = LedgerEntry(group, seq, kind, nbytes, shapes, group_size, now)
+            self._open[handle] = entry
+            self.ledger.append(entry)
+            count, digest = self._step_calls.get(group, (0, 0))
+            self._step_calls[group] = (count + 1, zlib.crc32(f"{kind}:{nbytes}:{shapes}".encode(), digest))
         return handle
 
     def end(self, handle: int) -> None:
         now = time.perf_counter_ns()
         with self._lock:
-            opened = self._open.pop(handle, None)
-            if opened is not None:
-                kind, nbytes, group_size, t0 = opened
-                self._done.append((kind, nbytes, group_size, t0, now))
+            entry = self._open.pop(handle, None)
+            if entry is not None:
+                self._close(entry, now)
+                self._done.append((entry.kind, entry.nbytes, entry.group_size, entry.issued_ns, now))
+
+    def _close(self, entry: LedgerEntry, now_ns: int) -> None:
+        entry.done_ns = now_ns
+        if entry.seq > self._completed.get(entry.group, 0):
+            self._completed[entry.group] = entry.seq
+
+    def in_flight_ops(self, now_ns: int | None = None, limit: int = 64) -> list[InFlight]:
+        """The collectives issued and not seen complete, oldest first (for the stall watch: any thread)."""
+        now_ns = time.perf_counter_ns() if now_ns is None else now_ns
+        with self._lock:
+            entries = sorted(self._open.values(), key=lambda e: e.issued_ns)[:limit]
+        return [InFlight(group=e.group, seq=e.seq, kind=e.kind, bytes=e.nbytes, shapes=e.shapes,
+                         age_s=max(0.0, (now_ns - e.issued_ns) / 1e9)) for e in entries]
+
+    def cursors(self) -> list[GroupCursor]:
+        with self._lock:
+            return [GroupCursor(group=g, issued=n, completed=self._completed.get(g, 0))
+                    for g, n in sorted(self._issued.items())]
+
+    def ledger_entries(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [e.as_dict() for e in self.ledger]
 
     def blocked(self, start_ns: int, end_ns: int) -> None:
         with self._lock:
@@ -119,10 +174,11 @@ class CommTracer:
         """The collective `handle` runs on the device between two CUDA events (timing enabled);
         `lane`: what it queues behind in issue order (its process group's stream), or None."""
         with self._lock:
-            opened = self._open.pop(handle, None)
-            if opened is not None:
-                kind, nbytes, group_size, _ = opened
-                self._device.append(_DeviceRecord(handle, kind, nbytes, group_size, start_event, end_event, lane))
+            entry = self._open.pop(handle, None)
+            if entry is not None:
+                self._close(entry, time.perf_counter_ns())  # enqueued: the device's own end is in the events
+                self._device.append(_DeviceRecord(handle, entry.kind, entry.nbytes, entry.group_size, start_event,
+                                                  end_event, lane))
                 self._trim()
 
     def blocked_device(self, start_event: Any, end_event: Any, p2p: bool = False) -> None:
@@ -145,6 +201,10 @@ class CommTracer:
             p2p_blocked, self._p2p_blocked = self._p2p_blocked, []
             device, self._device = self._device, []
             stalls, self._stalls = self._stalls, []
+            step_calls, self._step_calls = self._step_calls, {}
+            collectives = [GroupCursor(group=g, issued=self._issued[g], completed=self._completed.get(g, 0),
+                                       count=n, digest=f"{digest:08x}")
+                           for g, (n, digest) in sorted(step_calls.items())]
         totals: dict[str, CommStat] = {}
         for kind, nbytes, group_size, t0, t1 in done:
             _add(totals, kind, nbytes, group_size, (t1 - t0) / 1e6)
@@ -166,7 +226,7 @@ class CommTracer:
             blocked_ms += d_blocked
             p2p_wait_ms += d_p2p
         return CommSummary(kinds=list(totals.values()), blocked_ms=blocked_ms, busy_ms=busy_ms,
-                           p2p_wait_ms=p2p_wait_ms, pending=pending)
+                           p2p_wait_ms=p2p_wait_ms, pending=pending, collectives=collectives)
 
     def _resolve_device(self, device: list[_DeviceRecord], stalls: list[tuple[Any, Any, bool]],
                         totals: dict[str, CommStat]) -> tuple[float, float, float, int]:

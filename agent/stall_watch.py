@@ -1,0 +1,234 @@
+"""Notices a rank whose work runs far past its usual time, and says where it is, from its own thread.
+
+The training thread only writes a few attributes as it goes (which loop iteration, which phase):
+no lock, no call into anything that could block. The watch thread wakes every `interval_s`,
+compares the running iteration with the median of the recent ones, and, past
+`factor x median + floor_s`, publishes a `Stall` report every `repeat_s` while it lasts: the phase,
+the collectives in flight from the tracer's ledger, each group's progress, the training thread's
+Python stack (`sys._current_frames()`: no signal, no device), and the peers on this host that are
+gone. When the iteration ends, it says `recovered`.
+
+It is also the way out of a rank stuck inside a collective, where Python's signal handlers never
+run (they run on the main thread, between bytecodes). A stop signal still writes its number to the
+wakeup fd this thread reads; so does a `stop` sent down from rank 0 (`ringtop ctl stop`). If the
+training thread has not ended the run `grace_s` later, this thread says goodbye for it (the Bye
+names where it was stuck) and ends the process.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import statistics
+import sys
+import sysconfig
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ringtop.protocol import Stall
+
+from .instruments.comm_tracer import CommTracer
+from .peers import Peers
+
+
+@dataclass(frozen=True)
+class WatchSettings:
+    """When a rank counts as stalled, and how the watch behaves."""
+
+    factor: float = 2.0
+    floor_s: float = 4.0
+    warmup_s: float = 60.0
+    """Until `history_needed` iterations are known (start-up, compilation, the first allocations)."""
+    command_s: float = 120.0
+    """Added for an iteration that applies a command or writes a checkpoint: legitimately long."""
+    history_needed: int = 3
+    interval_s: float = 0.25
+    repeat_s: float = 2.0
+    grace_s: float = 3.0
+    """A stop (signal or `ctl stop`) the training thread has not acted on after this is done for it."""
+
+    def __post_init__(self) -> None:
+        if self.factor < 1 or self.floor_s < 0 or self.interval_s <= 0:
+            raise ValueError(f"bad stall watch settings: {self}")
+
+
+HISTORY = 50
+STDLIB = sysconfig.get_paths()["stdlib"]
+_NOT_WHERE = (os.sep + "torch" + os.sep, os.sep + "deepspeed" + os.sep, "collective_hooks.py",
+              os.sep + "instruments" + os.sep, "faults.py", "stall_watch.py")
+"""Frames that are not where a user would look: torch's and DeepSpeed's insides, ringtop's tracing."""
+
+
+def format_stack(frame: Any, limit: int = 64) -> list[str]:
+    """The stack, outermost first, at most `limit` innermost frames, `path:line in function`."""
+    frames = traceback.extract_stack(frame)[-limit:]
+    return [f"{f.filename}:{f.lineno} in {f.name}"[:300] for f in frames]
+
+
+def where_in(frame: Any) -> str:
+    """The innermost frame a user would look at: `model.py:57 in forward`."""
+    frames = traceback.extract_stack(frame)
+    for f in reversed(frames):
+        if f.filename.startswith(STDLIB) and "site-packages" not in f.filename:
+            continue
+        if any(part in f.filename for part in _NOT_WHERE):
+            continue
+        return f"{os.path.basename(f.filename)}:{f.lineno} in {f.name}"
+    return f"{os.path.basename(frames[-1].filename)}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""
+
+
+class StallWatch(threading.Thread):
+    def __init__(self, tracer: CommTracer | None, emit: Callable[[Stall], None], peers: Peers | None = None,
+                 settings: WatchSettings | None = None, training_thread: int | None = None,
+                 escape: Callable[[str], None] | None = None) -> None:
+        """`escape(reason)`: ends the process when the training thread cannot (see the module
+        docstring); None: never."""
+        super().__init__(name="ringtop-stall-watch", daemon=True)
+        self.settings = settings or WatchSettings()
+        self._tracer = tracer
+        self._emit = emit
+        self._peers = peers
+        self._escape = escape
+        self._thread_id = training_thread if training_thread is not None else threading.get_ident()
+        self._stop_event = threading.Event()
+        # written by the training thread, read here
+        self._iteration = 0
+        self._began = 0.0
+        self._step = 0
+        self._phase = "start-up"
+        self._generous = False
+        self._active = False
+        self._history: deque[float] = deque(maxlen=HISTORY)
+        # the watch's own state
+        self._reported_iteration = -1
+        self._last_report = 0.0
+        self._stop_requested: tuple[str, float] | None = None
+        self._wake_r, self._wake_w = socket.socketpair()
+        for s in (self._wake_r, self._wake_w):
+            s.setblocking(False)
+        self._previous_wakeup: int | None = None
+        self.reports = 0
+
+    # ------------------------------------------------------------------ training thread
+
+    def iteration(self, step: int, phase: str) -> None:
+        """A loop iteration begins, to run step `step`, with `phase`."""
+        now = time.monotonic()
+        if self._active and not self._generous and self._iteration:
+            self._history.append(now - self._began)
+        self._iteration += 1
+        self._step, self._phase, self._generous = step, phase, False
+        self._began = now
+        self._active = True
+
+    def phase(self, name: str) -> None:
+        self._phase = name
+
+    def generous(self, phase: str) -> None:
+        """This iteration applies a command or writes a checkpoint: allow it `command_s` more."""
+        self._phase, self._generous = phase, True
+
+    def idle(self) -> None:
+        """Outside the loop (set-up, shutdown): nothing to watch."""
+        self._active = False
+
+    # ------------------------------------------------------------------ any thread
+
+    def catch_stop_signals(self) -> None:
+        """From the main thread: stop signals also wake this thread (their Python handlers may never
+        run while the main thread waits inside a collective)."""
+        if threading.current_thread() is threading.main_thread():
+            self._previous_wakeup = signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
+
+    def request_stop(self, reason: str, only_if_stalled: bool = False) -> None:
+        """A stop the training thread should act on soon: a signal (its handler may never run), or a
+        `stop` command (`only_if_stalled`: a healthy loop applies it at its next step boundary)."""
+        if self._stop_requested is None:
+            self._stop_requested = (reason, time.monotonic(), only_if_stalled)
+
+    def threshold_s(self) -> float:
+        s = self.settings
+        history = list(self._history)
+        if len(history) < s.history_needed:
+            return max(s.warmup_s, s.floor_s)
+        threshold = s.factor * statistics.median(history) + s.floor_s
+        return threshold + s.command_s if self._generous else threshold
+
+    def report(self, state: str = "snapshot", request: str = "") -> Stall:
+        """Where the training thread is now; safe from any thread, never waits for it."""
+        now = time.monotonic()
+        frame = sys._current_frames().get(self._thread_id)
+        tracer = self._tracer
+        return Stall(
+            state=state, request=request, step=self._step, phase=self._phase if self._active else "outside the loop",
+            running_s=max(0.0, now - self._began) if self._active else 0.0, threshold_s=self.threshold_s(),
+            where=where_in(frame) if frame is not None else "", stack=format_stack(frame) if frame is not None else [],
+            in_flight=tracer.in_flight_ops() if tracer is not None else [],
+            groups=tracer.cursors() if tracer is not None else [],
+            gone_peers=self._peers.gone() if self._peers is not None else [],
+        )
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        self._stop_event.set()
+        try:
+            self._wake_w.send(b"\0")
+        except OSError:
+            pass
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout_s)
+        if self._previous_wakeup is not None and threading.current_thread() is threading.main_thread():
+            signal.set_wakeup_fd(self._previous_wakeup)
+            self._previous_wakeup = None
+
+    # ------------------------------------------------------------------ the thread
+
+    def run(self) -> None:
+        try:
+            while not self._stop_event.is_set():
+                readable, _, _ = select.select([self._wake_r], [], [], self.settings.interval_s)
+                if readable:
+                    self._read_wakeups()
+                if self._stop_event.is_set():
+                    return
+                try:
+                    self._tick(time.monotonic())
+                except Exception as exc:  # never let the watch die: say it once, keep watching
+                    print(f"ringtop stall watch: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        finally:
+            for s in (self._wake_r, self._wake_w):
+                s.close()
+
+    def _read_wakeups(self) -> None:
+        try:
+            data = self._wake_r.recv(64)
+        except (BlockingIOError, OSError):
+            return
+        for signum in data:
+            if signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                self.request_stop(f"interrupted: {signal.Signals(signum).name}")
+
+    def _tick(self, now: float) -> None:
+        stalled = self._active and now - self._began > self.threshold_s()
+        if self._stop_requested is not None and self._escape is not None:
+            reason, since, only_if_stalled = self._stop_requested
+            if now - since >= self.settings.grace_s and (stalled or not only_if_stalled):
+                self._stop_requested = None
+                self._escape(reason)
+                return
+        if not self._active:
+            return
+        due = self._reported_iteration != self._iteration or now - self._last_report >= self.settings.repeat_s
+        if stalled and due:
+            self._reported_iteration, self._last_report = self._iteration, now
+            self.reports += 1
+            self._emit(self.report("stalled"))
+        elif not stalled and self._reported_iteration >= 0 and self._reported_iteration != self._iteration:
+            self._reported_iteration = -1
+            self._emit(Stall(state="recovered", step=self._step, phase=self._phase))
