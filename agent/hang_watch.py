@@ -33,6 +33,8 @@ class HangWatch:
         self._reports: dict[int, Stall] = {}
         self._seen: dict[int, float] = {}
         self._failed: set[int] = set()
+        self.said_bye: set[int] = set()
+        """Ranks whose Bye has come through."""
         self._episode_since: float | None = None
         self._last_key: tuple | None = None
         self._last_emit = 0.0
@@ -58,6 +60,7 @@ class HangWatch:
             if msg.collectives:
                 self._check_step(rank, msg)
         elif isinstance(msg, Bye):
+            self.said_bye.add(rank)
             self._reports.pop(rank, None)
             if not msg.ok:
                 self._failed.add(rank)

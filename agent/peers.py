@@ -43,9 +43,10 @@ class Peers:
         return [r for r, (pid, host) in enumerate(zip(self.pids, self.hosts))
                 if r != self.rank and host == here and not _running(pid)]
 
-    def explain(self, error: str, wait_s: float = 1.0) -> str:
-        """`error`, preceded by the peers that are gone, if any. A peer's sockets close a moment
-        before its process has ended: look again for up to `wait_s`."""
+    def explain(self, error: str, wait_s: float = 1.0, last_collective: str = "") -> str:
+        """`error`, preceded by the peers that are gone, if any, and `last_collective` (the last
+        one this rank issued, from its ledger). A peer's sockets close a moment before its process has
+        ended: look again for up to `wait_s`."""
         deadline = time.monotonic() + wait_s
         while not (gone := self.gone()) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -53,7 +54,8 @@ class Peers:
             return error
         names = ", ".join(f"rank {r} (pid {self.pids[r]})" for r in gone)
         verb = "has" if len(gone) == 1 else "have"
-        return f"{names} {verb} died; {error}"
+        during = f"; rank {self.rank}'s last collective: {last_collective}" if last_collective else ""
+        return f"{names} {verb} died{during}; {error}"
 
 
 def _running(pid: int) -> bool:

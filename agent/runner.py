@@ -20,6 +20,7 @@ import msgspec
 import torch
 import torch.distributed as dist
 
+from ringtop.metrics.fmt import nbytes
 from ringtop.protocol import (
     Bye,
     Command,
@@ -62,7 +63,7 @@ from .profiling import ProfileSession, gather_results
 from .relay import Relay
 from .run_paths import inside_run_directory
 from .stacks import StackRequests
-from .stall_watch import StallWatch, WatchSettings
+from .stall_watch import StallWatch, StoppedWhileStuck, WatchSettings
 from .switching import SwitchAborted, SwitchError, switch_strategy
 from .telemetry import Telemetry
 
@@ -350,17 +351,17 @@ class Runner:
         and end the process; rank 0 first tells the other ranks to do the same."""
         if not self._ending.acquire(blocking=False):
             return  # the training thread is already shutting down
-        where = self.watch.report("stalled")
-        stuck = next((f"{op.kind} #{op.seq} on group {op.group}" for op in where.in_flight), "")
-        place = f"in {where.phase}" + (f" at {where.where}" if where.where else "")
-        place += f", inside {stuck}" if stuck else ""
-        bye = Bye(reason=f"{reason} while stuck at step {where.step} {place}", ok=False, step=self.step)
+        place = self.watch.stuck_at()
+        bye = Bye(reason=f"{reason} {place}", ok=False, step=self.step)
         print(f"ringtop agent [rank {self.ctx.rank}]: {bye.reason}; leaving without the training thread",
               file=sys.stderr, flush=True)
         if self.ctx.rank == 0 and self.relay is not None:
+            # the others first: a rank leaving ends its peers' collectives in errors and its launcher
+            # stops them, before they could say where they were stuck
             self.relay.send_down(encode_downlink(Downlink(action="stop", reason=reason[:200])))
-            deadline = time.monotonic() + 1.0
-            while self.relay.has_downlink() and time.monotonic() < deadline:
+            others = set(range(1, self.ctx.world_size))
+            deadline = time.monotonic() + self.watch.settings.grace_s + 2.0
+            while not others <= self.hang_watch.said_bye and time.monotonic() < deadline:
                 time.sleep(0.02)
         if self.control is not None:
             for pending in self.control.take_pending():
@@ -451,6 +452,7 @@ class Runner:
     def run(self) -> int:
         previous = signal.signal(signal.SIGTERM, _raise_interrupted) if _is_main_thread() else None
         bye = Bye(reason="", ok=True)
+        code = 0
         try:
             model = self._build_model()
             self.param_count, self.param_tensors = count_params(model), len(unique_parameters(model))
@@ -483,23 +485,36 @@ class Runner:
         except KeyboardInterrupt:
             bye.reason, bye.ok = "interrupted: SIGINT", False
             raise
+        except StoppedWhileStuck:
+            bye.reason, bye.ok = self.watch.stuck_reason, False
+            code = EXIT_STOPPED_WHILE_STUCK
         except Interrupted as exc:
             bye.reason, bye.ok = f"interrupted: {exc}", False
             if self.peers.gone():  # the launcher stops the survivors of a dead rank: name it
-                bye.reason = f"error: {self.peers.explain(bye.reason, wait_s=0)}"
+                last = self._last_collective()
+                bye.reason = f"error: {self.peers.explain(bye.reason, wait_s=0, last_collective=last)}"
             raise
         except BaseException as exc:
             error = f"{type(exc).__name__}: {exc}"
             # first without the dead peer's name: a stop signal may end the look for it
             bye.reason, bye.ok = f"error: {error}", False
-            bye.reason = f"error: {self.peers.explain(error)}"
+            bye.reason = f"error: {self.peers.explain(error, last_collective=self._last_collective())}"
             raise
         finally:
             bye.step = self.step
             self._shutdown(bye)
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
-        return 0
+        return code
+
+    def _last_collective(self) -> str:
+        """The collective this rank issued last (from the ledger), as the failure's context."""
+        entry = self.tracer.ledger[-1] if self.tracer is not None and self.tracer.ledger else None
+        if entry is None:
+            return ""
+        age_s = (time.perf_counter_ns() - entry.issued_ns) / 1e9
+        return (f"{entry.kind} #{entry.seq} on group {entry.group} ({nbytes(entry.nbytes)}), "
+                f"issued {age_s:.1f} s before")
 
     def _read_resume(self, fresh_model: torch.nn.Module):
         """(model state, optimizer state, path): the full state, from either kind of checkpoint,

@@ -17,6 +17,7 @@ names where it was stuck) and ends the process.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import select
 import signal
@@ -32,7 +33,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from ringtop.protocol import Stall
+from ringtop.strategies import collective_hooks
 
 from .instruments.comm_tracer import CommTracer
 from .peers import Peers
@@ -61,9 +65,13 @@ class WatchSettings:
 
 HISTORY = 50
 STDLIB = sysconfig.get_paths()["stdlib"]
-_NOT_WHERE = (os.sep + "torch" + os.sep, os.sep + "deepspeed" + os.sep, "collective_hooks.py",
-              os.sep + "instruments" + os.sep, "faults.py", "stall_watch.py")
-"""Frames that are not where a user would look: torch's and DeepSpeed's insides, ringtop's tracing."""
+_AGENT_DIR = os.path.dirname(os.path.abspath(__file__))
+_NOT_WHERE_DIRS = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, os.sep + "deepspeed" + os.sep,
+                   os.path.join(_AGENT_DIR, "instruments") + os.sep)
+_NOT_WHERE_FILES = frozenset({os.path.abspath(collective_hooks.__file__), os.path.join(_AGENT_DIR, "faults.py"),
+                              os.path.abspath(__file__)})
+"""Frames that are not where a user would look: torch's and DeepSpeed's insides, ringtop's tracing
+and injected faults."""
 
 
 def format_stack(frame: Any, limit: int = 64) -> list[str]:
@@ -78,10 +86,21 @@ def where_in(frame: Any) -> str:
     for f in reversed(frames):
         if f.filename.startswith(STDLIB) and "site-packages" not in f.filename:
             continue
-        if any(part in f.filename for part in _NOT_WHERE):
+        if f.filename in _NOT_WHERE_FILES or any(part in f.filename for part in _NOT_WHERE_DIRS):
             continue
         return f"{os.path.basename(f.filename)}:{f.lineno} in {f.name}"
     return f"{os.path.basename(frames[-1].filename)}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""
+
+
+class StoppedWhileStuck(Exception):
+    """Raised in a stalled training thread that runs Python (a hung data loader, a sleep) when a
+    `stop` arrives: it then ends the run the ordinary way. `StallWatch.stuck_reason` says why."""
+
+
+def _raise_in(thread_id: int, exc_type: type[BaseException]) -> bool:
+    """Ask CPython to raise `exc_type` in another thread at its next bytecode (never inside C code:
+    a thread waiting in a collective gets it only when the wait returns)."""
+    return ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(exc_type)) == 1
 
 
 class StallWatch(threading.Thread):
@@ -114,6 +133,9 @@ class StallWatch(threading.Thread):
         for s in (self._wake_r, self._wake_w):
             s.setblocking(False)
         self._previous_wakeup: int | None = None
+        self._interrupted = False
+        self.stuck_reason = ""
+        """Why a StoppedWhileStuck was raised in the training thread, and where it was stuck."""
         self.reports = 0
 
     # ------------------------------------------------------------------ training thread
@@ -175,6 +197,13 @@ class StallWatch(threading.Thread):
             gone_peers=self._peers.gone() if self._peers is not None else [],
         )
 
+    def stuck_at(self) -> str:
+        """`while stuck at step 5 in backward at model.py:57 in forward, inside all_reduce #8 on group world`."""
+        where = self.report("stalled")
+        text = f"while stuck at step {where.step} in {where.phase}" + (f" at {where.where}" if where.where else "")
+        inside = next((f"{op.kind} #{op.seq} on group {op.group}" for op in where.in_flight), "")
+        return text + (f", inside {inside}" if inside else "")
+
     def stop(self, timeout_s: float = 2.0) -> None:
         self._stop_event.set()
         try:
@@ -218,6 +247,9 @@ class StallWatch(threading.Thread):
         stalled = self._active and now - self._began > self.threshold_s()
         if self._stop_requested is not None and self._escape is not None:
             reason, since, only_if_stalled = self._stop_requested
+            if only_if_stalled and stalled and not self._interrupted:
+                self.stuck_reason = f"{reason} {self.stuck_at()}"
+                self._interrupted = _raise_in(self._thread_id, StoppedWhileStuck)
             if now - since >= self.settings.grace_s and (stalled or not only_if_stalled):
                 self._stop_requested = None
                 self._escape(reason)

@@ -96,12 +96,11 @@ def _desync(oldest: dict[int, dict[str, Any]], reports: Mapping[int, Any]) -> Ha
         if len(signatures) < 2:
             continue
         variants = sorted(signatures.items(), key=lambda kv: (-len(kv[1]), kv[1]))
-        majority = variants[0][1]
-        culprits = tuple(sorted(r for _, ranks in variants[1:] for r in ranks))
+        majority, culprits = _majority([ranks for _, ranks in variants])
         parts = [f"{ranks_text(ranks)} in {kind} ({nbytes(size)}{', shapes ' + shapes if shapes else ''})"
                  for (kind, size, shapes), ranks in variants]
         text = f"desync at collective #{seq} on group {group}: " + "; ".join(parts)
-        step = max(reports[r].step for r in majority)
+        step = max(reports[r].step for r in (majority or culprits))
         return HangVerdict("desync", text, culprits=culprits, waiting=tuple(sorted(majority)), group=group, seq=seq,
                            collective=variants[0][0][0], step=step,
                            where={r: _whereabouts(reports[r]) for r in culprits})
@@ -197,6 +196,14 @@ def _lone_stall(reports: Mapping[int, Any]) -> HangVerdict:
                        where={r: _whereabouts(reports[r]) for r in ranks})
 
 
+def _majority(variants: list[list[int]]) -> tuple[list[int], tuple[int, ...]]:
+    """(the ranks of the largest variant, the others) — or ([], everyone) when no variant is larger
+    than the next: two ranks that disagree do not say which is wrong."""
+    if len(variants) > 1 and len(variants[0]) == len(variants[1]):
+        return [], tuple(sorted(r for ranks in variants for r in ranks))
+    return variants[0], tuple(sorted(r for ranks in variants[1:] for r in ranks))
+
+
 @dataclass(frozen=True)
 class StepDesync:
     step: int
@@ -221,7 +228,12 @@ def step_desync(cursors_by_rank: Mapping[int, Collection[Any]], step: int) -> St
             continue
         ordered = sorted(variants.items(), key=lambda kv: (-len(kv[1]), kv[1]))
         (issued, count, _), agreeing = ordered[0]
-        culprits = tuple(sorted(r for _, ranks in ordered[1:] for r in ranks))
+        agreeing, culprits = _majority([ranks for _, ranks in ordered])
+        if not agreeing:
+            text = (f"desync in step {step} on group {group}: "
+                    + " and ".join(ranks_text(ranks) for _, ranks in ordered)
+                    + " issued different collectives (no majority says which is right)")
+            return StepDesync(step, group, culprits, (), text)
         details = []
         for (c_issued, c_count, _), ranks in ordered[1:]:
             if c_count != count:

@@ -1,0 +1,209 @@
+"""The stall watch (agent/stall_watch.py) and rank 0's hang watch (agent/hang_watch.py), in-process:
+a real watch thread watching a real "training" thread, a real tracer; bounded polls."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from conftest import poll_until
+
+from ringtop.agent.hang_watch import SETTLE_S, HangWatch
+from ringtop.agent.instruments.comm_tracer import CommTracer
+from ringtop.agent.stall_watch import StallWatch, WatchSettings, where_in
+from ringtop.protocol import Stall, Step
+
+FAST = WatchSettings(factor=2.0, floor_s=0.3, warmup_s=0.3, command_s=5.0, history_needed=3, interval_s=0.02,
+                     repeat_s=0.2, grace_s=0.2)
+
+
+def stuck_in_the_model(release: threading.Event) -> None:
+    """Stands for a model's forward that never returns."""
+    release.wait(30)
+
+
+class Trainer:
+    """A thread that runs 'steps' under the watch, then gets stuck in `stuck_in_the_model`."""
+
+    def __init__(self, steps_before: int, step_s: float, settings: WatchSettings = FAST, escape=None):
+        self.release = threading.Event()
+        self.reports: list[Stall] = []
+        self.tracer = CommTracer()
+        self._steps_before, self._step_s = steps_before, step_s
+        self._ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        self._ready.wait(5)
+        self.watch = StallWatch(self.tracer, self.reports.append, settings=settings,
+                                training_thread=self.thread.ident, escape=escape)
+        self._go.set()
+        self.watch.start()
+
+    _go = None
+
+    def _run(self) -> None:
+        self._go = threading.Event()
+        self._ready.set()
+        self._go.wait(5)
+        for step in range(1, self._steps_before + 1):
+            self.watch.iteration(step, "step-sync")
+            self.watch.phase("forward")
+            time.sleep(self._step_s)
+        self.watch.iteration(self._steps_before + 1, "step-sync")
+        self.watch.phase("forward")
+        handle = self.tracer.begin("all_reduce", 4096, 2, "world", "abcd1234")
+        stuck_in_the_model(self.release)
+        self.tracer.end(handle)
+        self.watch.iteration(self._steps_before + 2, "step-sync")
+        time.sleep(0.5)
+
+    def close(self) -> None:
+        self.release.set()
+        self.watch.stop()
+        self.thread.join(5)
+
+
+@pytest.mark.timeout(30)
+def test_a_stuck_step_is_reported_with_its_phase_stack_and_collective_then_its_recovery():
+    trainer = Trainer(steps_before=5, step_s=0.01)
+    try:
+        poll_until(lambda: trainer.reports, 10, "a stall report")
+        report = trainer.reports[0]
+        assert report.state == "stalled" and report.step == 6 and report.phase == "forward"
+        assert report.running_s > report.threshold_s >= FAST.floor_s
+        assert report.where == f"test_stall_watch.py:{stuck_in_the_model.__code__.co_firstlineno + 2} in " \
+                               "stuck_in_the_model"
+        assert any("in _run" in frame for frame in report.stack)
+        assert [(op.group, op.seq, op.kind, op.bytes, op.shapes) for op in report.in_flight] == \
+            [("world", 1, "all_reduce", 4096, "abcd1234")]
+        assert [(c.group, c.issued, c.completed) for c in report.groups] == [("world", 1, 0)]
+        poll_until(lambda: len(trainer.reports) >= 2, 10, "the report repeated")
+        trainer.release.set()
+        poll_until(lambda: trainer.reports[-1].state == "recovered", 10, "recovered")
+    finally:
+        trainer.close()
+
+
+@pytest.mark.timeout(30)
+def test_steps_at_their_usual_pace_raise_nothing():
+    reports: list[Stall] = []
+    watch = StallWatch(None, reports.append, settings=FAST)
+    watch.start()
+    try:
+        for step in range(1, 60):
+            watch.iteration(step, "step-sync")
+            time.sleep(0.005)
+        watch.idle()
+        time.sleep(FAST.floor_s + 0.2)  # idle longer than any threshold: outside the loop is never a stall
+    finally:
+        watch.stop()
+    assert reports == []
+
+
+@pytest.mark.timeout(30)
+def test_a_stop_is_carried_out_for_a_stuck_thread_only():
+    escaped: list[tuple[str, float, float]] = []
+    holder: dict[str, Trainer] = {}
+
+    def escape(reason: str) -> None:
+        watch = holder["trainer"].watch
+        escaped.append((reason, watch.report().running_s, watch.threshold_s()))
+
+    trainer = holder["trainer"] = Trainer(steps_before=5, step_s=0.01, escape=escape)
+    try:
+        trainer.watch.request_stop("stopped by user", only_if_stalled=True)
+        poll_until(lambda: escaped, 10, "the escape")
+        (reason, running_s, threshold_s), = escaped
+        assert reason == "stopped by user"
+        assert running_s > threshold_s, "only once the step is stalled"
+    finally:
+        trainer.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_stop_command_waits_for_a_healthy_loop_to_apply_it():
+    escaped: list[str] = []
+    watch = StallWatch(None, lambda s: None, settings=FAST, escape=escaped.append)
+    watch.start()
+    try:
+        watch.request_stop("stopped by user", only_if_stalled=True)
+        deadline = time.monotonic() + FAST.grace_s * 5
+        step = 0
+        while time.monotonic() < deadline:
+            step += 1
+            watch.iteration(step, "step-sync")
+            time.sleep(0.01)
+    finally:
+        watch.stop()
+    assert escaped == []
+
+
+def test_where_skips_torch_and_ringtops_tracing():
+    import sys
+
+    frame = sys._current_frames()[threading.get_ident()]
+    assert where_in(frame).startswith("test_stall_watch.py:")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def stalled(rank: int, **fields) -> Stall:
+    return Stall(rank=rank, state="stalled", **fields)
+
+
+def test_rank_zero_names_the_culprit_once_the_others_reported_and_says_when_it_is_over():
+    from ringtop.protocol import GroupCursor, InFlight
+
+    clock, events = Clock(), []
+    watch = HangWatch(2, lambda *e: events.append(e), clock=clock)
+    waiting = stalled(0, step=8, phase="backward", in_flight=[InFlight(group="world", seq=14, kind="all_reduce",
+                                                                       bytes=1 << 20, age_s=5.0)],
+                      groups=[GroupCursor(group="world", issued=14, completed=13)])
+    watch.observe(waiting)
+    assert events == [], "it waits for the other ranks' reports"
+    hung = stalled(1, step=8, phase="forward", where="model.py:83 in forward",
+                   groups=[GroupCursor(group="world", issued=13, completed=13)])
+    watch.observe(hung)
+    assert len(events) == 1
+    level, kind, text, data = events[0]
+    assert (level, kind, data["culprits"], data["seq"]) == ("error", "hang", [1], 14)
+    assert text.startswith("rank 1 has not entered all_reduce #14 on group world")
+    watch.observe(waiting)
+    assert len(events) == 1, "the same verdict is not repeated at once"
+    clock.now += 31
+    watch.observe(waiting)
+    assert len(events) == 2, "restated while it lasts"
+    watch.observe(Step(rank=0, step=8, loss=1.0, step_ms=1.0))
+    watch.observe(Stall(rank=1, state="recovered", step=9))
+    assert events[-1][1] == "hang" and events[-1][3].get("cleared") is True
+
+
+def test_rank_zero_names_a_lone_report_after_settling():
+    clock, events = Clock(), []
+    watch = HangWatch(2, lambda *e: events.append(e), clock=clock)
+    watch.observe(stalled(1, step=3, phase="forward", running_s=9.0, threshold_s=4.0))
+    assert events == []
+    clock.now += SETTLE_S + 0.1
+    watch.observe(stalled(1, step=3, phase="forward", running_s=11.0, threshold_s=4.0))
+    assert [(e[3]["verdict"], e[3]["culprits"]) for e in events] == [("stall", [1])]
+    assert events[0][0] == "warn", "nobody waits on it yet: a warning, not an error"
+
+
+def test_rank_zero_compares_step_digests_and_names_a_desync_once():
+    from ringtop.protocol import GroupCursor
+
+    events = []
+    watch = HangWatch(3, lambda *e: events.append(e), clock=Clock())
+    for step in (5, 6):
+        for rank in range(3):
+            digest = "bad00000" if (rank == 2 and step == 5) else "good0000"
+            watch.observe(Step(rank=rank, step=step, loss=1.0, step_ms=1.0, collectives=[
+                GroupCursor(group="world", issued=step * 4, completed=step * 4, count=4, digest=digest)]))
+    assert [(e[1], e[3]["culprits"], e[3]["step"]) for e in events] == [("desync", [2], 5)]
