@@ -136,13 +136,15 @@ class Goodput:
             self._end_stall(rank, ts)
 
     def _hello(self, msg: Any, ts: float | None) -> None:
+        rank, world = getattr(msg, "rank", -1), getattr(msg, "world_size", 0)
+        if not isinstance(rank, int) or not isinstance(world, int) or not 0 <= rank < world:
+            return  # the UI's own, or a rank outside its world
         run_id = getattr(msg, "run_id", "")
         if run_id != self.run_id:
             if self.first_ts is not None and self.run_id and run_id:
                 self._reset(run_id)  # a new run: its own goodput
             self.run_id = self.run_id or run_id
-        world = getattr(msg, "world_size", 0)
-        if isinstance(world, int) and world > 0 and getattr(msg, "rank", -1) == 0:
+        if rank == 0:
             self.world_size = world
         if ts is None:
             return
