@@ -231,3 +231,15 @@ def test_goodput_stays_within_0_and_1_and_every_second_is_put_down(ops):
     assert 0.0 <= r.productive_s <= r.wall_s + 1e-9
     assert all(v >= 0 for v in r.lost_s.values())
     assert r.productive_s + sum(r.lost_s.values()) >= r.wall_s - 1e-6
+
+
+def test_ringtop_summary_prints_the_goodput_and_its_breakdown(tmp_path, capsys):
+    from ringtop.cli.main import main
+    from ringtop.protocol import to_json_line
+
+    run = checkpointed_run()
+    for rank in (0, 1):
+        (tmp_path / f"rank-{rank}.jsonl").write_bytes(b"".join(to_json_line(m) for m in run if m.rank == rank))
+    assert main(["summary", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "goodput 50.0% of 2 s wall: productive 1 s; lost: startup 0.5 s, checkpoint 0.5 s\n" in out
