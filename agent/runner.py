@@ -116,6 +116,8 @@ class Runner:
         self.last_checkpoint: str | None = None
         self.telemetry: Telemetry | None = None
         self.relay: Relay | None = None
+        self.exporter = None
+        """Rank 0's Prometheus endpoint (--metrics), fed by a relay observer."""
         self.control: ControlServer | None = None
         self.gate: Gatekeeper | None = None
         self.endpoints: Endpoints = cfg.endpoints
@@ -180,8 +182,15 @@ class Runner:
             keys = None if cfg.insecure else curve.generate(self.ctx.world_size)
             if keys is not None:
                 self.gate = Gatekeeper(keys, on_refusal=self._refused)
+            observers = []
+            if cfg.metrics is not None:
+                from .exporter import MetricsExporter  # prometheus_client: only with --metrics
+
+                self.exporter = MetricsExporter(*cfg.metrics)
+                observers.append(self.exporter.observe)
             self.relay = Relay(cfg.endpoints.relay, cfg.endpoints.publish, run_id=self.run_id,
-                               world_size=self.ctx.world_size, gate=self.gate, movable=cfg.movable_endpoints)
+                               world_size=self.ctx.world_size, gate=self.gate, movable=cfg.movable_endpoints,
+                               observers=observers)
             self.control = ControlServer(cfg.endpoints.control, self.snapshot, self._publish_reply, gate=self.gate,
                                          movable="control" in cfg.movable_endpoints,
                                          restate_operations=self._restate_operations)
@@ -195,6 +204,8 @@ class Runner:
                 self.gate.start()
             self.relay.start()
             self.control.start()
+            if self.exporter is not None:
+                self.exporter.start()
             if cfg.insecure:
                 self._warn_insecure()
             self._write_connection_file()
@@ -723,6 +734,8 @@ class Runner:
             dist.barrier(group=self.control_group)
         if self.relay is not None:
             self.relay.stop()
+        if self.exporter is not None:
+            self.exporter.stop()  # after the relay: the Byes are in; no thread or port outlives the run
         if self.gate is not None:
             self.gate.stop()
         self.strategy.teardown()

@@ -64,7 +64,7 @@ AGENT_FLAGS = {
     "--seed", "--device", "--ddp-bucket-cap-mb", "--dist-timeout-s", "--log-dir", "--publish", "--relay", "--control",
     "--allow-remote", "--insecure", "--no-telemetry", "--run-id", "--step-times", "--print-every", "--link",
     "--inject-slow-rank", "--inject-comm-delay", "--inject-save-delay", "--inject-fail-setup", "--checkpoint-dir",
-    "--resume", "--checkpoint-every", "--checkpoint-kind", "--keep",
+    "--resume", "--checkpoint-every", "--checkpoint-kind", "--keep", "--metrics",
 }
 """The flags the README, the tests and users' scripts spell: none may go or be renamed."""
 
