@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ringtop.metrics.goodput import CAUSES, Goodput
-from ringtop.protocol import Bye, Event, Hello, Stall, Step
+from ringtop.protocol import Bye, Event, Hello, MemorySample, Stall, Step
 
 MAX_LABEL_CHARS = 128
 """A label value is cut to this many characters (a Hello's host is not bounded by the protocol)."""
@@ -47,7 +47,7 @@ def _finite(x: float) -> float:
 class _Rank:
     """What the exporter knows of one rank: the latest figures and the running totals."""
 
-    __slots__ = ("host", "up", "step", "step_s", "tokens_per_s", "memory", "comm_bytes", "exposed_s",
+    __slots__ = ("host", "up", "step", "step_s", "tokens_per_s", "mem", "comm_bytes", "exposed_s",
                  "last_step_ts", "stalled", "stall_running_s", "stall_seen")
 
     def __init__(self) -> None:
@@ -56,7 +56,8 @@ class _Rank:
         self.step: int | None = None
         self.step_s = 0.0
         self.tokens_per_s = 0.0
-        self.memory: dict[str, int] = {}
+        self.mem: MemorySample | None = None
+        """The latest step's (the protocol's struct, kept as it came: no copy per message)."""
         self.comm_bytes: dict[str, int] = {}
         """Collective kind -> bytes handed to it, since the start."""
         self.exposed_s = 0.0
@@ -111,8 +112,7 @@ class RunMetrics:
         row.step_s = msg.step_ms / 1e3
         row.tokens_per_s = msg.tokens_per_s
         row.last_step_ts = msg.ts
-        m = msg.mem
-        row.memory = {name: getattr(m, f"{name}_bytes") for name in MEMORY_FIELDS}
+        row.mem = msg.mem
         kinds = row.comm_bytes
         for c in msg.comm:
             kind = _label(c.kind)
@@ -161,7 +161,7 @@ class RunMetrics:
             good = self._goodput.result()
             verdicts = len(self._verdicts)
             run = dict(self._run)
-            rows = [(rank, r.host, r.up, r.step, r.step_s, r.tokens_per_s, dict(r.memory), dict(r.comm_bytes),
+            rows = [(rank, r.host, r.up, r.step, r.step_s, r.tokens_per_s, r.mem, dict(r.comm_bytes),
                      r.exposed_s, r.last_step_ts, r.stalled,
                      r.stall_running_s + max(0.0, now - r.stall_seen) if r.stalled else 0.0) for rank, r in ranks]
         labels = ["rank", "host"]
@@ -197,8 +197,8 @@ class RunMetrics:
             step_s.add_metric(key, r_step_s)
             tokens.add_metric(key, r_tokens)
             last.add_metric(key, r_last)
-            for name, n in r_mem.items():
-                memory[name].add_metric(key, float(n))
+            for name in MEMORY_FIELDS if r_mem is not None else ():
+                memory[name].add_metric(key, float(getattr(r_mem, f"{name}_bytes")))
         yield from (up, step, step_s, tokens, last, *memory.values(), comm, exposed, stalled, stall_s)
         yield GaugeMetricFamily("ringtop_verdicts", "Active verdicts of rank 0's diagnosis", value=float(verdicts))
         if run:
