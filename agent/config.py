@@ -32,6 +32,7 @@ from ringtop.protocol import (
     check_bind_safe,
     parse_tcp,
 )
+from ringtop.protocol.endpoints import is_loopback
 from ringtop.strategies.ds_config import (
     DSConfigError,
     Owned,
@@ -129,6 +130,16 @@ def _layers_per_stage(text: str) -> tuple[int, ...]:
         raise ConfigError(f"--pp-split {text!r}: expected layer counts like 3,1") from None
 
 
+def _metrics_address(text: str) -> tuple[str, int]:
+    host, sep, port_text = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]  # [::1]:9400
+    port = int(port_text) if port_text.isdigit() else 0
+    if not sep or not host or not 1 <= port <= 65535:
+        raise ConfigError(f"--metrics {text!r}: expected HOST:PORT, e.g. 127.0.0.1:9400")
+    return host, port
+
+
 def _link_peak_gbps(text: str) -> float:
     try:
         return parse_link(text).per_direction_gbps
@@ -194,6 +205,10 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
         TELEMETRY, "no authentication: anyone who can reach the ports reads and commands the run (a trusted lab "
         "only; never on a shared node)")] = False
     """No CURVE: anyone who reaches the ports reads and commands the run (trusted labs only)."""
+    metrics: Annotated[tuple[str, int] | None, Option(
+        TELEMETRY, "rank 0 serves Prometheus metrics at http://HOST:PORT/metrics (read-only, no authentication: "
+        "loopback unless --allow-remote on an authenticated run)", metavar="HOST:PORT", parse=_metrics_address,
+        default_text="off")] = None
     telemetry: Annotated[bool, Option(
         TELEMETRY, "no sockets, files, tracing or sampling: a bare training loop (a baseline)",
         flag="--no-telemetry")] = True
@@ -404,7 +419,7 @@ def _check_combinations(cfg: AgentConfig, given: Set[str]) -> None:
     if cfg.model == BUILTIN_MODEL and cfg.seq_len > 1024:
         raise ConfigError("--seq-len above 1024 exceeds tiny-gpt's context; use --seq-len <= 1024")
     if not cfg.telemetry:
-        clashing = sorted(given & {"log_dir", "print_every", *ENDPOINT_NAMES})
+        clashing = sorted(given & {"log_dir", "print_every", "metrics", *ENDPOINT_NAMES})
         if clashing:
             names = ", ".join(_flag(n) for n in clashing)
             raise ConfigError(f"--no-telemetry turns off all telemetry and control; drop {names} "
@@ -437,6 +452,15 @@ def _check_combinations(cfg: AgentConfig, given: Set[str]) -> None:
             check_bind_safe(address, cfg.allow_remote)
     except EndpointError as exc:
         raise ConfigError(str(exc)) from None
+    if cfg.metrics is not None and not is_loopback(cfg.metrics[0]):
+        where = f"--metrics {cfg.metrics[0]}:{cfg.metrics[1]}"
+        if cfg.insecure:
+            raise ConfigError(f"refusing {where} with --insecure: metrics reach beyond loopback only on an "
+                              "authenticated run. Serve them on 127.0.0.1 (a Prometheus on this node, or ssh -L), "
+                              "or drop --insecure")
+        if not cfg.allow_remote:
+            raise ConfigError(f"refusing {where}: it is reachable from other machines. Keep 127.0.0.1 (a "
+                              "Prometheus on this node, or ssh -L), or pass --allow-remote")
 
 
 def _adopt_ds_config(cfg: AgentConfig, given: Set[str]) -> AgentConfig:

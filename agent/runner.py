@@ -143,6 +143,8 @@ class Runner:
         self.last_checkpoint: str | None = None
         self.telemetry: Telemetry | None = None
         self.relay: Relay | None = None
+        self.exporter = None
+        """Rank 0's Prometheus endpoint (--metrics), fed by a relay observer."""
         self.control: ControlServer | None = None
         self.gate: Gatekeeper | None = None
         self.endpoints: Endpoints = cfg.endpoints
@@ -219,9 +221,15 @@ class Runner:
                 self.gate = Gatekeeper(keys, on_refusal=self._refused)
             self.hang_watch = HangWatch(self.ctx.world_size, self._event_from_relay)
             self.stack_requests = StackRequests(self.ctx.world_size)
+            observers = [self.hang_watch.observe, self.stack_requests.observe]
+            if cfg.metrics is not None:
+                from .exporter import MetricsExporter  # prometheus_client: only with --metrics
+
+                self.exporter = MetricsExporter(*cfg.metrics)
+                observers.append(self.exporter.observe)
             self.relay = Relay(cfg.endpoints.relay, cfg.endpoints.publish, run_id=self.run_id,
                                world_size=self.ctx.world_size, gate=self.gate, movable=cfg.movable_endpoints,
-                               observers=(self.hang_watch.observe, self.stack_requests.observe))
+                               observers=observers)
             self.control = ControlServer(cfg.endpoints.control, self.snapshot, self._publish_reply, gate=self.gate,
                                          movable="control" in cfg.movable_endpoints,
                                          restate_operations=self._restate_operations,
@@ -237,6 +245,8 @@ class Runner:
                 self.gate.start()
             self.relay.start()
             self.control.start()
+            if self.exporter is not None:
+                self.exporter.start()
             if cfg.insecure:
                 self._warn_insecure()
             self._write_connection_file()
@@ -912,6 +922,8 @@ class Runner:
             dist.barrier(group=self.control_group)
         if self.relay is not None:
             self.relay.stop()
+        if self.exporter is not None:
+            self.exporter.stop()  # after the relay: the Byes are in; no thread or port outlives the run
         if self.gate is not None:
             self.gate.stop()
         self.strategy.teardown()

@@ -142,6 +142,16 @@ def _replay(args: argparse.Namespace) -> int:
     return run_replay(logdir) or 0
 
 
+def _summary(args: argparse.Namespace) -> int:
+    from .summary import print_summary
+
+    if not Path(args.logdir).is_dir():
+        print(f"ringtop: {args.logdir}: no such log directory", file=sys.stderr)
+        return 2
+    print_summary(Path(args.logdir))
+    return 0
+
+
 def _ctl(args: argparse.Namespace) -> int:
     from .ctl import run_ctl
 
@@ -356,6 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     replay = sub.add_parser("replay", help="open the UI over recorded logs (LOGDIR/rank-R.jsonl)")
     replay.add_argument("logdir", help="a run's --log-dir, or the id of a live run of yours (its logs)")
+    summary = sub.add_parser("summary", help="print a run's summary from its logs: per rank, goodput, diagnosis")
+    summary.add_argument("logdir", help="a run's --log-dir")
 
     run = sub.add_parser("run", help="launch N ranks (as torchrun does); agent options follow",
                          description=RUN_DESCRIPTION, add_help=False, allow_abbrev=False)
@@ -414,7 +426,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(["ui"])
     if args.verb == "demo" and args.nproc < 1:
         parser.error("--nproc must be >= 1")
-    handlers = {"ui": _ui, "replay": _replay, "ctl": _ctl, "demo": _demo, "ls": _ls, "connect-info": _connect_info}
+    handlers = {"ui": _ui, "replay": _replay, "ctl": _ctl, "demo": _demo, "ls": _ls, "connect-info": _connect_info,
+                "summary": _summary}
     return handlers[args.verb](args)
 
 

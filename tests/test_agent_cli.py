@@ -65,7 +65,7 @@ AGENT_FLAGS = {
     "--allow-remote", "--insecure", "--no-telemetry", "--run-id", "--step-times", "--print-every", "--link",
     "--stall-factor", "--stall-floor", "--inject-hang", "--inject-desync",
     "--inject-slow-rank", "--inject-comm-delay", "--inject-save-delay", "--inject-fail-setup", "--checkpoint-dir",
-    "--resume", "--checkpoint-every", "--checkpoint-kind", "--keep",
+    "--resume", "--checkpoint-every", "--checkpoint-kind", "--keep", "--metrics",
 }
 """The flags the README, the tests and users' scripts spell: none may go or be renamed."""
 

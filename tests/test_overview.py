@@ -91,6 +91,22 @@ def test_header_facts_leave_out_whole_items_that_do_not_fit():
     assert "tok/s" not in facts_text(v, replay=True, source="log", width=70).plain
 
 
+def test_goodput_is_a_header_fact_shown_once_a_step_is_in_and_dropped_whole():
+    v = RunView(watch_liveness=False)
+    v.apply_many([make_hello(0), make_hello(1)], now=0.0)
+    assert "goodput" not in facts_text(v, replay=True, source="log").plain  # start-up: nothing to say yet
+    v = view_with(idle_ms=(1.0, 1.0))  # Hellos at 1000 s, rank 0's steps of 100 ms end at 1001, 1002, 1003
+    assert "  goodput 10%" in facts_text(v, replay=True, source="log").plain  # 0.3 s of 3.0 s
+    shown = set()
+    for width in range(40, 140):
+        t = facts_text(v, replay=True, source="log", width=width).plain
+        assert "goodput 10%" in t or "goodput" not in t, (width, t)
+        shown.add("goodput" in t)
+    assert shown == {True, False}
+    at_100 = facts_text(v, replay=True, source="log", width=100).plain
+    assert "tok/s" not in at_100 and "goodput" in at_100  # kept longer than the token rate
+
+
 def test_profile_result_says_which_figure_to_trust_when_trace_and_live_disagree():
     from ringtop.tui.reducers import describe_result, profile_gap
 

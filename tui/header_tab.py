@@ -56,6 +56,9 @@ def facts_text(v: RunView, *, replay: bool, source: str, refused: str = "", widt
     item(0, ("  step ", ""), (f"{step:,}" if step >= 0 else "-", "bold"), (f"/{f.steps:,}" if f.steps else "", "dim"))
     if v.tokens_per_s:
         item(5, (f"  {fmt.count(v.tokens_per_s)} tok/s", ""))
+    good = v.goodput.result()
+    if good.known:  # one item: a narrow header drops it whole, after the model's name
+        item(4, ("  goodput ", ""), (f"{fmt.pct(100 * good.goodput)}%", "bold"))
     if v.total_drops:
         item(1, (f"  drops {v.total_drops:,}", "yellow"))
     if v.rejected_total:

@@ -19,6 +19,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from ringtop.metrics.goodput import Goodput
 from ringtop.metrics.outliers import slowest
 from ringtop.metrics.strategy_names import sharded_label, strategy_label
 from ringtop.metrics.timing import share_pct
@@ -338,6 +339,8 @@ class RunView:
         self.pipeline = PipelineState()
         """Pipeline stage timelines (Timeline messages), folded into complete steps and a bubble history."""
         self.comm_ledger = CommLedger(self.history_points)
+        self.goodput = Goodput()
+        """The run's goodput (metrics/goodput.py), as the header shows it."""
         self.versions: Counter[str] = getattr(self, "versions", Counter())
         self.versions.update(PARTS)  # a new run: every snapshot version moves on
         self.link_peak_gbps: float = 0.0
@@ -356,7 +359,8 @@ class RunView:
         self.messages_total += 1
         route = ROUTES.get(type(msg))
         if route is None:
-            return  # a Command: another client's, echoed to us; nothing to show
+            self.goodput.add(msg)  # a Stall counts there; a Command (another client's, echoed) does not
+            return
         self._last_rx = now
         handler, parts, per_rank = route
         if per_rank:
@@ -366,6 +370,7 @@ class RunView:
             handler(self, row, msg, now)
         else:
             handler(self, msg, now)
+        self.goodput.add(msg)  # after the handler: a new run's Hello has reset the view
         self.versions.update(parts)
 
     def _sender(self, msg: Any, now: float) -> RankRow | None:

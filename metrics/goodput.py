@@ -1,0 +1,263 @@
+"""Goodput: the share of a run's wall time spent in productive steps. The one owner of the number
+(the UI's header, `ringtop summary` and the Prometheus exporter all fold messages through it).
+
+The wall runs from the run's first Hello to its latest message. Every second of it is put down to
+one thing, so that the lost seconds by cause and the productive seconds add up to the wall:
+
+- `stall`: some rank was reported stalled (`Stall` messages: `stalled`, repeated while it lasts,
+  then `recovered`), from the start of its stalled phase (the first report's ts − `running_s`) to
+  its recovery, or to the latest message while it lasts. Stalled time is never productive, also
+  inside a step that eventually ended, and is counted once however many ranks stall together (in
+  a synchronous run the others wait for it at the next collective).
+- productive: rank 0's steps (each `[ts − step_ms, ts]`, clipped so that steps never overlap),
+  less stalled time in them.
+- `skipped`: steps whose `skipped` field is true (a non-finite step that changed nothing).
+- `checkpoint`, `switch`: the `seconds` of rank 0's `checkpoint` and `switch` events, the interval
+  `[ts − seconds, ts]`, less the steps and stalls inside it: a background save overlaps training,
+  and only what it did not overlap was lost.
+- `startup`: from the first Hello to the start of the first step (the whole wall before it).
+- `other`: the rest (step boundaries, commands, the diagnosis, the end of the run).
+
+How ranks are combined: rank 0's view. Steps, checkpoints and switches are rank 0's (every rank
+steps in lockstep; switch events are repeated by every rank); the wall spans every rank's
+messages; stalls of any rank count.
+
+Stdlib only, like the rest of `ringtop.metrics`: messages are recognised by their protocol type
+tag (`hello`, `step`, ...), duck-typed, so this module imports neither msgspec nor the protocol.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+CAUSES = ("startup", "checkpoint", "switch", "stall", "skipped", "other")
+"""Lost time's causes, in the order they are shown."""
+STEP_HISTORY = 4096
+"""Rank 0's recent steps kept to tell how much of a checkpoint overlapped training."""
+STALL_HISTORY = 256
+"""Finished stalls kept apart (older ones are folded into a total, as no later step reaches back
+to them)."""
+
+
+@dataclass(frozen=True)
+class GoodputResult:
+    productive_s: float = 0.0
+    wall_s: float = 0.0
+    lost_s: dict[str, float] = field(default_factory=dict)
+    """Seconds lost by cause (CAUSES); with productive_s they add up to wall_s."""
+    steps: int = 0
+    """Rank 0's steps counted (productive or skipped)."""
+
+    @property
+    def goodput(self) -> float:
+        """productive / wall, 0..1; NaN before there is a wall."""
+        if self.wall_s <= 0:
+            return math.nan
+        return min(1.0, max(0.0, self.productive_s / self.wall_s))
+
+    @property
+    def known(self) -> bool:
+        """A step has been seen: before it, goodput is 0 by definition and says nothing."""
+        return self.steps > 0 and self.wall_s > 0
+
+
+def _tag(msg: Any) -> str:
+    config = getattr(type(msg), "__struct_config__", None)
+    return getattr(config, "tag", "") or ""
+
+
+def _real(x: Any) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _covered(a: float, b: float, pieces: Iterable[tuple[float, float]]) -> float:
+    """Seconds of [a, b] inside the union of `pieces`."""
+    clipped = sorted((max(a, s), min(b, e)) for s, e in pieces if e > a and s < b)
+    total, reach = 0.0, a
+    for s, e in clipped:
+        if e > reach:
+            total += e - max(s, reach)
+            reach = e
+    return total
+
+
+class Goodput:
+    """Fed message by message (`add`): Hello, Step, Event, Stall, Bye; any other message only
+    moves the wall's end. `result()` at any time. O(1) per message but for the rare checkpoint."""
+
+    def __init__(self) -> None:
+        self._reset("")
+
+    def _reset(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.world_size = 0
+        self.first_ts: float | None = None
+        self.last_ts: float | None = None
+        self.first_step_start: float | None = None
+        self._step_end: float | None = None
+        self._steps: deque[tuple[float, float]] = deque(maxlen=STEP_HISTORY)
+        self._step_count = 0
+        self.productive_s = 0.0
+        self._lost = dict.fromkeys(CAUSES, 0.0)
+        self._open: dict[int, float] = {}
+        """rank -> start of its stall in progress."""
+        self._stalls: list[tuple[float, float]] = []
+        """Finished stalls, merged where they overlap, in time order."""
+        self._folded_stall_s = 0.0
+
+    # ------------------------------------------------------------------ input
+
+    def add(self, msg: Any) -> None:
+        tag = _tag(msg)
+        rank = getattr(msg, "rank", -1)
+        ts = _real(getattr(msg, "ts", None))
+        if tag == "hello":
+            self._hello(msg, ts)
+            return
+        if self.first_ts is None or ts is None or not isinstance(rank, int) or rank < 0:
+            return  # before the run's first Hello, or the UI's own
+        if self.world_size and rank >= self.world_size:
+            return
+        if ts > self.last_ts:
+            self.last_ts = ts
+        if tag == "step" and rank == 0:
+            self._step(msg, ts)
+        elif tag == "event" and rank == 0:
+            self._event(msg, ts)
+        elif tag == "stall":
+            self._stall(msg, rank, ts)
+        elif tag == "bye":
+            self._end_stall(rank, ts)
+
+    def _hello(self, msg: Any, ts: float | None) -> None:
+        rank, world = getattr(msg, "rank", -1), getattr(msg, "world_size", 0)
+        if not isinstance(rank, int) or not isinstance(world, int) or not 0 <= rank < world:
+            return  # the UI's own, or a rank outside its world
+        run_id = getattr(msg, "run_id", "")
+        if run_id != self.run_id:
+            if self.first_ts is not None and self.run_id and run_id:
+                self._reset(run_id)  # a new run: its own goodput
+            self.run_id = self.run_id or run_id
+        if rank == 0:
+            self.world_size = world
+        if ts is None:
+            return
+        if self.first_ts is None or ts < self.first_ts:
+            self.first_ts = ts  # the earliest Hello (a late, cached copy is older than nothing)
+        if self.last_ts is None or ts > self.last_ts:
+            self.last_ts = ts
+
+    def _step(self, msg: Any, ts: float) -> None:
+        step_ms = _real(getattr(msg, "step_ms", None))
+        if step_ms is None:
+            return
+        start = max(ts - max(step_ms, 0.0) / 1e3, self.first_ts)
+        if self._step_end is not None:
+            start = max(start, self._step_end)
+        if ts <= start:
+            return
+        self._step_end = ts
+        if self.first_step_start is None:
+            self.first_step_start = start
+        self._steps.append((start, ts))
+        self._step_count += 1
+        useful = (ts - start) - self._stalled(start, ts)
+        if getattr(msg, "skipped", False) is True:
+            self._lost["skipped"] += useful
+        else:
+            self.productive_s += useful
+
+    def _event(self, msg: Any, ts: float) -> None:
+        kind = getattr(msg, "kind", "")
+        if kind not in ("checkpoint", "switch"):
+            return
+        data = getattr(msg, "data", None)
+        seconds = _real(data.get("seconds")) if isinstance(data, dict) else None
+        if seconds is None or seconds <= 0:
+            return
+        a = max(ts - seconds, self.first_ts)
+        pieces = [*self._recent_steps(a), *self._stall_pieces(a, ts)]
+        self._lost[kind] += max(0.0, (ts - a) - _covered(a, ts, pieces))
+
+    def _stall(self, msg: Any, rank: int, ts: float) -> None:
+        state = getattr(msg, "state", "")
+        if state == "stalled":
+            if rank not in self._open:
+                running = _real(getattr(msg, "running_s", None)) or 0.0
+                self._open[rank] = max(ts - max(running, 0.0), self.first_ts)
+        elif state == "recovered":
+            self._end_stall(rank, ts)
+
+    def _end_stall(self, rank: int, ts: float) -> None:
+        start = self._open.pop(rank, None)
+        if start is None or ts <= start:
+            return
+        stalls = self._stalls
+        i = len(stalls)
+        while i > 0 and stalls[i - 1][0] > start:
+            i -= 1
+        stalls.insert(i, (start, ts))
+        # merge around the insertion point
+        lo = max(0, i - 1)
+        merged: list[tuple[float, float]] = []
+        for s, e in stalls[lo:]:
+            if merged and s <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], e))
+            else:
+                merged.append((s, e))
+        stalls[lo:] = merged
+        while len(stalls) > STALL_HISTORY:
+            s, e = stalls.pop(0)
+            self._folded_stall_s += e - s
+
+    # ------------------------------------------------------------------ queries
+
+    def _stall_pieces(self, a: float, b: float) -> list[tuple[float, float]]:
+        """Stalls that reach into [a, b] (one in progress lasts until b)."""
+        pieces = [(s, b) for s in self._open.values() if s < b]
+        for s, e in reversed(self._stalls):
+            if e <= a:
+                break
+            pieces.append((s, e))
+        return pieces
+
+    def _stalled(self, a: float, b: float) -> float:
+        if not self._open and (not self._stalls or self._stalls[-1][1] <= a):
+            return 0.0
+        return _covered(a, b, self._stall_pieces(a, b))
+
+    def _recent_steps(self, a: float) -> list[tuple[float, float]]:
+        found = []
+        for s, e in reversed(self._steps):
+            if e <= a:
+                break
+            found.append((s, e))
+        return found
+
+    def result(self) -> GoodputResult:
+        if self.first_ts is None:
+            return GoodputResult(lost_s=dict.fromkeys(CAUSES, 0.0))
+        t0, t1 = self.first_ts, self.last_ts
+        wall = max(0.0, t1 - t0)
+        lost = dict(self._lost)
+        stalls = [*self._stalls, *((s, t1) for s in self._open.values())]
+        lost["stall"] = self._folded_stall_s + _covered(t0, t1, stalls)
+        startup_end = self.first_step_start if self.first_step_start is not None else t1
+        lost["startup"] = max(0.0, (startup_end - t0) - _covered(t0, startup_end, stalls))
+        accounted = self.productive_s + sum(v for k, v in lost.items() if k != "other")
+        lost["other"] = max(0.0, wall - accounted)
+        return GoodputResult(productive_s=self.productive_s, wall_s=wall, lost_s=lost, steps=self._step_count)
+
+
+def goodput_of(messages: Iterable[Any]) -> GoodputResult:
+    """The goodput of a finished sequence of messages (e.g. a run's logs, merged in ts order)."""
+    g = Goodput()
+    for m in messages:
+        g.add(m)
+    return g.result()
