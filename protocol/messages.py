@@ -161,6 +161,9 @@ class Step(Envelope, tag="step", kw_only=True):
     idle_ms: Real = 0.0
     """Time this rank waited rather than computed: input plus exposed communication, or, in a
     pipeline, the stage's idle time (its bubble). The UI's idle column means this everywhere."""
+    skipped: bool = False
+    """The optimizer step was left out: the global gradient norm was not finite and the run was
+    told to skip such steps (--on-nonfinite); parameters and optimizer state are as before it."""
 
 
 class GpuSample(msgspec.Struct, kw_only=True):
