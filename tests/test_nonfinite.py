@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from test_tui_app import make_hello, make_step
 
 from ringtop.agent.checkpoint_format import checkpoint_name, load_full_files, read_meta, resolve
 from ringtop.agent.config import ConfigError, parse_agent_args
@@ -85,6 +86,32 @@ def test_zero_refuses_the_modes_that_leave_its_step_out_and_names_the_alternativ
 @pytest.mark.parametrize("mode", ["warn", "stop"])
 def test_zero_takes_warn_and_stop(mode):
     assert parse_agent_args(["--strategy", "zero2", "--on-nonfinite", mode]).on_nonfinite == mode
+
+
+# ---------------------------------------------------------------------------------- the UI
+
+
+def test_the_health_line_says_a_step_was_skipped_and_goes_on_saying_so_once_the_loss_is_finite():
+    from ringtop.tui.health import health_line
+    from ringtop.tui.view_model import RunView
+
+    v = RunView(watch_liveness=False)
+    v.apply_many([make_hello(0), make_hello(1)], now=0.0)
+    for n in (1, 2, 3, 4):
+        for rank in (0, 1):
+            s = make_step(rank, n, n, 1000.0 + n)
+            if n == 4:
+                s.skipped = True
+                if rank == 1:
+                    s.loss = None
+            v.apply(s, now=float(n))
+    assert "✖ loss not finite on rank 1 (first: rank 1 at step 4); step skipped" in health_line(v, now=5.0).plain
+    for rank in (0, 1):
+        v.apply(make_step(rank, 5, 5, 1005.0), now=5.0)
+    line = health_line(v, now=6.0).plain
+    assert "✖" not in line
+    assert "⚠ step 4 skipped: gradient norm not finite (loss first not finite on rank 1 at step 4)" in line
+    assert v.skipped_steps == 1, "every rank reports the skipped step: it is one step"
 
 
 # ---------------------------------------------------------------------------------- real runs
