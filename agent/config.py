@@ -42,6 +42,9 @@ from ringtop.strategies.ds_config import (
 )
 from ringtop.strategies.links import parse_link
 
+from .nonfinite import MODES as NONFINITE_MODES
+from .nonfinite import zero_refusal
+
 HANG_PLACES = ("forward", "before-collective")
 BUILTIN_MODEL = "tiny-gpt"
 BUILTIN_DATA = "synthetic"
@@ -121,6 +124,15 @@ def _desync(text: str) -> tuple[int, int]:
     if extra:
         raise ConfigError(f"--inject-desync {text!r}: expected R:STEP")
     return rank, step
+def _nan_at(text: str) -> tuple[int, int]:
+    rank_text, sep, step_text = text.partition(":")
+    try:
+        at = (int(rank_text), int(step_text))
+    except ValueError:
+        at = None
+    if not sep or at is None or at[0] < 0 or at[1] < 1:
+        raise ConfigError(f"--inject-nan {text!r}: expected R:STEP (rank >= 0, step >= 1), e.g. 1:5")
+    return at
 
 
 def _layers_per_stage(text: str) -> tuple[int, ...]:
@@ -192,6 +204,12 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
         TRAINING, "with --strategy ddp: DDP's gradient bucket size in MB", gt=0, default_text="DDP's own, 25")] = None
     dist_timeout_s: Annotated[float, Option(
         TRAINING, "collective timeout before a hung rank fails the run", gt=0)] = 600.0
+    on_nonfinite: Annotated[str, Option(
+        TRAINING, "at a step whose global gradient norm is not finite: warn (report it, train on), skip-step "
+        "(leave its optimizer step out: weights and optimizer state stay as they were), stop (skip it and end "
+        "the run, exit status 3), checkpoint-and-stop (skip it, checkpoint the last good step, end the run). "
+        "All but warn read the norm to the host every step (one device sync on a GPU); with ZeRO only warn "
+        "and stop, which acts after the step", choices=NONFINITE_MODES)] = "warn"
 
     log_dir: Annotated[str | None, Option(
         TELEMETRY, "write LOGDIR/rank-R.jsonl, for `ringtop replay`", metavar="LOGDIR",
@@ -237,6 +255,9 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     inject_save_delay_ms: Annotated[float, Option(
         FAULTS, "pause MS between writing a checkpoint and publishing it, to kill a rank mid-save",
         flag="--inject-save-delay", metavar="MS", ge=0)] = 0.0
+    inject_nan: Annotated[tuple[int, int] | None, Option(
+        FAULTS, "rank R's loss is NaN at step STEP, before backward (a pipeline: rank R's stage output, so "
+        "its replica's loss)", metavar="R:STEP", parse=_nan_at, default_text="none")] = None
     inject_fail_setup: Annotated[str | None, Option(
         FAULTS, "a switch to STRATEGY fails while wrapping (as if out of memory), to show the rollback",
         metavar="STRATEGY", default_text="none")] = None
@@ -436,6 +457,9 @@ def _check_combinations(cfg: AgentConfig, given: Set[str]) -> None:
                           f"{cfg.batch_size}")
     if cfg.ds_config is not None and cfg.strategy not in ZERO_STRATEGIES:
         raise ConfigError("--ds-config applies to --strategy zero1, zero2 or zero3 only")
+    refusal = zero_refusal(cfg.strategy, cfg.on_nonfinite)
+    if refusal:
+        raise ConfigError(refusal)
     if cfg.ddp_bucket_cap_mb is not None and cfg.strategy != "ddp":
         raise ConfigError("--ddp-bucket-cap-mb applies to --strategy ddp only")
     if cfg.run_id is not None and not RUN_ID_PATTERN.fullmatch(cfg.run_id):

@@ -43,6 +43,7 @@ from ringtop.strategies.registry import build_strategy
 from ringtop.strategies.torch_native import full_optimizer_template
 
 from . import checkpoint_format as ckpt
+from . import nonfinite
 from .checkpoint_saver import CheckpointManager
 from .config import BUILTIN_DATA, BUILTIN_MODEL, AgentConfig
 from .control import ControlServer, PendingCommand, StepSync, broadcast_bytes, scatter_fixed
@@ -91,6 +92,8 @@ class _PendingStep:
     """A pipeline stage's StageBubble of this step."""
     timeline: list | None = None
     timeline_start_ms: float = 0.0
+    skipped: bool = False
+    """The optimizer step was left out (--on-nonfinite, a norm not finite)."""
 
 
 class RankSetup(msgspec.Struct, frozen=True):
@@ -164,6 +167,10 @@ class Runner:
         """Held by whoever ends the process: the training thread's shutdown or the watch's escape."""
         self.control_group = dist.new_group(backend="gloo") if ctx.world_size > 1 else None
         self.io_group = dist.new_group(backend="gloo") if ctx.world_size > 1 else None
+        self.naming = nonfinite.AsyncNaming(ctx.world_size) if cfg.on_nonfinite == "warn" and cfg.telemetry else None
+        """--on-nonfinite warn names the ranks of a non-finite loss off the step path (agent/nonfinite.py)."""
+        self.stopped_nonfinite = False
+        """--on-nonfinite stop / checkpoint-and-stop ended the run: a Bye with ok=False, exit status 3."""
         self.peers = Peers.gather(ctx.rank, ctx.world_size, self.control_group)
         self.checkpoints = CheckpointManager(cfg.checkpoint_dir, ctx.rank, self.control_group, self.io_group,
                                              keep=cfg.keep, delay_s=cfg.inject_save_delay_ms / 1e3)
@@ -417,7 +424,8 @@ class Runner:
         return {**self.cfg.strategy_facts(), **self.strategy.live_facts()}
 
     def _settings(self) -> TrainSettings:
-        return TrainSettings(batch_size=self.cfg.batch_size, grad_clip=self.cfg.grad_clip, dtype=self.cfg.dtype)
+        return TrainSettings(batch_size=self.cfg.batch_size, grad_clip=self.cfg.grad_clip, dtype=self.cfg.dtype,
+                             skip_nonfinite=self.cfg.on_nonfinite in nonfinite.SKIPPING)
 
     def _make_optimizer(self, params) -> torch.optim.Optimizer:
         return torch.optim.AdamW(params, lr=self.cfg.lr)
@@ -492,6 +500,7 @@ class Runner:
             self._data = self._build_data()
             self._loop()
             bye.reason = self.stop_reason or f"completed {self.step} steps"
+            bye.ok = not self.stopped_nonfinite
         except KeyboardInterrupt:
             bye.reason, bye.ok = "interrupted: SIGINT", False
             raise
@@ -515,7 +524,7 @@ class Runner:
             self._shutdown(bye)
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
-        return code
+        return code or (nonfinite.EXIT_STOPPED if self.stopped_nonfinite else 0)
 
     def _last_collective(self) -> str:
         """The collective this rank issued last (from the ledger), as the failure's context."""
@@ -560,6 +569,7 @@ class Runner:
         watch = self.watch
         if clock is not None and watch is not None:
             phases = _WatchedPhases(clock, watch)
+        nan_step = cfg.inject_nan[1] if cfg.inject_nan is not None and cfg.inject_nan[0] == self.ctx.rank else None
         step_ends: list[float] | None = [] if cfg.step_times_file and self.ctx.rank == 0 else None
         while cfg.steps == 0 or self.step < cfg.steps:
             if watch is not None:
@@ -578,8 +588,11 @@ class Runner:
                 with collective_hooks.active(self.tracer):
                     desynchronised_broadcast(self.ctx.rank, cfg.inject_desync[0])
             phases.mark("data")
+            if nan_step == self.step + 1:
+                self.strategy.inject_nan_next_step()
             loss = self.strategy.run_step(batch, model_call, phases)
             self.step += 1
+            found = self._check_nonfinite(loss) if cfg.on_nonfinite != "warn" else None
             if step_ends is not None:
                 step_ends.append(time.time())
             self.samples_seen += self.cfg.batch_size * self.strategy.data_shard(self.ctx)[1]
@@ -592,6 +605,11 @@ class Runner:
                     self._profile_step(comm.blocked_ms, comm.p2p_wait_ms)
             if self.checkpoints.busy:
                 self._poll_checkpoint()
+            if found is not None and found.mode in nonfinite.STOPPING:
+                if watch is not None:
+                    watch.generous("checkpoint")
+                self._stop_nonfinite(found)
+                break
             if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                 if watch is not None:
                     watch.generous("checkpoint")
@@ -605,6 +623,9 @@ class Runner:
         if watch is not None:
             watch.idle()
         self._publish_ready_steps(wait=True)
+        if self.naming is not None:
+            for found in self.naming.ready(wait=True):
+                self._report_nonfinite(found)
         if step_ends is not None:
             Path(cfg.step_times_file).write_text(json.dumps(step_ends))
         while self.checkpoints.busy:
@@ -632,7 +653,53 @@ class Runner:
                         for e in self.strategy.last_timeline()]
         # Each stage does its share of the work on its replica's tokens (all of it, without stages).
         return _PendingStep(self.step, loss.detach(), timing, marks, comm, tokens // self.strategy.num_stages,
-                            self.strategy.last_grad_norm(), bubble, timeline, start / 1e6)
+                            self.strategy.last_grad_norm(), bubble, timeline, start / 1e6,
+                            skipped=self.strategy.last_step_skipped())
+
+    def _check_nonfinite(self, loss: torch.Tensor) -> nonfinite.NonFinite | None:
+        """--on-nonfinite skip-step / stop / checkpoint-and-stop, right after the step on every rank:
+        the norm is on the host already (ZeRO: read now); on the rare step where it is not finite,
+        one gather on the control group names the ranks whose own loss was not finite."""
+        norm = self.strategy.grad_norm_on_host()
+        if nonfinite.norm_is_finite(norm):
+            return None
+        ranks = nonfinite.gather_bad_ranks(math.isfinite(float(loss.detach())), self.control_group, self.ctx.world_size)
+        found = nonfinite.NonFinite(self.step, ranks, self.cfg.on_nonfinite, self.strategy.last_step_skipped(), norm)
+        self._report_nonfinite(found)
+        return found
+
+    def _report_nonfinite(self, found: nonfinite.NonFinite) -> None:
+        """One event for the run (every rank knows the same ranks): rank 0's, at the step it names
+        (warn names it a step or two later)."""
+        if self.ctx.rank != 0:
+            return
+        if self.telemetry is None:
+            self._event(found.level, "nonfinite", found.text(), found.data())
+        else:
+            self.telemetry.emit(Event(level=found.level, kind="nonfinite", text=found.text(), step=found.step,
+                                      data=found.data()))
+
+    def _stop_nonfinite(self, found: nonfinite.NonFinite) -> None:
+        """At the poisoned step's boundary, on every rank. The step was left out, so the live state
+        is the last good step's: checkpoint-and-stop saves it under that step's number and data
+        position (a resume runs the poisoned step's batch again)."""
+        if found.mode == "checkpoint-and-stop" and found.skipped:
+            while self.checkpoints.busy:  # a background save (a command's) finishes first
+                time.sleep(0.05)
+                self._poll_checkpoint()
+            step, samples = self.step, self.samples_seen
+            self.step -= 1
+            self.samples_seen -= self.cfg.batch_size * self.strategy.data_shard(self.ctx)[1]
+            try:
+                name = ckpt.checkpoint_name(self.step, self.cfg.checkpoint_kind)
+                if self.last_checkpoint is None or Path(self.last_checkpoint).name != name:
+                    self._checkpoint(self.cfg.checkpoint_kind, background=False)
+            except Exception as exc:
+                self._event("error", "checkpoint", f"checkpoint of the last good step {self.step} failed: {exc}")
+            finally:
+                self.step, self.samples_seen = step, samples
+        self.stop_reason = found.stop_reason()
+        self.stopped_nonfinite = True
 
     def _publish_ready_steps(self, wait: bool = False) -> None:
         while self._pending and (wait or device_phases_ready(self._pending[0].marks)):
@@ -645,7 +712,12 @@ class Runner:
     def _emit_step(self, p: _PendingStep, timing: StepTiming) -> None:
         loss = float(p.loss)
         grad_norm = None if p.grad_norm is None else float(p.grad_norm)
-        if not math.isfinite(loss) and self._loss_was_finite:
+        norm_finite = nonfinite.norm_is_finite(grad_norm)
+        if self.naming is not None:
+            self.naming.observe(p.step, grad_norm, math.isfinite(loss))
+            for found in self.naming.ready():
+                self._report_nonfinite(found)
+        if not math.isfinite(loss) and self._loss_was_finite and norm_finite:  # else the nonfinite event says it
             self._event("warn", "loss", f"loss is {loss} at step {p.step}")
         self._loss_was_finite = math.isfinite(loss)
         self.last_loss, self.last_step_ms = loss, timing.step_ms
@@ -678,7 +750,7 @@ class Runner:
                                   mem.cuda_alloc_retries)
         self.telemetry.emit(Step(
             step=p.step, loss=loss if math.isfinite(loss) else None, step_ms=timing.step_ms,
-            grad_norm=grad_norm if grad_norm is not None and math.isfinite(grad_norm) else None,
+            grad_norm=grad_norm if grad_norm is not None and norm_finite else None, skipped=p.skipped,
             data_ms=ph.get("data", 0.0),
             forward_ms=ph.get("forward", 0.0), backward_ms=ph.get("backward", 0.0),
             optimizer_ms=ph.get("optimizer", 0.0), comm_blocked_ms=p.comm.blocked_ms,
@@ -729,6 +801,9 @@ class Runner:
         return {"step": self.step}
 
     def _command_switch(self, pending: PendingCommand) -> dict[str, Any]:
+        refusal = nonfinite.zero_refusal(pending.args.strategy, self.cfg.on_nonfinite)
+        if refusal:
+            raise RuntimeError(refusal)
         if self.profiling is not None:
             raise RuntimeError("a profile is being recorded; switch after it finishes")
         if self.checkpoints.busy:
@@ -918,7 +993,7 @@ class Runner:
         if self.watch is not None:
             self.watch.stop()
         self._release_outside_world(bye)
-        if bye.ok and self.control_group is not None:
+        if (bye.ok or self.stopped_nonfinite) and self.control_group is not None:  # every rank is here
             dist.barrier(group=self.control_group)
         if self.relay is not None:
             self.relay.stop()

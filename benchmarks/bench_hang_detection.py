@@ -30,7 +30,6 @@ from _runs import start_agents
 
 from ringtop.cli.ctl import send_command
 from ringtop.cli.launch import stop_ranks
-
 from ringtop.metrics.hang import diagnose
 from ringtop.protocol import Stall, Step, connection_file, decode
 from ringtop.protocol.curve import secure_client
@@ -98,7 +97,8 @@ def one_run(work: Path, place: str) -> dict:
         fault_at = min(sub.first_stall_start.values())  # the hung step's start, on the earliest rank
         detect_s = sub.located_at - fault_at
         target_s = 2 * median_ms / 1e3 + 5.0
-        return {"place": place, "detect_s": round(detect_s, 3), "named_s": round(sub.named_at - fault_at, 3), "median_step_ms": round(median_ms, 2),
+        return {"place": place, "detect_s": round(detect_s, 3), "named_s": round(sub.named_at - fault_at, 3),
+                "median_step_ms": round(median_ms, 2),
                 "target_s": round(target_s, 3), "detect_over_target": round(detect_s / target_s, 3),
                 "detect_over_collective_timeout": round(detect_s / COLLECTIVE_TIMEOUT_S, 5), "text": sub.text}
     finally:

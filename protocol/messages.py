@@ -198,6 +198,9 @@ class Step(Envelope, tag="step", kw_only=True):
     pipeline, the stage's idle time (its bubble). The UI's idle column means this everywhere."""
     collectives: Annotated[list[GroupCursor], msgspec.Meta(max_length=MAX_GROUPS)] = []
     """Per process group this step used: its progress and the digest of its collectives."""
+    skipped: bool = False
+    """The optimizer step was left out: the global gradient norm was not finite and the run was
+    told to skip such steps (--on-nonfinite); parameters and optimizer state are as before it."""
 
 
 class GpuSample(msgspec.Struct, kw_only=True):

@@ -7,6 +7,7 @@ switches work across strategies), and says what it shards and how many bytes thi
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -87,6 +88,10 @@ class TrainSettings:
     """Max global gradient norm; 0 = no clipping."""
     dtype: str = "fp32"
     """Compute dtype: fp32, or bf16 mixed precision (fp32 master state)."""
+    skip_nonfinite: bool = False
+    """Leave out the optimizer step of a step whose global gradient norm is not finite, so
+    parameters and optimizer state stay exactly as they were. Costs one device->host read of the
+    norm per step on a GPU. DeepSpeed steps inside its engine and ignores it."""
 
 
 @dataclass
@@ -105,6 +110,9 @@ class Strategy(ABC):
         self._held = HeldBytes()
         self._grads_bytes = 0
         self._grad_norm: Any = None
+        self._grad_norm_host: float | None = None
+        self._skipped = False
+        self._inject_nan = False
         self.weights_identical = False
         """Set by a caller that loaded one full state into the model on every rank: wrappers may
         skip their start-up broadcast of the weights (DDP's 0.5 GB for the 125m model)."""
@@ -165,9 +173,11 @@ class Strategy(ABC):
         from . import collective_hooks
 
         measure, self._measure_next = self._measure_next, False
+        poison, self._inject_nan = self._inject_nan, False
+        self._skipped, self._grad_norm_host = False, None
         with collective_hooks.active(self._recorder if self.traces_torch_collectives else None):
             self._zero_grad()
-            loss = self._forward(batch, call_model)
+            loss = self._poisoned_forward(batch, call_model) if poison else self._forward(batch, call_model)
             phases.mark("forward")
             self._backward(loss)
             if measure:
@@ -194,6 +204,38 @@ class Strategy(ABC):
         synchronisation here), a float, or None where the strategy does not know it."""
         return self._grad_norm
 
+    def grad_norm_on_host(self) -> float | None:
+        """The last step's global norm as a float: the value `skip_nonfinite` already read, or read
+        now (a device sync on a GPU, where the strategy did not read it: DeepSpeed)."""
+        if self._grad_norm_host is not None:
+            return self._grad_norm_host
+        norm = self.last_grad_norm()
+        return None if norm is None else float(norm)
+
+    def last_step_skipped(self) -> bool:
+        """The last step's optimizer step was left out (`skip_nonfinite`, a norm not finite)."""
+        return self._skipped
+
+    def inject_nan_next_step(self) -> None:
+        """Fault injection: this rank's loss of the next step is NaN before backward."""
+        self._inject_nan = True
+
+    def _poisoned_forward(self, batch: Any, call_model: ModelCall) -> torch.Tensor:
+        """`_forward` with its loss made NaN; a strategy whose `_forward` also runs backward (a
+        pipeline) poisons inside it."""
+        return self._forward(batch, call_model) * float("nan")
+
+    def _skip_if_not_finite(self, norm: torch.Tensor) -> bool:
+        """With `settings.skip_nonfinite`: read the global norm (the one device->host sync this
+        setting costs) and say whether to leave the optimizer step out. Call before clipping:
+        clipping by a NaN norm would write NaN into the gradients (harmless once skipped, but
+        the step must touch nothing)."""
+        if not self.settings.skip_nonfinite:
+            return False
+        self._grad_norm_host = float(norm)
+        self._skipped = not math.isfinite(self._grad_norm_host)
+        return self._skipped
+
     def held_bytes(self) -> HeldBytes:
         """Bytes measured on the last step that was asked to measure (`measure_next_step`):
         gradients right after backward, parameters and optimizer state right after the step."""
@@ -214,7 +256,8 @@ class Strategy(ABC):
     @abstractmethod
     def _optimizer_step(self) -> None:
         """Clip to `settings.grad_clip` (if set) by the global norm, then step; keep the norm for
-        `last_grad_norm`."""
+        `last_grad_norm`. With `settings.skip_nonfinite`, leave the step out when the norm is not
+        finite (`_skip_if_not_finite`)."""
 
     @abstractmethod
     def _count_params(self) -> int: ...

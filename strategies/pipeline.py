@@ -434,6 +434,15 @@ class PipelineStrategy(Strategy):
         self._warmup, self._fresh = self._fresh, False
         return loss
 
+    def _poisoned_forward(self, batch: Any, call_model: ModelCall) -> torch.Tensor:
+        """The backward runs inside the schedule, so the NaN goes in there: this stage's output of
+        every micro-batch, which makes its replica's loss NaN (on the last stage, its logits)."""
+        hook = self.module.register_forward_hook(lambda module, args, out: out * float("nan"))
+        try:
+            return self._forward(batch, call_model)
+        finally:
+            hook.remove()
+
     def _backward(self, loss: torch.Tensor) -> None:
         """The backward ran inside the schedule; here the gradients are completed: the tied weight's
         two parts summed, then each stage's gradients averaged over its replicas."""
@@ -456,9 +465,11 @@ class PipelineStrategy(Strategy):
     def _optimizer_step(self) -> None:
         params = [p for p in unique_parameters(self.module) if p.grad is not None]
         norm = self._global_grad_norm(params)
+        self._grad_norm = norm
+        if self._skip_if_not_finite(norm):  # the same norm on every stage and replica: all skip together
+            return
         if self.settings.grad_clip > 0:
             torch.nn.utils.clip_grads_with_norm_(params, self.settings.grad_clip, norm)
-        self._grad_norm = norm
         self.optimizer.step()
 
     def _global_grad_norm(self, params: list[nn.Parameter]) -> torch.Tensor:

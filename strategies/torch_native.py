@@ -43,9 +43,11 @@ class TorchNativeStrategy(Strategy):
         norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
         if isinstance(norm, DTensor):  # FSDP: a partial sum of the shards' norms until reduced
             norm = norm.full_tensor()
+        self._grad_norm = norm.detach()
+        if self._skip_if_not_finite(norm):
+            return  # parameters, moments and AdamW's step count untouched; the next step zeroes the gradients
         if self.settings.grad_clip > 0:
             torch.nn.utils.clip_grads_with_norm_(params, self.settings.grad_clip, norm)
-        self._grad_norm = norm.detach()
         self.optimizer.step()
 
     def _count_params(self) -> int:

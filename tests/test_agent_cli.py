@@ -61,11 +61,12 @@ def test_only_the_addresses_left_at_their_defaults_may_move():
 AGENT_FLAGS = {
     "--strategy", "--fsdp-sharding", "--ds-config", "--pp-stages", "--pp-schedule", "--micro-batches", "--pp-split",
     "--dtype", "--grad-clip", "--model", "--model-size", "--data", "--steps", "--batch-size", "--seq-len", "--lr",
-    "--seed", "--device", "--ddp-bucket-cap-mb", "--dist-timeout-s", "--log-dir", "--publish", "--relay", "--control",
-    "--allow-remote", "--insecure", "--no-telemetry", "--run-id", "--step-times", "--print-every", "--link",
-    "--stall-factor", "--stall-floor", "--inject-hang", "--inject-desync",
-    "--inject-slow-rank", "--inject-comm-delay", "--inject-save-delay", "--inject-fail-setup", "--checkpoint-dir",
-    "--resume", "--checkpoint-every", "--checkpoint-kind", "--keep", "--metrics",
+    "--seed", "--device", "--ddp-bucket-cap-mb", "--dist-timeout-s", "--on-nonfinite", "--log-dir", "--publish",
+    "--relay", "--control", "--allow-remote", "--insecure", "--no-telemetry", "--run-id", "--step-times",
+    "--print-every", "--link", "--stall-factor", "--stall-floor", "--inject-hang", "--inject-desync",
+    "--inject-slow-rank", "--inject-comm-delay", "--inject-save-delay", "--inject-nan",
+    "--inject-fail-setup", "--checkpoint-dir", "--resume", "--checkpoint-every", "--checkpoint-kind", "--keep",
+    "--metrics",
 }
 """The flags the README, the tests and users' scripts spell: none may go or be renamed."""
 

@@ -114,7 +114,7 @@ STEP = Step(
                      cuda_peak_reserved_bytes=7500, cuda_alloc_retries=3, cuda_ooms=1),
     comm=[CommStat(kind="all_reduce", count=4, bytes=1 << 20, busy_ms=12.5, group_size=8),
           CommStat(kind="broadcast", count=1, bytes=64, busy_ms=0.25, group_size=8)],
-    cpu_percent=98.5, drops=2, idle_ms=20.0,
+    cpu_percent=98.5, drops=2, idle_ms=20.0, skipped=True,
     collectives=[GroupCursor(group="world", issued=412, completed=411, count=4, digest="9a0c13fe")],
 )
 STEP_WIRE = {
@@ -129,7 +129,7 @@ STEP_WIRE = {
         {"kind": "all_reduce", "count": 4, "bytes": 1048576, "busy_ms": 12.5, "group_size": 8},
         {"kind": "broadcast", "count": 1, "bytes": 64, "busy_ms": 0.25, "group_size": 8},
     ],
-    "cpu_percent": 98.5, "drops": 2, "idle_ms": 20.0,
+    "cpu_percent": 98.5, "drops": 2, "idle_ms": 20.0, "skipped": True,
     "collectives": [{"group": "world", "issued": 412, "completed": 411, "count": 4, "digest": "9a0c13fe"}],
 }
 

@@ -70,10 +70,19 @@ def health_line(view: RunView, now: float) -> Text:
     if dead:
         problems.append(("bold red", f"✖ rank{'s' if len(dead) > 1 else ''} {_ranks(dead)} dead"))
     bad = view.nonfinite_ranks
+    skipped = view.last_skipped_step
     if bad:
         first = view.first_nonfinite
         since = f" (first: rank {first.rank} at step {first.step:,})" if first is not None else ""
-        problems.append(("bold red", f"✖ loss not finite on rank{'s' if len(bad) > 1 else ''} {_ranks(bad)}{since}"))
+        now_skipped = "; step skipped" if skipped is not None and skipped == view.latest_step else ""
+        problems.append(("bold red", f"✖ loss not finite on rank{'s' if len(bad) > 1 else ''} {_ranks(bad)}{since}"
+                                     f"{now_skipped}"))
+    elif skipped is not None and view.latest_step - skipped <= SPIKE_SHOWN_STEPS:
+        first = view.first_nonfinite
+        since = f" (loss first not finite on rank {first.rank} at step {first.step:,})" if first is not None else ""
+        what = (f"{view.skipped_steps:,} steps skipped, the last {skipped:,}" if view.skipped_steps > 1
+                else f"step {skipped:,} skipped")
+        problems.append(("bold yellow", f"⚠ {what}: gradient norm not finite{since}"))
     spike = view.step_history.last_spike
     if spike is not None and view.latest_step - spike.step <= SPIKE_SHOWN_STEPS:
         problems.append(("bold yellow", f"⚠ loss spike at step {spike.step:,}: {spike.spike.loss:.3g} against a "

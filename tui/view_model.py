@@ -322,6 +322,9 @@ class RunView:
         self.step_history = StepHistory(self.history_points)
         self.first_nonfinite: NonFinite | None = None
         """The earliest step (lowest rank on a tie) whose loss was not finite on some rank."""
+        self.skipped_steps = 0
+        """Steps whose optimizer step the run left out (--on-nonfinite), counted once per step."""
+        self.last_skipped_step: int | None = None
         self.event_log = EventLog(self.max_events, quiet_kinds=frozenset(VERDICT_KINDS))
         self.command_log = CommandLog(self.event_log)
         self.verdict_board = VerdictBoard()
@@ -834,6 +837,9 @@ class RunView:
             row.step_ms_history.append(msg.step_ms)
         row.loss_history.append(loss)
         row.grad_norm = math.nan if msg.grad_norm is None else msg.grad_norm
+        if msg.skipped and (self.last_skipped_step is None or msg.step > self.last_skipped_step):
+            self.last_skipped_step = msg.step  # every rank skips the same step: count it once
+            self.skipped_steps += 1
         if not math.isfinite(loss):
             first = self.first_nonfinite
             if first is None or (msg.step, msg.rank) < (first.step, first.rank):
