@@ -14,6 +14,9 @@ from ringtop.protocol import free_tcp_port
 from ringtop.strategies.base import DistContext
 
 DEFAULT_TIMEOUT_S = 600
+FLIGHT_RECORDER_ENTRIES = "2000"
+"""PyTorch's NCCL Flight Recorder keeps this many collectives per rank unless the user set
+TORCH_NCCL_TRACE_BUFFER_SIZE: `ringtop ctl dump` writes them where `fr_trace` reads them."""
 
 
 class DeviceError(RuntimeError):
@@ -35,6 +38,8 @@ def init_distributed(device_choice: str, timeout_s: float = DEFAULT_TIMEOUT_S) -
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = pick_device(device_choice, local_rank)
     backend = "nccl" if device.type == "cuda" else "gloo"
+    if backend == "nccl":
+        os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", FLIGHT_RECORDER_ENTRIES)  # read at group creation
     timeout = datetime.timedelta(seconds=timeout_s)
     if not dist.is_initialized():
         if "MASTER_ADDR" in os.environ:

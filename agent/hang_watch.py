@@ -78,7 +78,9 @@ class HangWatch:
             return
         if len(self._reports) < self.world_size and now - self._episode_since < SETTLE_S:
             return
-        verdict = diagnose(self._reports, self.world_size, self._gone(now))
+        gone = self._gone(now)
+        live = {r: report for r, report in self._reports.items() if r not in gone}  # a dead rank's last words
+        verdict = diagnose(live, self.world_size, gone) if live else None
         if verdict is None:
             return
         key = (verdict.kind, verdict.culprits, verdict.group, verdict.seq, tuple(sorted(verdict.where.items())))

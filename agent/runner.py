@@ -380,12 +380,7 @@ class Runner:
             deadline = time.monotonic() + self.watch.settings.grace_s + 2.0
             while not others <= self.hang_watch.said_bye and time.monotonic() < deadline:
                 time.sleep(0.02)
-        if self.control is not None:
-            for pending in self.control.take_pending():
-                if pending.command.cmd == "stop":
-                    self.control.reply(pending.command, "done", result={"step": self.step, "stuck": place})
-                else:
-                    self.control.reply(pending.command, "error", error="the run was stopped while stuck", code="ended")
+        self._answer_commands_while_stuck(place)
         try:
             self._release_outside_world(bye)
         finally:
@@ -395,6 +390,16 @@ class Runner:
                 except (OSError, ValueError):
                     pass
             os._exit(EXIT_STOPPED_WHILE_STUCK)
+
+    def _answer_commands_while_stuck(self, place: str) -> None:
+        """The commands queued for a step boundary that will not come: the stop is done, the rest ended."""
+        if self.control is None:
+            return
+        for pending in self.control.take_pending():
+            if pending.command.cmd == "stop":
+                self.control.reply(pending.command, "done", result={"step": self.step, "stuck": place})
+            else:
+                self.control.reply(pending.command, "error", error="the run was stopped while stuck", code="ended")
 
     def _release_outside_world(self, bye: Bye) -> None:
         """Everything a rank holds outside itself, let go in order: the connection file, the
@@ -506,6 +511,7 @@ class Runner:
             raise
         except StoppedWhileStuck:
             bye.reason, bye.ok = self.watch.stuck_reason, False
+            self._answer_commands_while_stuck(self.watch.stuck_place)
             code = EXIT_STOPPED_WHILE_STUCK
         except Interrupted as exc:
             bye.reason, bye.ok = f"interrupted: {exc}", False

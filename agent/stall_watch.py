@@ -135,6 +135,7 @@ class StallWatch(threading.Thread):
         self._previous_wakeup: int | None = None
         self._interrupted = False
         self.stuck_reason = ""
+        self.stuck_place = ""
         """Why a StoppedWhileStuck was raised in the training thread, and where it was stuck."""
         self.reports = 0
 
@@ -248,7 +249,8 @@ class StallWatch(threading.Thread):
         if self._stop_requested is not None and self._escape is not None:
             reason, since, only_if_stalled = self._stop_requested
             if only_if_stalled and stalled and not self._interrupted:
-                self.stuck_reason = f"{reason} {self.stuck_at()}"
+                self.stuck_place = self.stuck_at()
+                self.stuck_reason = f"{reason} {self.stuck_place}"
                 self._interrupted = _raise_in(self._thread_id, StoppedWhileStuck)
             if now - since >= self.settings.grace_s and (stalled or not only_if_stalled):
                 self._stop_requested = None

@@ -5,7 +5,10 @@
 # (full, grad-op, bf16) and DeepSpeed ZeRO-1/2/3 (when DeepSpeed imports), NVML samples, and the
 # device timing of NCCL collectives (CUDA events read lazily, held against NCCL's own timing with
 # TORCH_NCCL_ENABLE_TIMING=1 and Work._get_duration(); per-kind busy ms beside the step time in the
-# agent runs). On a machine without a GPU it says so and exits 0.
+# agent runs), and on NCCL the hang tools: a rank hung at a step is reported by its stall watch,
+# `ctl stacks` answers without the training thread, `ctl dump` writes the collective ledger and
+# PyTorch's NCCL Flight Recorder buffer (read back with fr_trace's loader), `ctl stop` ends the stuck
+# run. On a machine without a GPU it says so and exits 0.
 set -u
 cd "$(dirname "$0")/.."
 out_dir=${OUT:-.}
@@ -24,7 +27,7 @@ fi
 $py -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version())"
 # ringtop itself, without pip: map the root folders into a ringtop namespace the way the wheel does.
 mkdir -p "$work/site/ringtop"
-for room in protocol agent strategies tui cli; do ln -s "$PWD/$room" "$work/site/ringtop/$room"; done
+for room in protocol agent strategies tui cli metrics; do ln -s "$PWD/$room" "$work/site/ringtop/$room"; done
 missing=$($py - <<'PY'
 import importlib
 print(" ".join(m for m in ("msgspec", "zmq", "psutil", "pynvml") if importlib.util.find_spec(m) is None))
@@ -133,7 +136,55 @@ PY
   echo "exit code: $rc"; [ $rc -eq 0 ] || status=1
 }
 
+hang_tools() {  # stall watch, ctl stacks / dump / stop on NCCL, one rank hung at step 8
+  echo; echo "## hang tools on NCCL: stall report, ctl stacks, ctl dump (Flight Recorder), ctl stop"
+  local run_id="gpucheck$$" logs="$work/hang"
+  timeout 150 $py -m torch.distributed.run --standalone --nproc_per_node=1 -m ringtop.agent --device cuda \
+      --steps 0 --inject-hang 0:8 --stall-floor 2 --run-id "$run_id" --log-dir "$logs" \
+      --checkpoint-dir "$work/hang-ckpt" > "$work/hang.out" 2>&1 &
+  local pid=$!
+  $py - "$logs" "$run_id" <<'PY'
+import sys, time, pathlib, pickle
+from ringtop.protocol import Stall, read_log
+from ringtop.cli.ctl import send_command
+from ringtop.protocol import connection_file
+logs, run_id = pathlib.Path(sys.argv[1]), sys.argv[2]
+deadline = time.monotonic() + 120
+stall = None
+while time.monotonic() < deadline and stall is None:
+    time.sleep(0.5)
+    if (logs / "rank-0.jsonl").exists():
+        stall = next((m for m in read_log(logs / "rank-0.jsonl") if isinstance(m, Stall)), None)
+assert stall is not None, "no stall report within 120 s"
+print(f"stall report: step={stall.step} phase={stall.phase} running_s={stall.running_s:.1f} where={stall.where}")
+info = connection_file.read(connection_file.file_for(run_id))
+stacks = list(send_command(info.control, "stacks", {}, 30, info.keys))[-1]
+print("ctl stacks:", stacks.status, [(g["label"], g["phase"], g["where"]) for g in stacks.result.get("groups", [])])
+dump = list(send_command(info.control, "dump", {}, 30, info.keys))[-1]
+print("ctl dump:", dump.status, dump.result)
+trace = pathlib.Path(dump.result["directory"]) / "nccl_trace_rank_0"
+deadline = time.monotonic() + 30
+while not trace.exists() and time.monotonic() < deadline:
+    time.sleep(0.2)
+data = pickle.loads(trace.read_bytes())
+entries = data.get("entries", [])
+print(f"flight recorder: {trace} {trace.stat().st_size} bytes, version={data.get('version')}, entries={len(entries)}, "
+      f"last={entries[-1].get('profiling_name') if entries else None}")
+stop = list(send_command(info.control, "stop", {"reason": "gpu_check"}, 30, info.keys))[-1]
+print("ctl stop:", stop.status, stop.result)
+assert stacks.status == "done" and dump.status == "done" and entries and stop.status == "done"
+PY
+  local rc=$?
+  wait $pid; echo "launcher exit code: $? (non-zero: the rank was stopped while stuck, exit code 3)"
+  grep -h '"type":"bye"' "$logs"/rank-0.jsonl | cut -c1-300
+  $py -m torch.distributed.flight_recorder.fr_trace --help > /dev/null 2>&1 \
+      && echo "fr_trace analyser present: python -m torch.distributed.flight_recorder.fr_trace <dump dir>" \
+      || echo "fr_trace analyser: not found in this torch"
+  echo "exit code: $rc"; [ $rc -eq 0 ] || { tail -30 "$work/hang.out"; status=1; }
+}
+
 nccl_timing
+hang_tools
 run_agent ddp-10m --steps 40 --model-size 10m --batch-size 16 --seq-len 256
 run_agent ddp-125m --steps 20 --model-size 125m --batch-size 8 --seq-len 512
 run_agent fsdp-full --strategy fsdp --fsdp-sharding full --steps 20 --model-size 125m --batch-size 8 --seq-len 512
