@@ -13,6 +13,7 @@ import zmq
 
 from ringtop.protocol import UI_RANK, Command, ProtocolError, Reply, decode, encode
 from ringtop.protocol.curve import ClientKeys, HandshakeWatch, secure_client
+from ringtop.tui.stacks_text import stacks_plain  # pure: no Textual, no Rich
 
 
 def parse_kv(items: list[str]) -> dict[str, Any]:
@@ -64,6 +65,14 @@ def send_command(address: str, cmd: str, args: dict[str, Any], timeout_s: float,
         sock.close()
 
 
+def result_text(cmd: str, result: dict[str, Any]) -> str:
+    """A `done` reply's result for a person: `stacks` as its groups of ranks with their stacks
+    (innermost frame last, as a traceback reads), anything else one `key: value` a line."""
+    if cmd == "stacks" and isinstance(result.get("groups"), list):
+        return "\n".join("  " + line for line in stacks_plain(result).splitlines())
+    return "\n".join(f"  {key}: {value}" for key, value in result.items())
+
+
 def run_ctl(address: str, keys: ClientKeys | None, cmd: str, raw_args: list[str], timeout_s: float,
             as_json: bool) -> int:
     try:
@@ -75,8 +84,9 @@ def run_ctl(address: str, keys: ClientKeys | None, cmd: str, raw_args: list[str]
                 print(f"{cmd}: accepted, applies at the step boundary after next", flush=True)
             elif reply.status == "done":
                 print(f"{cmd}: done", flush=True)
-                for key, value in reply.result.items():
-                    print(f"  {key}: {value}")
+                text = result_text(cmd, reply.result)
+                if text:
+                    print(text, flush=True)
             else:
                 print(f"{cmd}: error [{reply.code}] {reply.error}", file=sys.stderr, flush=True)
                 return 1

@@ -5,10 +5,13 @@ from __future__ import annotations
 import re
 import signal
 import statistics
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ringtop.metrics import fmt
 from ringtop.metrics.goodput import CAUSES, GoodputResult, goodput_of
+from ringtop.metrics.hang import HangVerdict, diagnose
+from ringtop.metrics.rank_sets import ranks_text
 from ringtop.metrics.timing import share_pct
 from ringtop.metrics.units import MB
 from ringtop.protocol import Bye, Event, Hello, Stall, Step, read_log
@@ -72,10 +75,141 @@ def goodput_line(g: GoodputResult) -> str:
             f"{fmt.seconds(g.productive_s)} s" + (f"; lost: {lost}" if lost else ""))
 
 
+@dataclass
+class StallEpisode:
+    """A time when at least one rank was stalled, from its first `stalled` report until every
+    stalled rank moved on (a `recovered`, a later step, its bye)."""
+
+    start_ts: float
+    end_ts: float | None = None
+    """None: still stalled when the logs end."""
+    ranks: set[int] = field(default_factory=set)
+    step: int = 0
+    longest_s: float = 0.0
+    """The longest any rank ran its stuck step, by its own reports."""
+    verdict: HangVerdict | None = None
+    """`metrics.hang.diagnose` on the reports just before the first rank moved on (all stuck
+    ranks have reported by then): the same reading the UI and rank 0 make."""
+
+
+def stall_episodes(log_dir: Path) -> list[StallEpisode]:
+    """The stall episodes of a run, from every rank's `stall` reports, steps and byes in time order."""
+    msgs, world = [], 0
+    for path in sorted(log_dir.glob("rank-*.jsonl")):
+        for m in read_log(path):
+            if isinstance(m, (Stall, Step, Bye)):
+                msgs.append(m)
+            elif isinstance(m, Hello):
+                world = max(world, m.world_size)
+    if not any(isinstance(m, Stall) and m.state == "stalled" for m in msgs):
+        return []
+    msgs.sort(key=lambda m: (m.ts, m.rank))
+    world = world or max(m.rank for m in msgs) + 1
+    episodes: list[StallEpisode] = []
+    reports: dict[int, Stall] = {}
+    failed: set[int] = set()
+    current: StallEpisode | None = None
+    fresh = False
+
+    def read() -> None:
+        nonlocal fresh
+        if fresh and current is not None:
+            verdict = diagnose(reports, world, failed)
+            if current.verdict is None or (current.verdict.kind == "stall" and verdict and verdict.kind != "stall"):
+                current.verdict = verdict
+            fresh = False
+
+    def moved_on(rank: int, ts: float, died: bool = False) -> None:
+        nonlocal current, fresh
+        if rank not in reports or current is None:
+            return
+        if died:
+            fresh = True  # the death is the news: read what the others wait for once it is known
+        else:
+            read()
+        del reports[rank]
+        if not reports:
+            current.end_ts = ts
+            episodes.append(current)
+            current = None
+
+    for m in msgs:
+        if isinstance(m, Stall) and m.state == "stalled":
+            if current is None:
+                current = StallEpisode(start_ts=m.ts, step=m.step)
+            reports[m.rank] = m
+            current.ranks.add(m.rank)
+            current.longest_s = max(current.longest_s, m.running_s)
+            fresh = True
+        elif isinstance(m, Stall) and m.state == "recovered":
+            moved_on(m.rank, m.ts)
+        elif isinstance(m, Step) and m.rank in reports and m.step >= reports[m.rank].step:
+            moved_on(m.rank, m.ts)
+        elif isinstance(m, Bye):
+            if not m.ok:
+                failed.add(m.rank)
+            moved_on(m.rank, m.ts, died=not m.ok)
+    if current is not None:
+        read()
+        episodes.append(current)
+    return episodes
+
+
+def hang_events(log_dir: Path) -> list[tuple[Event, int]]:
+    """Rank 0's `hang` and `desync` events, each with how many times it was restated (a hang
+    is restated every 30 s while it lasts, with its wait grown)."""
+    found: list[tuple[Event, int]] = []
+    index: dict[tuple, int] = {}
+    for path in sorted(log_dir.glob("rank-*.jsonl")):
+        for m in read_log(path):
+            if not (isinstance(m, Event) and m.kind in ("hang", "desync")):
+                continue
+            d = m.data if isinstance(m.data, dict) else {}
+            key = (m.kind, d.get("verdict"), str(d.get("culprits")), d.get("group"), d.get("seq"), d.get("step"),
+                   m.text if d.get("cleared") or m.kind == "desync" else "")
+            if key in index:
+                event, n = found[index[key]]
+                found[index[key]] = (event, n + 1)
+            else:
+                index[key] = len(found)
+                found.append((m, 0))
+    return sorted(found, key=lambda f: f[0].ts)
+
+
+def hang_lines(log_dir: Path) -> list[str]:
+    """The end summary's lines about hangs: the stall episodes, then rank 0's verdicts."""
+    episodes, events = stall_episodes(log_dir), hang_events(log_dir)
+    if not episodes and not events:
+        return []
+    lines = []
+    if episodes:
+        longest = max(episodes, key=lambda e: e.longest_s)
+        culprits = sorted({r for e in episodes if e.verdict is not None for r in e.verdict.culprits})
+        named = f"; culprits: {ranks_text(culprits)}" if culprits else ""
+        lines.append(f"stalls: {len(episodes)} episode{'s' if len(episodes) != 1 else ''}, the longest "
+                     f"{longest.longest_s:.0f} s (step {longest.step:,}){named}")
+        for e in episodes:
+            until = fmt.clock(e.end_ts) if e.end_ts is not None else "the end of the logs"
+            what = e.verdict.text if e.verdict is not None else "no reading"
+            lines.append(f"  {fmt.clock(e.start_ts)}–{until}  step {e.step:,}, {ranks_text(sorted(e.ranks))} "
+                         f"stalled, up to {e.longest_s:.0f} s: {what}")
+    if events:
+        lines.append("rank 0's hang watch:")
+        for event, restated in events:
+            cleared = isinstance(event.data, dict) and event.data.get("cleared")
+            mark = "✓" if cleared or event.level == "info" else ("⚠" if event.level == "warn" else "✖")
+            again = f" (restated {restated}×)" if restated else ""
+            lines.append(f"  {mark} {fmt.clock(event.ts)} {event.kind}: {event.text}{again}")
+    return lines
+
+
 def print_summary(log_dir: Path) -> None:
     rows = summarize(log_dir)
     if not rows:
         print(f"no step records in {log_dir}")
+        hangs = hang_lines(log_dir)  # a run can hang before its first step
+        if hangs:
+            print("\n" + "\n".join(hangs))
         return
     print(f"\n{'rank':>4} {'steps':>6} {'loss first→last':>18} {'step ms (median)':>17} "
           f"{'comm MB/step':>13} {'comm blocked %':>15} {'drops':>6}  exit")
@@ -92,6 +226,9 @@ def print_summary(log_dir: Path) -> None:
         print("\ndiagnosis: " + ("no problems found" if not verdicts else ""))
         for v in verdicts:
             print(f"  ⚠ {v['text']}\n    advice: {v['advice']}")
+    hangs = hang_lines(log_dir)
+    if hangs:
+        print("\n" + "\n".join(hangs))
 
 
 _LAUNCHER_FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")

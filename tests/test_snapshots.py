@@ -13,6 +13,7 @@ import math
 import time
 import types
 
+import hang_scenario
 import pytest
 from test_pipeline_view import gpipe_equal, pp_hello, pp_step, timeline
 
@@ -120,3 +121,12 @@ def test_tab(snap_compare, tab, size):
 def test_pipeline_tab(snap_compare, size):
     app = RingtopApp(messages=pipeline_run(), source="runs/pp/telemetry")
     assert snap_compare(app, terminal_size=SIZES[size], run_before=loaded("4"))
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("tab", {"overview": "1", "hang": "6"})
+def test_hung_run(snap_compare, tab, size):
+    """Rank 3 still in its forward while ranks 0–2 wait for it in an all-reduce: the Overview's banner
+    and the Hang view (the culprit first, its stack)."""
+    app = RingtopApp(messages=hang_scenario.hung_run(), source="runs/hang/telemetry")
+    assert snap_compare(app, terminal_size=SIZES[size], run_before=loaded({"overview": "1", "hang": "6"}[tab]))

@@ -136,7 +136,9 @@ class FakeRun:
     rank 0's control server that answers every command with ack then done — on the control socket
     and, like the real agent, also on telemetry in rank 0's stream."""
 
-    def __init__(self, rate_hz: float = 50.0, burst: int = 1) -> None:
+    def __init__(self, rate_hz: float = 50.0, burst: int = 1, results: dict | None = None) -> None:
+        """`results`: per command name, the `done` reply's result (default: a checkpoint's)."""
+        self.results = results or {}
         self.pub_addr = f"tcp://127.0.0.1:{free_tcp_port()}"
         self.ctl_addr = f"tcp://127.0.0.1:{free_tcp_port()}"
         self.rate_hz = rate_hz
@@ -203,8 +205,9 @@ class FakeRun:
                 cmd = decode(payload)
                 self.commands.append(cmd)
                 for status in ("ack", "done"):
+                    done = self.results.get(cmd.cmd, {"path": "/ckpt/step-9"})
                     reply = Reply(rank=0, ts=time.time(), id=cmd.id, status=status, cmd=cmd.cmd,
-                                  result={"path": "/ckpt/step-9"} if status == "done" else {})
+                                  result=done if status == "done" else {})
                     router.send_multipart([ident, encode(reply)])
                     self.to_publish.put(reply)
         finally:
@@ -587,3 +590,149 @@ def test_memory_model_has_no_ui_imports():
 
     src = open(m.__file__).read()
     assert "textual" not in src and "import torch" not in src and "rich" not in src
+
+
+# ---------------------------------------------------------------------- stuck ranks
+
+
+def hang_text(app: RingtopApp, selector: str) -> str:
+    from textual.widgets import Static
+
+    return str(app.query_one(selector, Static).render())
+
+
+async def test_hang_banner_names_the_culprit_and_goes_when_the_ranks_step_again():
+    import hang_scenario as hs
+
+    seq = hs.Seq()
+    app = RingtopApp(messages=hs.hung_run(seq=seq), source="runs/hang")
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: app.replay_loaded, what="replay to load")
+        banner = app.query_one("#hang-banner")
+
+        def shown():
+            assert banner.display
+            text = hang_text(app, "#hang-banner")
+            assert "HANG" in text and "rank 3 has not entered all_reduce #21 on group world (4.0MiB)" in text
+            assert "6 Hang view" in text
+            assert "✖ hung: rank 3 holding up ranks 0–2" in hang_text(app, "#health")
+        await repainted(pilot)
+        await eventually(pilot, shown)
+        for m in hs.recovered(4, seq):  # fed to the view model, as the app's receive path does
+            app.view.apply(m)
+
+        def gone():
+            assert not banner.display
+            assert "● healthy" in hang_text(app, "#health")
+        await repainted(pilot)
+        await eventually(pilot, gone)
+
+
+async def test_hang_view_lists_the_ranks_culprit_first_and_shows_a_chosen_ranks_stack():
+    import hang_scenario as hs
+    from textual.widgets import DataTable
+
+    app = RingtopApp(messages=hs.hung_run(), source="runs/hang")
+    async with app.run_test(size=(160, 40)) as pilot:
+        await wait_until(pilot, lambda: app.replay_loaded, what="replay to load")
+        await pilot.press("6")
+        table = app.query_one("#hang-ranks", DataTable)
+
+        def listed():
+            assert app.query_one("TabbedContent").active == "hang"
+            assert [k.value for k in table.rows] == ["h3", "h0", "h1", "h2"]  # the culprit first
+            assert table_cell(app, "#hang-ranks", "h3", "state") == "stalled 39 s"
+            assert table_cell(app, "#hang-ranks", "h3", "where") == "model.py:57 in forward"
+            assert table_cell(app, "#hang-ranks", "h0", "waiting") == "all_reduce #21 world 4.0MiB 40 s +1"
+            assert table_cell(app, "#hang-ranks", "h0", "groups") == "world 22/20"
+            stack = hang_text(app, "#hang-stack")
+            assert stack.startswith("rank 3  stall report")
+            frames = [line.strip() for line in stack.splitlines()]
+            assert frames[-2:] == ["/home/u/model.py:57 in forward", "/usr/lib/python3.12/time.py:1 in sleep"]
+            assert "rank 3 has not entered" in hang_text(app, "#hang-caption")
+        await repainted(pilot)
+        await eventually(pilot, listed)
+        await pilot.press("down")  # the table has the focus: the next row's stack
+
+        def rank_0():
+            assert app.hang_rank == 0
+            stack = hang_text(app, "#hang-stack")
+            assert stack.startswith("rank 0  stall report") and "waiting in all_reduce #21 on group world" in stack
+            assert stack.rstrip().endswith("distributed_c10d.py:2501 in wait")
+        await eventually(pilot, rank_0)
+
+
+async def test_hang_view_groups_a_thousand_ranks_into_a_few_rows():
+    import hang_scenario as hs
+    from textual.widgets import DataTable
+
+    app = RingtopApp(messages=hs.hung_run(world=1000, culprit=517, steps=1, reports=1), source="runs/hang")
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: app.replay_loaded, timeout=30, what="replay to load")
+        await pilot.press("6")
+
+        def grouped():
+            table = app.query_one("#hang-ranks", DataTable)
+            assert [k.value for k in table.rows] == ["h517", "h0"]
+            assert table_cell(app, "#hang-ranks", "h0", "rank") == "0–516, 518–999"
+            assert table_cell(app, "#hang-ranks", "h517", "rank") == "▶ 517"
+        await repainted(pilot)
+        await eventually(pilot, grouped)
+
+
+def test_stacks_key_is_offered_in_the_palette():
+    from ringtop.tui.run_commands import RUN_COMMANDS
+
+    assert ("stacks", "k") in {(c.action, c.key) for c in RUN_COMMANDS}
+
+
+@pytest.mark.timeout(60)
+async def test_stacks_key_sends_the_command_and_the_hang_view_shows_the_answer():
+    result = {"answered": 2, "missing": [], "groups": [
+        {"ranks": [1], "label": "rank 1", "phase": "forward", "where": "model.py:57 in forward", "step": 9,
+         "running_s": 4.5, "stack": ["/a/train.py:10 in main", "/a/model.py:57 in forward"], "in_flight": []},
+        {"ranks": [0], "label": "rank 0", "phase": "backward", "where": "train.py:120 in hook", "step": 9,
+         "running_s": 4.4, "stack": ["/a/train.py:10 in main", "/a/train.py:120 in hook"],
+         "in_flight": ["all_reduce #37 on group world (4.0MiB) for 4.3 s"]}]}
+    with FakeRun(results={"stacks": result}) as run:
+        app = RingtopApp(publish_addr=run.pub_addr, control_addr=run.ctl_addr)
+        async with app.run_test(size=(140, 48)) as pilot:
+            await wait_until(pilot, lambda: {0, 1} <= set(app.view.ranks), what="rows for ranks 0 and 1")
+            await wait_until(pilot, lambda: app.client is not None and app.client.has_control, what="control")
+            await pilot.press("k")
+            await wait_until(pilot, lambda: any(c.cmd == "stacks" and c.status == "done"
+                                                for c in app.view.commands.values()), what="stacks done reply")
+            assert run.commands[0].cmd == "stacks" and run.commands[0].args == {}
+            assert app.query_one("TabbedContent").active == "hang"  # where the answer is shown
+
+            def answered():
+                reply = hang_text(app, "#hang-reply")
+                assert "2 of 2 ranks answered, 2 distinct stacks" in reply
+                assert "rank 1 (1): forward, model.py:57 in forward, step 9, running 4.5 s" in reply
+                assert "waiting in all_reduce #37 on group world (4.0MiB) for 4.3 s" in reply
+                assert reply.rstrip().endswith("/a/train.py:120 in hook")
+                assert "nothing is stuck" in hang_text(app, "#hang-caption")
+            await repainted(pilot)
+            await eventually(pilot, answered)
+
+
+async def test_hang_and_desync_events_carry_their_level_colour_in_the_events_tab():
+    import hang_scenario as hs
+    from textual.widgets import RichLog
+
+    from ringtop.protocol import Event
+
+    msgs = [hs.hello(r) for r in range(4)] + [
+        Event(rank=0, seq=1, ts=hs.T0 + 5, level="error", kind="hang", text="rank 3 has not entered all_reduce #21",
+              data={"verdict": "hang", "culprits": [3]}),
+        Event(rank=0, seq=2, ts=hs.T0 + 6, level="error", kind="desync", text="desync in step 7 on group world",
+              data={"step": 7, "culprits": [1]})]
+    app = RingtopApp(messages=msgs, source="runs/hang")
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: app.replay_loaded, what="replay to load")
+        await pilot.press("5")
+        await wait_until(pilot, lambda: "desync in step 7" in event_log_text(app), what="the desync event")
+        for kind in ("hang: rank 3 has not entered", "desync in step 7"):
+            strip = next(s for s in app.query_one("#event-log", RichLog).lines if kind in s.text)
+            level = next(seg for seg in strip if seg.text.strip() == "error")
+            assert level.style.color is not None and level.style.color.name == "red" and level.style.bold

@@ -10,7 +10,7 @@ import zmq
 from textual.widgets import DataTable, RichLog, Static
 from ui_waits import eventually
 
-from ringtop.protocol import Event, Hello, Reply, Step, encode, free_tcp_port
+from ringtop.protocol import Event, Hello, Reply, Stall, Step, encode, free_tcp_port
 from ringtop.tui.app import RingtopApp
 from ringtop.tui.sanitize import visible
 
@@ -29,6 +29,8 @@ def hostile_messages(seq: int) -> list[tuple[bytes, object]]:
         (b"event.0", Event(rank=0, seq=seq + 2, ts=1002.0, level="warn", kind="note", text=f"look{ESCAPES}here")),
         (b"reply.0", Reply(rank=0, seq=seq + 3, ts=1003.0, id=f"id{ESCAPES}", status="error", cmd="status",
                            error=f"bad{ESCAPES}")),
+        (b"stall.1", Stall(rank=1, seq=seq + 2, ts=1002.0, step=4, phase=f"forward{ESCAPES}", running_s=30.0,
+                           where=f"model.py:57 in f{ESCAPES}", stack=[f"/x/model{ESCAPES}.py:57 in f{ESCAPES}"])),
         (b"step.5000", Step(rank=5000, seq=seq, ts=1001.0, step=3, loss=2.5, step_ms=100.0)),  # no such rank
         (b"hello.7", Hello(rank=7, seq=seq, run_id="7f3a9c21", world_size=2)),  # a rank outside its own world
     ]
@@ -100,4 +102,11 @@ async def test_escape_sequences_are_shown_visibly_and_phantom_ranks_are_refused(
                 assert not any(ord(ch) < 0x20 and ch != "\n" or 0x7f <= ord(ch) <= 0x9f for ch in text)
                 assert "rank 5000" in text and "outside the run's 2 ranks" in text
             await eventually(pilot, drawn_safely)
+            await pilot.press("6")  # a stall report's phase, frame and stack
+
+            def stack_drawn_safely():
+                text = everything_drawn(app)
+                assert "/x/model\\x1b]0;pwned" in text and "forward\\x1b]0;pwned" in text
+                assert not any(ord(ch) < 0x20 and ch != "\n" or 0x7f <= ord(ch) <= 0x9f for ch in text)
+            await eventually(pilot, stack_drawn_safely)
             assert 5000 not in app.view.ranks and 7 not in app.view.ranks

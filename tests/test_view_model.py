@@ -2,6 +2,7 @@
 
 import math
 
+import hang_scenario as hs
 import pytest
 
 from ringtop.protocol import UI_RANK, Bye, CommStat, Event, Heartbeat, Hello, MemorySample, Reply, Sample, Step
@@ -613,3 +614,76 @@ def test_operations_restated_by_rank_0_fill_a_late_ui_without_event_lines():
     assert recent["mine01"].status == "pending" and recent["mine01"].args == {"kind": "full"}  # its own view stands
     v.apply(Event(rank=0, seq=2, ts=1003.0, kind="operations_recent", data={"operations": "nope"}), now=2.0)
     assert len(v.recent_commands()) == 2
+
+
+# ---------------------------------------------------------------------- stuck ranks
+
+
+def test_stall_reports_name_the_culprit_once_per_change_and_a_step_or_recovery_clears_them():
+    seq = hs.Seq()
+    v = RunView(watch_liveness=False)
+    v.apply_many(hs.hung_run(seq=seq), now=1.0)
+    verdict = v.hang_verdict()
+    assert verdict is not None and verdict.kind == "hang"
+    assert (verdict.culprits, verdict.waiting, verdict.collective, verdict.seq) == ((3,), (0, 1, 2), "all_reduce", 21)
+    assert "rank 3 has not entered all_reduce #21 on group world (4.0MiB)" in verdict.text
+    assert "rank 3 is in forward at model.py:57 in forward" in verdict.text
+    # cached by the view's `hang` version: a heartbeat does not read the reports again
+    v.apply(Heartbeat(rank=0, seq=seq(0), ts=2000.0, step=5), now=1.5)
+    assert v.hang_verdict() is verdict
+    # the culprit finishes its step: its report is gone, the others' still name a stall
+    v.apply(step(3, 6, seq=seq(3)), now=2.0)
+    assert 3 not in v.hang.stalled and v.hang_verdict() is not verdict
+    # a step that is not the stuck one does not clear a report
+    v.apply(step(0, 5, seq=seq(0)), now=2.0)
+    assert 0 in v.hang.stalled
+    v.apply_many([hs.stall(r, seq(r), state="recovered") for r in (0, 1)], now=2.5)
+    v.apply(step(2, 6, seq=seq(2)), now=2.5)
+    assert v.hang.stalled == {} and v.hang_verdict() is None
+
+
+def test_a_rank_that_ended_in_error_is_named_dead_and_its_old_report_is_not_read():
+    seq = hs.Seq()
+    v = RunView(watch_liveness=False)
+    v.apply_many(hs.hung_run(seq=seq), now=1.0)
+    v.apply(hs.failed_bye(3, seq(3)), now=2.0)
+    verdict = v.hang_verdict()
+    assert verdict.kind == "dead" and verdict.culprits == (3,) and verdict.waiting == (0, 1, 2)
+    assert verdict.text.startswith("rank 3 has died")
+
+
+def test_stacks_snapshots_are_kept_apart_and_the_newer_stack_is_shown():
+    seq = hs.Seq()
+    v = RunView(watch_liveness=False)
+    v.apply_many([hs.hello(r) for r in range(4)], now=1.0)
+    v.apply_many([hs.stall(r, seq(r), state="snapshot", request="ui-7") for r in range(4)], now=1.0)
+    assert v.hang_verdict() is None and set(v.hang.snapshots) == {0, 1, 2, 3} and v.hang.snapshot_request == "ui-7"
+    assert v.hang.report_of(3)[0] == "snapshot"
+    v.apply(hs.stall(3, seq(3)), now=2.0)
+    assert v.hang.report_of(3)[0] == "stalled" and v.hang.report_of(0)[0] == "snapshot"
+    v.apply(hs.stall(3, seq(3), state="snapshot", request="ui-8"), now=3.0)
+    assert v.hang.report_of(3)[0] == "snapshot" and 3 in v.hang.stalled
+
+
+def test_rank_0s_hang_event_stands_in_for_reports_the_ui_never_got_and_a_desync_shows_for_60_s():
+    seq = hs.Seq()
+    v = RunView(watch_liveness=False)
+    v.apply_many([hs.hello(r) for r in range(4)], now=1.0)
+    hang = Event(rank=0, seq=seq(0), ts=hs.T0 + 5, level="error", kind="hang", text="rank 3 has not entered …",
+                 data={"verdict": "hang", "culprits": [3], "waiting": [0, 1, 2], "group": "world", "seq": 21,
+                       "collective": "all_reduce", "wait_s": 41.0, "step": 6, "where": {"3": "in forward"}})
+    v.apply(hang, now=2.0)
+    verdict = v.hang_verdict()
+    assert verdict.kind == "hang" and verdict.culprits == (3,) and verdict.where == {3: "in forward"}
+    v.apply(Event(rank=0, seq=seq(0), ts=hs.T0 + 9, level="info", kind="hang", text="the stall is over",
+                  data={"cleared": True}), now=3.0)
+    assert v.hang_verdict() is None
+    desync = Event(rank=0, seq=seq(0), ts=hs.T0 + 10, level="error", kind="desync",
+                   text="desync in step 7 on group world",
+                   data={"step": 7, "group": "world", "culprits": [1], "agreeing": [0, 2, 3]})
+    v.apply(desync, now=4.0)
+    assert v.desync_notice() is desync
+    v.apply(hs.step(2, 8, seq(2), ts=hs.T0 + 69), now=5.0)
+    assert v.desync_notice() is desync
+    v.apply(hs.step(2, 9, seq(2), ts=hs.T0 + 71), now=6.0)  # 61 s later by the run's clock
+    assert v.desync_notice() is None

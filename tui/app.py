@@ -20,7 +20,7 @@ from rich.text import Text
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import Footer, TabbedContent, TabPane
+from textual.widgets import DataTable, Footer, TabbedContent, TabPane
 
 from ringtop.protocol.curve import ClientKeys
 
@@ -31,10 +31,20 @@ from .header_tab import header_model
 from .replay import ReplayError, load_replay
 from .run_commands import RunCommands
 from .view_model import RunView
-from .widgets import CommPanel, EventsPanel, HeaderModel, MemoryPanel, OverviewPanel, PipelinePanel, RunHeader
+from .widgets import (
+    CommPanel,
+    EventsPanel,
+    HangPanel,
+    HeaderModel,
+    MemoryPanel,
+    OverviewPanel,
+    PipelinePanel,
+    RunHeader,
+)
 
 REFRESH_S = 0.25
-TABS = ("overview", "memory", "comm", "pipeline", "events")
+TABS = ("overview", "memory", "comm", "pipeline", "events", "hang")
+PANELS = (OverviewPanel, MemoryPanel, CommPanel, PipelinePanel, EventsPanel, HangPanel)
 
 
 class RingtopApp(Feeds, RunCommands, App):
@@ -55,6 +65,7 @@ class RingtopApp(Feeds, RunCommands, App):
         Binding("m", "micro_batches", "micro-batches"),
         Binding("p", "profile", "profile"),
         Binding("s", "status", "status"),
+        Binding("k", "stacks", "stacks"),
         *(Binding(str(i), f"show_tab('{tab}')", tab, show=False) for i, tab in enumerate(TABS, 1)),
         Binding("r", "comm_rank", "rank/all"),
         Binding("q", "quit", "quit"),
@@ -82,6 +93,9 @@ class RingtopApp(Feeds, RunCommands, App):
             self.view.set_link_peak(link_peak_gbps, "configured")
         self.comm_rank: int | None = None
         """The Comm tab's selection: a rank, or None for all ranks."""
+        self.hang_rank: int | None = None
+        """The Hang view's selection (its table's cursor): the rank whose stack it shows; None or a
+        rank no row holds: the first row's, the first culprit."""
         self.client: TelemetryClient | None = None
         self.builders = Builders()
         self._bindings_strategy = ""
@@ -89,8 +103,7 @@ class RingtopApp(Feeds, RunCommands, App):
     def compose(self) -> ComposeResult:
         yield RunHeader()
         with TabbedContent(initial="overview"):
-            for i, (tab, panel) in enumerate(zip(TABS, (OverviewPanel, MemoryPanel, CommPanel, PipelinePanel,
-                                                         EventsPanel)), 1):
+            for i, (tab, panel) in enumerate(zip(TABS, PANELS), 1):
                 with TabPane(f"{i} {tab.capitalize()}", id=tab):
                     yield panel()
         yield Footer()
@@ -117,7 +130,19 @@ class RingtopApp(Feeds, RunCommands, App):
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         self.refresh_bindings()  # `r` shows in the footer on the Comm tab only
+        if self.active_tab == "hang":  # ↑↓ move through the ranks
+            self.query_one("#hang-ranks", DataTable).focus()
         self.call_after_refresh(self.refresh_view)
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        """The Hang view's cursor chooses the rank whose stack it shows (a row's first rank)."""
+        key = event.row_key.value if event.row_key is not None else None
+        if event.data_table.id != "hang-ranks" or not key or not key.startswith("h"):
+            return
+        rank = int(key[1:])
+        if rank != self.hang_rank:
+            self.hang_rank = rank
+            self.refresh_view()
 
     def on_resize(self, event) -> None:
         self.call_after_refresh(self.refresh_view)
@@ -184,6 +209,9 @@ class RingtopApp(Feeds, RunCommands, App):
             panel.show(b.pipeline(v, panel.timeline_width or (self.size.width - 2)))
         elif tab == "events":
             self.query_one(EventsPanel).show(b.events(v, replay=self.replay))
+        elif tab == "hang":
+            panel = self.query_one(HangPanel)
+            panel.show(b.hang(v, self.hang_rank, panel.table_width, replay=self.replay))
 
     def _header_model(self) -> HeaderModel:
         refused = self.client.auth_failure if self.client is not None else ""

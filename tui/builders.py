@@ -1,6 +1,7 @@
 """Turn the view model into each panel's immutable model (widgets/), recomputing what is costly
 only when its inputs changed: the comm window and chart by the view's comm version, the fit table
-by the cost model's inputs, the pipeline drawing by its version and width, event lines by count."""
+by the cost model's inputs, the pipeline drawing by its version and width, event lines by count,
+the Hang view's rows by the hang and ranks versions and the width."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ from .comm_tab import (
     verdict_panel,
 )
 from .events_tab import event_line, operations_text
+from .hang_tab import GROUP_ABOVE, banner_text, hang_caption, hang_columns, hang_rows, rank_states, stacks_reply_text
+from .hang_tab import stack_text as hang_stack_text
 from .health import health_line
 from .memory import fit_table
 from .memory_tab import fit_caption, fit_columns, fit_rows, memory_caption, memory_columns, memory_rows, on_gpu
@@ -50,7 +53,7 @@ from .pipeline_tab import (
     timeline_text,
 )
 from .view_model import RunView
-from .widgets import CommModel, EventsModel, MemoryModel, OverviewModel, PipelineModel
+from .widgets import CommModel, EventsModel, HangModel, MemoryModel, OverviewModel, PipelineModel
 from .widgets.overview import ChartModel
 
 
@@ -94,6 +97,8 @@ class Builders:
         self._timeline = Text("")
         self._events_key: tuple | None = None
         self._event_lines: tuple = ()
+        self._hang_key: tuple | None = None
+        self._hang: tuple = ((), ())
 
     def overview(self, view: RunView, now: float, *, replay: bool, table_width: int = 0) -> OverviewModel:
         outlying = outlying_cells(view)
@@ -114,7 +119,8 @@ class Builders:
             ChartModel(overview_comm_label(window, ref), busbw.data, busbw.top, busbw.bottom),
         )
         legend = breakdown_legend() if any(c.key == "breakdown" for c in columns) else Text("")
-        return OverviewModel(health_line(view, now), tuple(columns), tuple(rows), legend, charts, alert_text(view))
+        return OverviewModel(health_line(view, now), tuple(columns), tuple(rows), legend, charts, alert_text(view),
+                             banner_text(view, replay=replay))
 
     def memory(self, view: RunView, table_width: int = 0) -> MemoryModel:
         f = view.facts
@@ -160,6 +166,26 @@ class Builders:
                              bubble=bubble_text(p), stage_columns=tuple(STAGE_COLUMNS),
                              stage_rows=tuple(stage_rows(p)), history_caption=history_caption(ps),
                              history_columns=tuple(HISTORY_COLUMNS), history_rows=tuple(history_rows(ps)))
+
+    def hang(self, view: RunView, selected: int | None, table_width: int = 0, *, replay: bool) -> HangModel:
+        """The Hang view, with the stack of `selected` when a row holds it, else of the first row's
+        first rank (the first culprit)."""
+        verdict = view.hang_verdict()
+        width = table_width or DEFAULT_TABLE_WIDTH
+        key = (view.versions["hang"], view.versions["ranks"], verdict.text if verdict else None, width)
+        if key != self._hang_key:
+            self._hang_key = key
+            rows = []
+            if verdict is not None or view.hang.snapshots:
+                states = rank_states(view, verdict)
+                rows = hang_rows(states, group=len(states) > GROUP_ABOVE)
+            self._hang = (tuple(hang_columns(rows, width)), tuple(rows))
+        columns, rows = self._hang
+        shown = [r for r in rows if r.ranks]
+        if selected is None or not any(selected in r.ranks for r in shown):
+            selected = shown[0].ranks[0] if shown else None
+        return HangModel(hang_caption(view, verdict, replay=replay), columns, tuple((r.key, r.cells) for r in rows),
+                         hang_stack_text(view, selected), stacks_reply_text(view))
 
     def events(self, view: RunView, *, replay: bool) -> EventsModel:
         key = (view.events_total, len(view.events))

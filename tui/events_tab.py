@@ -43,7 +43,7 @@ def operations_text(v: RunView, *, replay: bool = False) -> Text:
         t.append("operations: none seen by this UI", style="bold")
         if not replay:
             t.append("   S switch · c checkpoint full · C sharded async · m micro-batches (pp) · p profile · "
-                     "s status", style="dim")
+                     "s status · k stacks", style="dim")
         return t
     t.append("operations", style="bold")
     for c in recent:

@@ -1,8 +1,9 @@
 """One line that says whether the run is healthy and, if not, what and where — the Overview's first.
 
 Pure: a function of the view model and the UI's clock. It gathers what other panels show in
-detail (active verdicts, the slowest rank, ranks that stopped finishing steps, dead ranks,
-dropped messages) so that a glance at the top of the Overview answers the 3 a.m. question.
+detail (who holds the others up when ranks are stuck, active verdicts, the slowest rank, ranks
+that stopped finishing steps, dead ranks, dropped messages) so that a glance at the top of the
+Overview answers the 3 a.m. question.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from rich.text import Text
 
 from ringtop.metrics.outliers import NAMED
 
+from .hang_tab import health_words
 from .view_model import RunView
 
 STALL_FLOOR_S = 10.0
@@ -66,6 +68,12 @@ def health_line(view: RunView, now: float) -> Text:
         t.append("○ no rank has reported yet", style="dim")
         return t
     problems: list[tuple[str, str]] = []
+    verdict = view.hang_verdict()
+    if verdict is not None:
+        problems.append(health_words(verdict))
+    desync = view.desync_notice()
+    if desync is not None and (verdict is None or verdict.kind != "desync"):
+        problems.append(("bold red", f"✖ desync: {desync.text}"))
     dead = sorted(r.rank for r in view.ranks.values() if r.dead)
     if dead:
         problems.append(("bold red", f"✖ rank{'s' if len(dead) > 1 else ''} {_ranks(dead)} dead"))
@@ -87,7 +95,8 @@ def health_line(view: RunView, now: float) -> Text:
     if spike is not None and view.latest_step - spike.step <= SPIKE_SHOWN_STEPS:
         problems.append(("bold yellow", f"⚠ loss spike at step {spike.step:,}: {spike.spike.loss:.3g} against a "
                                         f"median {spike.spike.median:.3g} (z {spike.spike.z:.0f})"))
-    for stall in stalled_ranks(view, now)[:3]:
+    # ranks without steps, by the UI's clock: said only when no stall report says more
+    for stall in stalled_ranks(view, now)[:3] if verdict is None else []:
         last = f"last {stall.step}" if stall.step >= 0 else "none yet"
         if stall.seen_a_step:
             text = f"⏸ rank {stall.rank}: no step for {stall.seconds:.0f} s ({last})"

@@ -33,6 +33,8 @@ RUN_COMMANDS = (
     RunCommand("profile", "p", "Profile 3 steps", "torch.profiler on every rank; exposed comm from the trace vs "
                "the live hooks"),
     RunCommand("status", "s", "Status", "rank 0's one-line status: step, strategy, loss, step time, last checkpoint"),
+    RunCommand("stacks", "k", "Stacks of every rank", "each rank's Python stack and the collectives it waits in, "
+               "gathered without the training threads (works while training is stuck); shown in the Hang view"),
 )
 COMMAND_ACTIONS = frozenset(c.action for c in RUN_COMMANDS)
 """Actions that send a command to rank 0."""
@@ -61,6 +63,12 @@ class RunCommands:
 
     def action_status(self) -> None:
         self.send("status", {})
+
+    def action_stacks(self) -> None:
+        """Ask every rank for its stack now; the Hang view shows the answer."""
+        self.send("stacks", {})
+        if not self.not_connected_reason():
+            self.action_show_tab("hang")
 
     def action_profile(self) -> None:
         self.send("profile", {"steps": PROFILE_STEPS})

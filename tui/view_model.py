@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from ringtop.metrics.goodput import Goodput
+from ringtop.metrics.hang import HangVerdict, diagnose
 from ringtop.metrics.outliers import slowest
 from ringtop.metrics.strategy_names import sharded_label, strategy_label
 from ringtop.metrics.timing import share_pct
@@ -33,6 +34,7 @@ from ringtop.protocol import (
     Reply,
     Sample,
     Sharding,
+    Stall,
     Step,
     Timeline,
 )
@@ -45,6 +47,7 @@ from .reducers import (
     Diagnosis,
     EventLine,
     EventLog,
+    HangBoard,
     VerdictBoard,
     VerdictState,
 )
@@ -328,6 +331,11 @@ class RunView:
         self.event_log = EventLog(self.max_events, quiet_kinds=frozenset(VERDICT_KINDS))
         self.command_log = CommandLog(self.event_log)
         self.verdict_board = VerdictBoard()
+        self.hang = HangBoard()
+        """Stuck ranks' stall reports, stacks snapshots, rank 0's hang and desync events."""
+        self._hang_reading: tuple[int, HangVerdict | None] = (-1, None)
+        self.latest_ts = 0.0
+        """The newest `ts` of any rank's message: the run's own clock, for how long a notice stays."""
         self.messages_total = 0
         self._failure_reported = False
         self.rejected_total = 0
@@ -391,12 +399,15 @@ class RunView:
         if row.dead:
             row.dead, row.ended_at = False, None
             self._live.add(row.rank)
+            self.versions["hang"] += 1
             self.event_log.add("info", row.rank, f"rank {row.rank} is sending again", msg.ts, kind="dead")
         self._track_seq(row, msg)
         row.last_seen = now
         if row.heard_since is None:
             row.heard_since = now
         row.last_ts = max(row.last_ts, msg.ts)
+        if msg.ts > self.latest_ts:
+            self.latest_ts = msg.ts
         row.silent_s = 0.0
         return row
 
@@ -427,12 +438,17 @@ class RunView:
             if msg.gpu.mem_total_bytes:
                 row.device_mem_total_bytes = msg.gpu.mem_total_bytes
 
+    def _on_stall(self, row: RankRow, msg: Stall, now: float) -> None:
+        self.hang.on_stall(msg)
+
     def _on_heartbeat(self, row: RankRow, msg: Heartbeat, now: float) -> None:
         if msg.step > row.step:
             row.step = msg.step
         row.agent_drops = max(row.agent_drops, msg.drops)
 
     def _on_event(self, row: RankRow, msg: Event, now: float) -> None:
+        if self.hang.on_event(msg):
+            self.versions["hang"] += 1
         if msg.kind in VERDICT_KINDS:
             peak = self.verdict_board.on_event(msg)
             if peak is not None:
@@ -526,7 +542,7 @@ class RunView:
             row.dead, row.ended_at = True, row.last_seen
             self._live.discard(row.rank)
             self._slowest_dirty = True
-            self.versions["comm"] += 1
+            self.versions.update(("comm", "hang"))
             self.event_log.add("error", row.rank, f"rank {row.rank} stopped sending at step {row.step}: no heartbeat "
                                f"for {now - row.last_seen:.0f} s while other ranks were heard; it died or its "
                                "process hung", time.time(), kind="dead")
@@ -657,6 +673,30 @@ class RunView:
         """Verdicts in force, newest first."""
         return self.verdict_board.active
 
+    def hang_verdict(self) -> HangVerdict | None:
+        """Who holds the others up, and where: the UI's own reading of the stall reports it holds
+        (`metrics.hang.diagnose`, recomputed only when a report, a death or a bye moved the `hang`
+        version on); without reports, rank 0's latest `hang` event while it stands. None when
+        nothing is stuck."""
+        version = self.versions["hang"]
+        if self._hang_reading[0] != version:
+            self._hang_reading = (version, self._diagnose())
+        own = self._hang_reading[1]
+        return own if own is not None else self.hang.rank0_verdict(self.latest_ts, self.is_ended)
+
+    def _diagnose(self) -> HangVerdict | None:
+        if not self.hang.stalled:
+            return None
+        dead = {r.rank for r in self.ranks.values() if r.dead or (r.ended and not r.bye_ok)}
+        reports = {rank: s for rank, s in self.hang.stalled.items() if rank not in dead}
+        world = self.facts.world_size or max(max(self.ranks, default=0), max(reports, default=0)) + 1
+        return diagnose(reports, world, dead)
+
+    def desync_notice(self) -> Event | None:
+        """Rank 0's latest `desync` event (its comparison of the steps' collectives), while the
+        run goes on and for NOTICE_S after it."""
+        return self.hang.desync_notice(self.latest_ts, self.is_ended)
+
     @property
     def total_drops(self) -> int:
         return sum(r.drops for r in self.ranks.values())
@@ -784,6 +824,8 @@ class RunView:
 
     def _on_step(self, row: RankRow, msg: Step, now: float) -> None:
         row.step_seen = now
+        if self.hang.stalled and self.hang.on_step(msg.rank, msg.step):
+            self.versions["hang"] += 1
         loss = math.nan if msg.loss is None else msg.loss  # null: the loss was not finite
         row.step = max(row.step, msg.step)
         row.loss = loss
@@ -882,6 +924,7 @@ class RunView:
         self._live.discard(row.rank)
         row.bye_reason = msg.reason or ("finished" if msg.ok else "failed")
         row.bye_ok = msg.ok
+        self.hang.on_bye(row.rank)
         if msg.step > row.step:
             row.step = msg.step
         level = "info" if msg.ok else "error"
@@ -908,7 +951,7 @@ class RunView:
 
 
 
-PARTS = ("ranks", "steps", "comm", "events", "commands", "verdicts", "pipeline")
+PARTS = ("ranks", "steps", "comm", "events", "commands", "verdicts", "pipeline", "hang")
 """The view's parts; each has a snapshot version (`RunView.versions`) that moves on whenever a
 message that may change it is folded in, so a screen rebuilds only what did change."""
 ROUTES: dict[type, tuple[Any, tuple[str, ...], bool]] = {
@@ -921,5 +964,6 @@ ROUTES: dict[type, tuple[Any, tuple[str, ...], bool]] = {
     Sample: (RunView._on_sample, ("ranks",), True),
     Heartbeat: (RunView._on_heartbeat, ("ranks",), True),
     Event: (RunView._on_event, ("events", "verdicts", "commands"), True),
-    Bye: (RunView._on_bye, ("ranks", "comm", "events"), True),
+    Stall: (RunView._on_stall, ("hang",), True),
+    Bye: (RunView._on_bye, ("ranks", "comm", "events", "hang"), True),
 }

@@ -12,6 +12,7 @@ from ringtop.metrics import fmt
 from ringtop.protocol import UI_RANK, Reply
 
 from ..sanitize import visible
+from ..stacks_text import group_heading, stacks_lines
 from .events import EventLog
 
 
@@ -199,6 +200,13 @@ def describe_result(cmd: str, status: str, result: dict[str, Any], one_line: boo
     if cmd == "set" and "micro_batches" in r:
         after = f" after step {r['step']}" if isinstance(r.get("step"), int) else ""
         return f"micro-batches now {r['micro_batches']}{after}"
+    if cmd == "stacks" and isinstance(r.get("groups"), list):
+        groups = [group_heading(g) for g in r["groups"] if isinstance(g, dict)]
+        lines = stacks_lines(r)
+        summary, missing = lines[0].text, [line.text for line in lines if line.role == "missing"]
+        if one_line:
+            return "; ".join([summary] + groups[:2] + (["…"] if len(groups) > 2 else []))
+        return "\n".join([summary + " (the Hang view has the stacks)"] + [f"  {g}" for g in groups] + missing)
     if cmd == "profile" and isinstance(r.get("ranks"), list) and one_line:
         parts = [f"r{d.get('rank', '?')} {fmt.ms(_num(d, 'exposed_comm_ms_per_step_trace'))} vs "
                  f"{fmt.ms(_num(d, 'exposed_comm_ms_per_step_live'))}" for d in r["ranks"] if isinstance(d, dict)]

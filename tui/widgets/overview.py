@@ -1,8 +1,9 @@
-"""The Overview: the health line, one row per rank, the step-part legend, three charts, alerts."""
+"""The Overview: the hang banner (while ranks are stuck), the health line, one row per rank, the
+step-part legend, the charts, alerts."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -11,6 +12,7 @@ from textual.widgets import DataTable, Sparkline, Static
 
 from ..tables import Column
 from .drawing import Drawn, TableWidth
+from .hang import HangBanner
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,8 @@ class OverviewModel:
     legend: Text
     charts: tuple[ChartModel, ...]
     alert: Text
+    banner: Text = field(default_factory=Text)
+    """Who holds the others up (tui/hang_tab.py); empty hides the banner."""
 
 
 class OverviewPanel(TableWidth, Vertical):
@@ -90,6 +94,7 @@ class OverviewPanel(TableWidth, Vertical):
         self._drawn = Drawn()
 
     def compose(self) -> ComposeResult:
+        yield HangBanner()
         yield Static(id="health")
         yield DataTable(id="ranks", cursor_type="none", zebra_stripes=True)
         yield Static(id="parts-legend")
@@ -101,6 +106,7 @@ class OverviewPanel(TableWidth, Vertical):
 
     def show(self, model: OverviewModel) -> None:
         d = self._drawn
+        self.query_one(HangBanner).show(model.banner)
         d.text(self.query_one("#health", Static), model.health)
         d.table(self.query_one("#ranks", DataTable), model.columns, model.rows)
         legend = self.query_one("#parts-legend", Static)
