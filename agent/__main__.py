@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return Runner(cfg, ctx).run()
-    except (StrategyError, FactoryError, CheckpointError, OSError) as exc:
+    except (StrategyError, FactoryError, CheckpointError, ConfigError, OSError) as exc:
         print(f"ringtop agent [rank {rank}]: error: {exc}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, Interrupted):

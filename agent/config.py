@@ -101,13 +101,14 @@ def _slow_rank(text: str) -> tuple[int, float]:
 
 
 def _rank_step(flag: str, text: str) -> tuple[int, int, str]:
+    """`R:STEP[:EXTRA]` of a fault injection: (rank, step, extra or "")."""
     parts = text.split(":")
     try:
         rank, step = int(parts[0]), int(parts[1])
     except (ValueError, IndexError):
         rank = step = -1
     if len(parts) not in (2, 3) or rank < 0 or step < 1:
-        raise ConfigError(f"{flag} {text!r}: expected R:STEP (a rank, a step >= 1)")
+        raise ConfigError(f"{flag} {text!r}: expected R:STEP (a rank >= 0, a step >= 1), e.g. 1:5")
     return rank, step, parts[2] if len(parts) == 3 else ""
 
 
@@ -119,20 +120,14 @@ def _hang(text: str) -> tuple[int, int, str]:
     return rank, step, place
 
 
-def _desync(text: str) -> tuple[int, int]:
-    rank, step, extra = _rank_step("--inject-desync", text)
-    if extra:
-        raise ConfigError(f"--inject-desync {text!r}: expected R:STEP")
-    return rank, step
-def _nan_at(text: str) -> tuple[int, int]:
-    rank_text, sep, step_text = text.partition(":")
-    try:
-        at = (int(rank_text), int(step_text))
-    except ValueError:
-        at = None
-    if not sep or at is None or at[0] < 0 or at[1] < 1:
-        raise ConfigError(f"--inject-nan {text!r}: expected R:STEP (rank >= 0, step >= 1), e.g. 1:5")
-    return at
+def _at_step(flag: str) -> Callable[[str], tuple[int, int]]:
+    """The parser of a fault that takes `R:STEP` and nothing more."""
+    def parse(text: str) -> tuple[int, int]:
+        rank, step, extra = _rank_step(flag, text)
+        if extra:
+            raise ConfigError(f"{flag} {text!r}: expected R:STEP, e.g. 1:5")
+        return rank, step
+    return parse
 
 
 def _layers_per_stage(text: str) -> tuple[int, ...]:
@@ -257,7 +252,7 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
         flag="--inject-save-delay", metavar="MS", ge=0)] = 0.0
     inject_nan: Annotated[tuple[int, int] | None, Option(
         FAULTS, "rank R's loss is NaN at step STEP, before backward (a pipeline: rank R's stage output, so "
-        "its replica's loss)", metavar="R:STEP", parse=_nan_at, default_text="none")] = None
+        "its replica's loss)", metavar="R:STEP", parse=_at_step("--inject-nan"), default_text="none")] = None
     inject_fail_setup: Annotated[str | None, Option(
         FAULTS, "a switch to STRATEGY fails while wrapping (as if out of memory), to show the rollback",
         metavar="STRATEGY", default_text="none")] = None
@@ -266,7 +261,7 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
         metavar="R:STEP[:forward|before-collective]", parse=_hang, default_text="none")] = None
     inject_desync: Annotated[tuple[int, int] | None, Option(
         FAULTS, "at step STEP every rank broadcasts a buffer, rank R one element larger: a mismatched collective "
-        "gloo does not notice", metavar="R:STEP", parse=_desync, default_text="none")] = None
+        "gloo does not notice", metavar="R:STEP", parse=_at_step("--inject-desync"), default_text="none")] = None
 
     checkpoint_dir: Annotated[str, Option(
         CHECKPOINTS, "where checkpoints are written; a `switch` command's ds_config must lie inside it",

@@ -45,7 +45,7 @@ from ringtop.strategies.torch_native import full_optimizer_template
 from . import checkpoint_format as ckpt
 from . import nonfinite
 from .checkpoint_saver import CheckpointManager
-from .config import BUILTIN_DATA, BUILTIN_MODEL, AgentConfig
+from .config import BUILTIN_DATA, BUILTIN_MODEL, AgentConfig, ConfigError
 from .control import ControlServer, PendingCommand, StepSync, broadcast_bytes, scatter_fixed
 from .data import synthetic_batches
 from .diagnosis_exchange import Diagnostician
@@ -178,11 +178,21 @@ class Runner:
         self.samples_seen = 0
         """Samples of the global stream consumed so far: the data position checkpoints carry."""
         self._timeline_due = True
+        self._check_fault_ranks()
         self.run_id = self._agree_on_run_id()
         self.strategy: Strategy = build_strategy(cfg.strategy, cfg.strategy_options(), ctx.device)
         self._pending: list[_PendingStep] = []
 
     # ------------------------------------------------------------------ set-up
+
+    def _check_fault_ranks(self) -> None:
+        """An injected fault aimed at a rank this run does not have would silently do nothing."""
+        cfg = self.cfg
+        for flag, fault in (("--inject-hang", cfg.inject_hang), ("--inject-desync", cfg.inject_desync),
+                            ("--inject-nan", cfg.inject_nan), ("--inject-slow-rank", cfg.inject_slow_rank)):
+            if fault is not None and fault[0] >= self.ctx.world_size:
+                raise ConfigError(f"{flag}: rank {fault[0]} is not in this run of {self.ctx.world_size} "
+                                  f"rank{'s' if self.ctx.world_size > 1 else ''}")
 
     def _agree_on_run_id(self) -> str:
         run_id = self.cfg.run_id or uuid.uuid4().hex[:8]

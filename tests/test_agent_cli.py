@@ -192,3 +192,10 @@ def test_a_users_own_model_and_data_train_under_the_agent(launch_agents, model, 
         assert [s.step for s in steps] == [1, 2, 3, 4, 5]
         assert all(s.tokens == 4 * 8 for s in steps)
         assert isinstance(msgs[-1], Bye) and msgs[-1].ok
+
+
+@pytest.mark.timeout(60)
+def test_a_fault_aimed_at_a_rank_the_run_does_not_have_is_refused():
+    result = run_agent("--no-telemetry", "--inject-hang", "3:2", "--steps", "1")
+    assert result.returncode == 2
+    assert "--inject-hang: rank 3 is not in this run of 1 rank" in result.stderr

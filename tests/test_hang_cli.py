@@ -4,17 +4,17 @@ answers like rank 0), and the end summary's stall episodes and rank 0's hang ver
 from __future__ import annotations
 
 import json
-import threading
 import time
 from pathlib import Path
 
 import hang_scenario as hs
 import pytest
 import zmq
+from background_socket import BackgroundSocket
 
 from ringtop.cli.ctl import result_text, run_ctl
 from ringtop.cli.summary import hang_lines, print_summary, stall_episodes
-from ringtop.protocol import Event, Reply, decode, encode, free_tcp_port, to_json_line
+from ringtop.protocol import Event, Reply, decode, encode, to_json_line
 
 STACKS = {"answered": 3, "missing": [3], "groups": [
     {"ranks": [2], "label": "rank 2", "phase": "forward", "where": "model.py:57 in forward", "step": 412,
@@ -52,23 +52,8 @@ def test_a_stacks_result_of_the_wrong_shape_is_left_out_not_trusted():
     assert lines[-1].startswith("  missing: rank 2 did not answer")
 
 
-class FakeControl:
+class FakeControl(BackgroundSocket):
     """A ROUTER answering `stacks` at once with `done`, as rank 0's control server does (insecure)."""
-
-    def __init__(self) -> None:
-        self.address = f"tcp://127.0.0.1:{free_tcp_port()}"
-        self.stop = threading.Event()
-        self.bound = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        assert self.bound.wait(5)
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join(5)
 
     def _run(self) -> None:
         router = zmq.Context.instance().socket(zmq.ROUTER)

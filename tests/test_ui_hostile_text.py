@@ -3,14 +3,13 @@ messages published to the real app over a real socket, checked through a Pilot."
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import zmq
+from background_socket import BackgroundSocket
 from textual.widgets import DataTable, RichLog, Static
 from ui_waits import eventually
 
-from ringtop.protocol import Event, Hello, Reply, Stall, Step, encode, free_tcp_port
+from ringtop.protocol import Event, Hello, Reply, Stall, Step, encode
 from ringtop.tui.app import RingtopApp
 from ringtop.tui.sanitize import visible
 
@@ -36,23 +35,8 @@ def hostile_messages(seq: int) -> list[tuple[bytes, object]]:
     ]
 
 
-class HostilePublisher:
+class HostilePublisher(BackgroundSocket):
     """Publishes the hostile set over and over (PUB/SUB drops what precedes the subscription)."""
-
-    def __init__(self) -> None:
-        self.address = f"tcp://127.0.0.1:{free_tcp_port()}"
-        self.stop = threading.Event()
-        self.bound = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        assert self.bound.wait(5)
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join(5)
 
     def _run(self) -> None:
         pub = zmq.Context.instance().socket(zmq.PUB)
