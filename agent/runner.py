@@ -70,6 +70,8 @@ from .telemetry import Telemetry
 
 RINGTOP_VERSION = "0.1.0"
 HELD_BYTES_EVERY = 20
+PREWARM_ENV = "RINGTOP_PREWARM"
+"""`0`: no background warm-up for switching (a run that will not switch, on a machine short of cores)."""
 TIMELINE_EVERY = 5
 """A pipeline stage publishes its timeline for every 5th step (and the first after a change)."""
 
@@ -507,8 +509,9 @@ class Runner:
                 self.sampler.start()
                 self.watch.start()
                 self.watch.catch_stop_signals()
-                self.prewarm = Prewarm()
-                self.prewarm.start()
+                if os.environ.get(PREWARM_ENV, "1") != "0":
+                    self.prewarm = Prewarm()
+                    self.prewarm.start()
             if resumed is not None:
                 self._event("info", "resume", f"resumed from {resumed_from} at step {self.step}",
                             {"path": str(resumed_from), "samples_seen": self.samples_seen})

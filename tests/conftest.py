@@ -100,6 +100,9 @@ def agent_env() -> dict[str, str]:
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONWARNINGS"] = "ignore"
     env["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), env.get("PYTHONPATH", "")])
+    # No background warm-up for switching (DeepSpeed's import: seconds of CPU per rank, on 2 cores
+    # shared by both ranks) unless a test asks for it: test_switch.py runs with it, as users do.
+    env.setdefault("RINGTOP_PREWARM", "0")
     return env
 
 

@@ -31,6 +31,12 @@ TARGETS = {
 HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 
 
+@pytest.fixture(autouse=True)
+def _with_the_warm_up(monkeypatch):
+    """Switches here run as users' do: after the background warm-up (the suite turns it off elsewhere)."""
+    monkeypatch.setenv("RINGTOP_PREWARM", "1")
+
+
 def every_ordered_pair(nodes: list[str], start: str) -> list[str]:
     """A walk from `start` that crosses every ordered pair (a, b), a != b, exactly once
     (an Eulerian circuit of the complete directed graph, by Hierholzer's algorithm)."""
