@@ -5,7 +5,10 @@ the most the ledger is asked to record). In one process per rank the same strate
 recorders alternated in blocks of steps, the order rotated each round: the tracer as it is (each
 collective gets a per-group seq, a shapes digest, a ledger entry in the ring, a per-step digest) and
 the tracer as it was before the ledger (benchmarks/_ledger_worker.py). Reports, per strategy, the
-median of the per-round ratios of block medians, ledger / bare, and their range.
+median of the per-round ratios of block medians, ledger / bare, and their range; and, as these
+machines are noisier than the effect, the bookkeeping alone: µs per traced collective for both
+(alternated, median of 7 x 20,000 calls) x the collectives a step issues / the step time,
+`bookkeeping_over_step` = 1 + that.
 
     python benchmarks/bench_ledger.py [--rounds 8] [--block 10]
 """
@@ -43,8 +46,13 @@ def main() -> None:
                 raise SystemExit(done.stdout[-2000:] + done.stderr[-2000:])
             data = json.loads(out.read_text())
             ratios = [r["ledger"] / r["bare"] for r in data["rounds"]]
+            us = data["per_call_us"]
+            extra_ms = (us["ledger"] - us["bare"]) * data["calls_per_step"] / 1e3
             results[strategy] = {
                 "ledger_over_bare": round(statistics.median(ratios), 4),
+                "per_call_us": {k: round(v, 3) for k, v in us.items()},
+                "collectives_per_step": data["calls_per_step"],
+                "bookkeeping_over_step": round(1 + extra_ms / statistics.median(data["times"]["bare"]), 5),
                 "per_round_range": [round(min(ratios), 4), round(max(ratios), 4)],
                 "ledger_median_ms": round(statistics.median(data["times"]["ledger"]), 3),
                 "bare_median_ms": round(statistics.median(data["times"]["bare"]), 3),
