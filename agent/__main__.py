@@ -14,7 +14,8 @@ from .config import ConfigError, parse_agent_args
 from .distributed import DeviceError, exit_rank, init_distributed
 from .factories import FactoryError
 from .lifecycle import EXIT_WITH_PARENT_ENV, exit_with_parent
-from .runner import Interrupted, Runner
+from .runner import EXIT_STOPPED_WHILE_STUCK, Interrupted, Runner
+from .stall_watch import StoppedWhileStuck
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyboardInterrupt, Interrupted):
         print(f"ringtop agent [rank {rank}]: interrupted", file=sys.stderr)
         return 130
+    except StoppedWhileStuck:  # raised again after the shutdown it interrupted had its say
+        return EXIT_STOPPED_WHILE_STUCK
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

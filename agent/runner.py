@@ -1008,9 +1008,14 @@ class Runner:
         if _is_main_thread():
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if not self._ending.acquire(blocking=False):
-            return  # the watch is ending the process for a stuck training thread
+            # the watch is ending the process for a stuck training thread: let it say the Bye
+            self._ending.acquire(timeout=15)
+            return
         if self.watch is not None:
+            self.watch.cancel_interrupt()
             self.watch.stop()
+            if not bye.reason and self.watch.stuck_reason:  # the stop landed before the reason was set
+                bye.reason, bye.ok = self.watch.stuck_reason, False
         self._release_outside_world(bye)
         if (bye.ok or self.stopped_nonfinite) and self.control_group is not None:  # every rank is here
             dist.barrier(group=self.control_group)

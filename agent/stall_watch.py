@@ -128,7 +128,8 @@ class StallWatch(threading.Thread):
         # the watch's own state
         self._reported_iteration = -1
         self._last_report = 0.0
-        self._stop_requested: tuple[str, float] | None = None
+        self._stop_requested: tuple[str, float, bool] | None = None
+        """(reason, since, only if stalled)."""
         self._wake_r, self._wake_w = socket.socketpair()
         for s in (self._wake_r, self._wake_w):
             s.setblocking(False)
@@ -198,6 +199,12 @@ class StallWatch(threading.Thread):
             gone_peers=self._peers.gone() if self._peers is not None else [],
         )
 
+    def cancel_interrupt(self) -> None:
+        """From the training thread as it shuts down: a StoppedWhileStuck still pending (its wait
+        ended in an error first) must not cut the shutdown short."""
+        if self._interrupted and threading.get_ident() == self._thread_id:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread_id), None)
+
     def stuck_at(self) -> str:
         """`while stuck at step 5 in backward at model.py:57 in forward, inside all_reduce #8 on group world`."""
         where = self.report("stalled")
@@ -206,6 +213,9 @@ class StallWatch(threading.Thread):
         return text + (f", inside {inside}" if inside else "")
 
     def stop(self, timeout_s: float = 2.0) -> None:
+        if self._previous_wakeup is not None and threading.current_thread() is threading.main_thread():
+            signal.set_wakeup_fd(self._previous_wakeup)  # first: no signal may write to a closed fd
+            self._previous_wakeup = None
         self._stop_event.set()
         try:
             self._wake_w.send(b"\0")
@@ -213,9 +223,9 @@ class StallWatch(threading.Thread):
             pass
         if self.is_alive() and threading.current_thread() is not self:
             self.join(timeout_s)
-        if self._previous_wakeup is not None and threading.current_thread() is threading.main_thread():
-            signal.set_wakeup_fd(self._previous_wakeup)
-            self._previous_wakeup = None
+        elif self.ident is None:  # never started: its thread would have closed them
+            for s in (self._wake_r, self._wake_w):
+                s.close()
 
     # ------------------------------------------------------------------ the thread
 
