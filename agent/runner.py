@@ -479,7 +479,8 @@ class Runner:
             torch_version=str(torch.__version__),
             ringtop_version=RINGTOP_VERSION, batch_size=self.cfg.batch_size, seq_len=self.cfg.seq_len,
             steps=self.cfg.steps, start_step=self.start_step, lr=self.cfg.lr, seed=self.cfg.seed,
-            device_mem_total_bytes=mem_total, publish=self.endpoints.publish, control=self.endpoints.control,
+            device_mem_total_bytes=mem_total, process_started_ts=_process_started_ts(),
+            publish=self.endpoints.publish, control=self.endpoints.control,
         )
 
     # ------------------------------------------------------------------ run
@@ -1043,6 +1044,16 @@ COMMAND_HANDLERS: dict[str, Callable[[Runner, PendingCommand], Any]] = {
 
 def _raise_interrupted(signum, frame):
     raise Interrupted(signal.Signals(signum).name)
+
+
+def _process_started_ts() -> float:
+    """This process's start (Unix s), from the kernel; 0.0 where it cannot say."""
+    try:
+        import psutil
+
+        return float(psutil.Process().create_time())
+    except Exception:  # noqa: BLE001 - psutil missing or /proc unreadable: not known
+        return 0.0
 
 
 def _is_main_thread() -> bool:

@@ -1,7 +1,8 @@
 """Goodput: the share of a run's wall time spent in productive steps. The one owner of the number
 (the UI's header, `ringtop summary` and the Prometheus exporter all fold messages through it).
 
-The wall runs from the run's first Hello to its latest message. Every second of it is put down to
+The wall runs from the run's first Hello (its process's start, when the Hello carries it) to its
+latest message. Every second of it is put down to
 one thing, so that the lost seconds by cause and the productive seconds add up to the wall:
 
 - `stall`: some rank was reported stalled (`Stall` messages: `stalled`, repeated while it lasts,
@@ -15,7 +16,8 @@ one thing, so that the lost seconds by cause and the productive seconds add up t
 - `checkpoint`, `switch`: the `seconds` of rank 0's `checkpoint` and `switch` events, the interval
   `[ts − seconds, ts]`, less the steps and stalls inside it: a background save overlaps training,
   and only what it did not overlap was lost.
-- `startup`: from the first Hello to the start of the first step (the whole wall before it).
+- `startup`: from the first Hello — or, when it says so, the start of its rank's process — to the
+  start of the first step (the whole wall before it).
 - `other`: the rest (step boundaries, commands, the diagnosis, the end of the run).
 
 How ranks are combined: rank 0's view. Steps, checkpoints and switches are rank 0's (every rank
@@ -33,6 +35,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+MAX_STARTUP_S = 86400.0
+"""A process start further back than this before its Hello is not believed (a clock jump)."""
 CAUSES = ("startup", "checkpoint", "switch", "stall", "skipped", "other")
 """Lost time's causes, in the order they are shown."""
 STEP_HISTORY = 4096
@@ -148,6 +152,9 @@ class Goodput:
             self.world_size = world
         if ts is None:
             return
+        started = _real(getattr(msg, "process_started_ts", None))
+        if started is not None and 0 < started < ts and ts - started < MAX_STARTUP_S:
+            ts = started  # the wall begins when the rank's process did, not at its Hello
         if self.first_ts is None or ts < self.first_ts:
             self.first_ts = ts  # the earliest Hello (a late, cached copy is older than nothing)
         if self.last_ts is None or ts > self.last_ts:

@@ -96,6 +96,9 @@ class Hello(Envelope, tag="hello", kw_only=True):
     lr: Real = 0.0
     seed: Count = 0
     device_mem_total_bytes: Count = 0
+    process_started_ts: Real = 0.0
+    """When this rank's process started (Unix s): start-up before the Hello (imports, process
+    group, model build, wrapping) counts against goodput too. 0 = not known."""
     publish: str = ""
     control: str = ""
 

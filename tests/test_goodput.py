@@ -139,6 +139,15 @@ def test_startup_is_the_whole_wall_before_the_first_step():
     assert math.isnan(Goodput().result().goodput)
 
 
+def test_startup_counts_from_the_process_start_the_hello_carries():
+    """Imports, the process group, the model's build and wrapping come before the Hello."""
+    early = Hello(rank=0, ts=T0 + 4.0, run_id="run1", world_size=2, process_started_ts=T0)
+    r = goodput_of([early, *steps_from(4.0, 1, 10)])  # 10 steps of 100 ms from 4.0 s
+    assert r.wall_s == approx(5.0) and r.lost_s["startup"] == approx(4.0) and r.goodput == approx(1.0 / 5.0)
+    implausible = Hello(rank=0, ts=T0 + 4.0, run_id="run1", world_size=2, process_started_ts=T0 + 9.0)
+    assert goodput_of([implausible, *steps_from(4.0, 1, 10)]).wall_s == approx(1.0), "a start after the Hello"
+
+
 def test_overlapping_step_reports_never_make_more_than_the_wall():
     # steps that claim 180 ms every 150 ms (as a replay's made-up numbers may): clipped to their gaps
     msgs = [hello(0, 0.0), *(step(n, 0.15 * n, 180.0) for n in range(1, 21))]

@@ -84,7 +84,7 @@ HELLO = Hello(
         comm_sent_bytes=87_500_000, note="ceil(P/N) shards"),
     model="tiny-gpt", param_count=25_000_000, torch_version="2.13.0", ringtop_version="0.1.0", batch_size=16,
     seq_len=512, steps=1000, start_step=200, lr=3e-4, seed=17, device_mem_total_bytes=80 << 30,
-    publish="tcp://127.0.0.1:5555", control="tcp://127.0.0.1:5557",
+    process_started_ts=1767225590.5, publish="tcp://127.0.0.1:5555", control="tcp://127.0.0.1:5557",
 )
 HELLO_WIRE = {
     **ENV, "type": "hello",
@@ -101,7 +101,7 @@ HELLO_WIRE = {
     "model": "tiny-gpt",
     "param_count": 25000000, "torch_version": "2.13.0", "ringtop_version": "0.1.0",
     "batch_size": 16, "seq_len": 512, "steps": 1000, "start_step": 200, "lr": 0.0003, "seed": 17,
-    "device_mem_total_bytes": 85899345920,
+    "device_mem_total_bytes": 85899345920, "process_started_ts": 1767225590.5,
     "publish": "tcp://127.0.0.1:5555", "control": "tcp://127.0.0.1:5557",
 }
 
