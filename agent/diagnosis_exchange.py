@@ -1,22 +1,137 @@
-"""Collects every rank's recent step numbers on rank 0 and publishes the diagnosis as events.
+"""What the ranks tell rank 0 for the diagnosis rules, in O(1) bytes per rank, and the verdicts.
 
-Every `every` steps all ranks all-gather the medians of their last window (a few floats over the
-small gloo control group); rank 0 runs the rule set and emits a `verdict` event when a verdict
-appears or changes, and `verdict_cleared` when it goes away.
+Every `every` steps each rank takes the medians of its last window. Rather than gathering every
+rank's numbers on rank 0 (N x 7 floats arriving there, N x 7 x N moved by an all-gather), the
+ranks send what the rules need and no more (strategies/diagnosis.py, `RunSummary`):
+
+- one reduce to rank 0 of fixed-bucket histograms (metrics/sketch.py) of compute, blocked, busy
+  time, bytes and the blocked share, plus counts of the ranks that flagged themselves: a vector of
+  the same size whatever the world size;
+- `TOP_K` rounds of two all-reduces of a few numbers each, which pick the slowest ranks by compute
+  (the only possible stragglers) and the worst ranks that flagged an input stall or memory
+  pressure (each rank decides that on its own window), with their windows.
+
+Rank 0 runs the rule set and emits a `verdict` event when a verdict appears or changes, and
+`verdict_cleared` when it goes away.
 """
 
 from __future__ import annotations
 
 import collections
+import math
 import statistics
 from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
-from ringtop.strategies.diagnosis import RankWindow, RunContext, Verdict, diagnose
+from ringtop.metrics.sketch import Buckets, median
+from ringtop.strategies.diagnosis import (
+    RankWindow,
+    RunContext,
+    RunSummary,
+    Verdict,
+    diagnose,
+    diagnose_summary,
+    input_score,
+    input_stalled,
+    memory_score,
+    memory_short,
+)
 
 FIELDS = ("step_ms", "data_ms", "blocked_ms", "comm_busy_ms", "comm_bytes", "cuda_reserved_bytes", "cuda_alloc_retries")
+TOP_K = 2
+"""Stragglers, input-stalled and memory-short ranks named per round, the worst first (the rest are
+counted: "and N more ranks alike")."""
+MS = Buckets(0.01, 1e6, 380)
+"""0.01 ms to 1000 s, ratio 1.05: a median within 2.5 %."""
+BYTES = Buckets(100.0, 1e13, 522)
+SHARE = Buckets(0.0, 1.0, 202, log=False)
+"""Shares to 0.005."""
+SKETCHED = ((MS, "compute_ms"), (MS, "blocked_ms"), (MS, "comm_busy_ms"), (BYTES, "comm_bytes"), (SHARE, "share"))
+COUNTS = 3
+"""Ranks with a window, ranks input-stalled, ranks short of memory."""
+SKETCH_LENGTH = COUNTS + sum(b.count for b, _ in SKETCHED)
+
+
+def _value(w: RankWindow, name: str) -> float:
+    if name == "share":
+        return w.blocked_ms / w.step_ms if w.step_ms > 0 else math.nan
+    return getattr(w, name)
+
+
+def local_sketch(w: RankWindow | None, run: RunContext) -> torch.Tensor:
+    """This rank's contribution to the summed histograms (all zeros without a window)."""
+    out = torch.zeros(SKETCH_LENGTH, dtype=torch.float32)  # counts: exact to 2^24 ranks
+    if w is None:
+        return out
+    out[0], out[1], out[2] = 1.0, float(input_stalled(w)), float(memory_short(w, run))
+    at = COUNTS
+    for buckets, name in SKETCHED:
+        value = _value(w, name)
+        if not math.isnan(value):
+            out[at + buckets.index(value)] += 1
+        at += buckets.count
+    return out
+
+
+def summary_of(sketch: list[float], picked: dict[str, list[RankWindow]]) -> RunSummary:
+    """Rank 0's RunSummary from the summed sketch and the picked ranks' windows."""
+    counts, at, hist = sketch[:COUNTS], COUNTS, {}
+    for buckets, name in SKETCHED:
+        hist[name] = (buckets, sketch[at:at + buckets.count])
+        at += buckets.count
+
+    def median_of(name: str) -> float:
+        return median(*hist[name])
+
+    def without(name: str) -> Callable[[float], float]:
+        return lambda value: median(*hist[name], without=value)
+    return RunSummary(
+        ranks=int(counts[0]), compute_median_without=without("compute_ms"),
+        blocked_median_without=without("blocked_ms"),
+        share_median=median_of("share"), blocked_median=median_of("blocked_ms"), busy_median=median_of("comm_busy_ms"),
+        bytes_median=median_of("comm_bytes"), slowest=tuple(picked["compute"]),
+        input_flagged=tuple(picked["input"]), input_flagged_count=int(counts[1]),
+        memory_flagged=tuple(picked["memory"]), memory_flagged_count=int(counts[2]))
+
+
+RANK_BITS = 21
+"""A score and the rank holding it travel as one float64: floor(score x 1e3) x 2^21 + rank, exact
+below 2^53 (scores to 4e6 ms), so one max names both."""
+
+
+def _key(score: float, rank: int) -> float:
+    if score == -math.inf or not math.isfinite(score):
+        return -1.0
+    return float(math.floor(max(score, 0.0) * 1e3) * (1 << RANK_BITS) + rank)
+
+
+def pick_worst(w: RankWindow | None, rank: int, world_size: int, run: RunContext, group: dist.ProcessGroup,
+               k: int = TOP_K) -> dict[str, list[RankWindow]]:
+    """The `k` ranks with the largest compute, and the `k` worst that flagged each local rule, with
+    their windows: per round one max of (score, rank) keys and one sum of the winners' windows, a
+    few numbers each whatever the world size."""
+    scores = [w.compute_ms, input_score(w) if input_stalled(w) else -math.inf,
+              memory_score(w, run) if memory_short(w, run) else -math.inf] if w is not None else [-math.inf] * 3
+    names = ("compute", "input", "memory")
+    picked: dict[str, list[RankWindow]] = {n: [] for n in names}
+    for _ in range(k):
+        keys = torch.tensor([_key(score, rank) for score in scores], dtype=torch.float64)
+        dist.all_reduce(keys, op=dist.ReduceOp.MAX, group=group)
+        holders = [int(key) % (1 << RANK_BITS) if key >= 0 else world_size for key in keys.tolist()]
+        records = torch.zeros(3, len(FIELDS), dtype=torch.float64)
+        for i in range(3):
+            if holders[i] == rank and w is not None:
+                records[i] = torch.tensor([getattr(w, f) for f in FIELDS], dtype=torch.float64)
+                scores[i] = -math.inf  # picked: not again
+        if all(h >= world_size for h in holders):
+            break  # nobody is left in the running (the same on every rank: it follows the reduction)
+        dist.all_reduce(records, op=dist.ReduceOp.SUM, group=group)
+        for i, name in enumerate(names):
+            if holders[i] < world_size:
+                picked[name].append(RankWindow(holders[i], **dict(zip(FIELDS, records[i].tolist()))))
+    return picked
 
 
 class Diagnostician:
@@ -28,6 +143,8 @@ class Diagnostician:
         self.history: collections.deque[tuple[float, ...]] = collections.deque(maxlen=window)
         self.current: dict[tuple[str, int | None], Verdict] = {}
         self.seen: dict[tuple[str, int | None], Verdict] = {}
+        self.bytes_sent = 0
+        """Payload this rank handed to the exchange's collectives so far (for the benchmark)."""
 
     def record(self, step_ms: float, data_ms: float, blocked_ms: float, comm_busy_ms: float, comm_bytes: float,
                cuda_reserved_bytes: float, cuda_alloc_retries: float) -> None:
@@ -37,19 +154,26 @@ class Diagnostician:
     def due(self, step: int) -> bool:
         return step > 0 and step % self.every == 0
 
+    def window(self) -> RankWindow | None:
+        if not self.history:
+            return None
+        return RankWindow(self.rank, *[statistics.median(column) for column in zip(*self.history)])
+
     def run_rules(self) -> list[Verdict]:
         """Collective: every rank calls it on the same step."""
-        mine = [statistics.median(column) for column in zip(*self.history)] if self.history else [0.0] * len(FIELDS)
-        local = torch.tensor(mine, dtype=torch.float64)
-        if self.group is not None:
-            gathered = [torch.zeros_like(local) for _ in range(self.world_size)]
-            dist.all_gather(gathered, local, group=self.group)
+        mine = self.window()
+        if self.group is None:
+            verdicts = diagnose([mine], self.run) if mine is not None else []
         else:
-            gathered = [local]
-        if self.rank != 0 or not self.history:
+            sketch = local_sketch(mine, self.run)
+            dist.reduce(sketch, dst=0, group=self.group)
+            picked = pick_worst(mine, self.rank, self.world_size, self.run, self.group)
+            self.bytes_sent += sketch.numel() * sketch.element_size() + TOP_K * (3 + 3 * len(FIELDS)) * 8
+            if self.rank != 0:
+                return []
+            verdicts = diagnose_summary(summary_of(sketch.tolist(), picked), self.run)
+        if self.rank != 0 or mine is None:
             return []
-        windows = [RankWindow(rank, **dict(zip(FIELDS, t.tolist()))) for rank, t in enumerate(gathered)]
-        verdicts = diagnose(windows, self.run)
         self._publish_changes(verdicts)
         return verdicts
 
