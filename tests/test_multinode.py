@@ -2,22 +2,34 @@
 
 In one process first (two relays on loopback, real sockets and keys): what a node relay forwards,
 what the head lets its key carry, the downlink through it, and losing and finding the head again.
+Then two real nodes: network namespaces joined by a veth pair (root only), torchrun on each.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
 import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import zmq
-from conftest import poll_until
+from conftest import TESTS_DIR, agent_env, poll_until, stop_process_group
 
 from ringtop.agent.gatekeeper import Gatekeeper, node_user
+from ringtop.agent.lifecycle import exit_with_parent
 from ringtop.agent.node_relay import NodeRelay
 from ringtop.agent.ports import BindError
 from ringtop.agent.relay import Relay
 from ringtop.agent.telemetry import Telemetry
-from ringtop.protocol import Bye, Hello, Step, curve, decode, encode, free_tcp_port
+from ringtop.protocol import Bye, Event, Hello, Step, curve, decode, encode, free_tcp_port, read_log
 from ringtop.protocol.curve import secure_client
 from ringtop.protocol.downlink import Downlink, decode_downlink, encode_downlink
 
@@ -209,3 +221,169 @@ def test_a_full_queue_while_the_head_is_away_counts_what_it_drops(gatekeeper):
         rank.close(timeout_s=2, linger_s=0)
         node.stop()
 
+
+# ------------------------------------------------------------------ two nodes: network namespaces
+
+
+def _namespaces_unavailable() -> str:
+    """Why two network namespaces cannot be made here ("" when they can)."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return "needs root: the test makes two network namespaces joined by a veth pair"
+    for tool in ("ip", "unshare"):
+        if shutil.which(tool) is None:
+            return f"needs `{tool}` (iproute2 / util-linux)"
+    if subprocess.run(["ip", "netns", "list"], capture_output=True).returncode != 0:
+        return "`ip netns` does not work here"
+    return ""
+
+
+def _ip(*args: str) -> None:
+    done = subprocess.run(["ip", *args], capture_output=True, text=True)
+    assert done.returncode == 0, f"ip {' '.join(args)}: {done.stderr}"
+
+
+@dataclass
+class Node:
+    namespace: str
+    interface: str
+    address: str
+    host: str
+    relay_interface: str
+    """A second link between the nodes, for telemetry alone: cutting it leaves gloo's traffic alone."""
+    relay_address: str
+
+
+@pytest.fixture
+def two_namespaces():
+    """Two nodes, `nodea` and `nodeb`: namespaces of this test's own (named after its pid) joined by
+    a veth pair, each with its host name's hosts file; removed afterwards, with every process left
+    in them, also when the test fails."""
+    reason = _namespaces_unavailable()
+    if reason:
+        pytest.skip(reason)
+    pid = os.getpid()
+    subnet, relay_subnet = f"10.{200 + pid % 50}.{pid % 250}", f"10.{200 + pid % 50}.{pid % 250 + 1}"
+    nodes = [Node(f"rt{side}{pid}", f"rtv{side}{pid}", f"{subnet}.{i + 1}", f"node{side.lower()}",
+                  f"rtr{side}{pid}", f"{relay_subnet}.{i + 1}") for i, side in enumerate("AB")]
+    hosts = "127.0.0.1 localhost\n" + "".join(f"{n.address} {n.host}\n" for n in nodes)
+    try:
+        for n in nodes:
+            _ip("netns", "add", n.namespace)
+            Path(f"/etc/netns/{n.namespace}").mkdir(parents=True, exist_ok=True)
+            Path(f"/etc/netns/{n.namespace}/hosts").write_text(hosts)
+        _ip("link", "add", nodes[0].interface, "type", "veth", "peer", "name", nodes[1].interface)
+        _ip("link", "add", nodes[0].relay_interface, "type", "veth", "peer", "name", nodes[1].relay_interface)
+        for n in nodes:
+            _ip("-n", n.namespace, "link", "set", "lo", "up")
+            for interface, address in ((n.interface, n.address), (n.relay_interface, n.relay_address)):
+                _ip("link", "set", interface, "netns", n.namespace)
+                _ip("-n", n.namespace, "addr", "add", f"{address}/24", "dev", interface)
+                _ip("-n", n.namespace, "link", "set", interface, "up")
+        yield nodes
+    finally:
+        for n in nodes:
+            pids = subprocess.run(["ip", "netns", "pids", n.namespace], capture_output=True, text=True).stdout
+            for p in pids.split():
+                try:
+                    os.kill(int(p), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+            subprocess.run(["ip", "netns", "del", n.namespace], capture_output=True)  # its veth end goes with it
+            shutil.rmtree(f"/etc/netns/{n.namespace}", ignore_errors=True)
+
+
+def in_namespace(node: Node, argv: list[str], output: Path) -> subprocess.Popen:
+    """`argv` in `node`'s namespace under its own host name, gloo on its veth end."""
+    env = agent_env()
+    env["GLOO_SOCKET_IFNAME"] = node.interface
+    script = f"hostname {node.host} && exec {shlex.join(argv)}"
+    with open(output, "wb") as out:
+        return subprocess.Popen(["ip", "netns", "exec", node.namespace, "unshare", "--uts", "sh", "-c", script],
+                                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                preexec_fn=exit_with_parent)
+
+
+def run_on_two_nodes(nodes: list[Node], tmp_path: Path, during=None, relay_link: bool = False) -> dict:
+    """torchrun on both nodes (2 ranks each, gloo over the veth), the watcher on the head's; what the
+    watcher saw. `during(tmp_path)`: run once every rank has stepped, while training goes on
+    (the watcher then waits for a node relay's outage and recovery before it stops the run).
+    `relay_link`: telemetry on the second link."""
+    head, other = nodes
+    run_id = uuid.uuid4().hex[:8]
+    relay = head.relay_address if relay_link else head.address
+    agent = ["--relay", f"tcp://{relay}:{RELAY_PORT}", "--allow-remote", "--log-dir", str(tmp_path / "logs"),
+             "--checkpoint-dir", str(tmp_path / "checkpoints"), "--dist-timeout-s", "60", "--run-id", run_id,
+             "--steps", "100000", "--batch-size", "2", "--seq-len", "32"]  # the watcher stops it
+    procs = []
+
+    def output() -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
+                         for p in sorted(tmp_path.glob("*.txt")))
+    try:
+        for k, node in enumerate(nodes):
+            launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(k),
+                        "--nproc-per-node", "2", "--master-addr", head.address, "--master-port", "29500",
+                        "-m", "ringtop.agent", *agent]
+            procs.append(in_namespace(node, launcher, tmp_path / f"{node.host}.txt"))
+        seen_path = tmp_path / "seen.json"
+        watcher = [sys.executable, str(TESTS_DIR / "multinode_watcher.py"), run_id, "4", str(seen_path)]
+        procs.append(in_namespace(head, watcher + (["outage"] if during else []), tmp_path / "watcher.txt"))
+        if during is not None:
+            poll_until(lambda: Path(f"{seen_path}.ready").exists() or any(p.poll() is not None for p in procs),
+                       180, "every rank stepping", detail=output)
+            during(tmp_path)
+        for proc in procs:
+            try:
+                assert proc.wait(240) == 0, output()
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"not done within 240 s:\n{output()}") from None
+        seen = json.loads(seen_path.read_text())
+    finally:
+        for proc in procs:
+            stop_process_group(proc)
+    assert not seen["error"], seen
+    assert seen["hosts"] == {"0": "nodea", "1": "nodea", "2": "nodeb", "3": "nodeb"}, seen["hosts"]
+    assert set(seen["steps"]) == {"0", "1", "2", "3"}, "steps of every rank reached the head's UI"
+    assert seen["stacks"] and seen["stacks"].get("answered") == 4, f"the downlink and back: {seen['stacks']}"
+    assert seen["stop"] == "done" and seen["byes"] == {"0": True, "1": True, "2": True, "3": True}, seen
+    for rank in (2, 3):  # the node's own logs agree on who it is
+        hello = read_log(tmp_path / "logs" / f"rank-{rank}.jsonl")[0]
+        assert isinstance(hello, Hello) and hello.host == "nodeb"
+    return seen
+
+
+@pytest.mark.timeout(300)
+def test_two_nodes_under_torchrun_reach_the_ui_on_the_head_through_a_node_relay(two_namespaces, tmp_path):
+    seen = run_on_two_nodes(two_namespaces, tmp_path)
+    assert not seen["relay_events"], "the node relay never lost the head"
+    assert seen["status"]["lost_messages"] == 0, "no message of any rank was lost on the way"
+
+
+def relay_events(log: Path) -> list[Event]:
+    return [m for m in read_log(log) if isinstance(m, Event) and m.kind == "relay"] if log.exists() else []
+
+
+@pytest.mark.timeout(300)
+def test_a_node_relay_cut_off_from_the_head_leaves_training_alone_and_resumes(two_namespaces, tmp_path):
+    """The link telemetry takes goes down for a while (gloo's is another): node B's relay loses the
+    head, training goes on, forwarding resumes when the link is back."""
+    _, other = two_namespaces
+    log = tmp_path / "logs" / "rank-2.jsonl"
+
+    def outage(tmp_path: Path) -> None:
+        _ip("-n", other.namespace, "link", "set", other.relay_interface, "down")
+        try:
+            poll_until(lambda: relay_events(log), 60, "rank 2's node relay losing the head")
+            time.sleep(1.0)  # steps go on meanwhile, queued at the node relay
+        finally:
+            _ip("-n", other.namespace, "link", "set", other.relay_interface, "up")
+    seen = run_on_two_nodes(two_namespaces, tmp_path, during=outage, relay_link=True)
+    states = [e["state"] for e in seen["relay_events"]]
+    assert states == ["lost", "resumed"] and {e["rank"] for e in seen["relay_events"]} == {2}, seen["relay_events"]
+    resumed = seen["relay_events"][1]
+    assert resumed["down_s"] >= 1.0 and resumed["lost"] == 0, resumed
+    assert seen["after_resume"] == [0, 1, 2, 3]
+    print(f"outage: {resumed}; the head counted {seen['status']['lost_messages']} messages lost")
+    steps = {r: sorted(s.step for s in read_log(tmp_path / "logs" / f"rank-{r}.jsonl") if isinstance(s, Step))
+             for r in range(4)}
+    assert all(s == list(range(1, len(s) + 1)) for s in steps.values()), "every rank trained on through the outage"
