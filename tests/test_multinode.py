@@ -23,6 +23,7 @@ import pytest
 import zmq
 from conftest import TESTS_DIR, agent_env, poll_until, stop_process_group
 
+from ringtop.agent.distributed import first_host, slurm_environment
 from ringtop.agent.gatekeeper import Gatekeeper, node_user
 from ringtop.agent.lifecycle import exit_with_parent
 from ringtop.agent.node_relay import NodeRelay
@@ -292,9 +293,9 @@ def two_namespaces():
             shutil.rmtree(f"/etc/netns/{n.namespace}", ignore_errors=True)
 
 
-def in_namespace(node: Node, argv: list[str], output: Path) -> subprocess.Popen:
-    """`argv` in `node`'s namespace under its own host name, gloo on its veth end."""
-    env = agent_env()
+def in_namespace(node: Node, argv: list[str], output: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """`argv` in `node`'s namespace under its own host name, gloo on its veth end; `env` added."""
+    env = {**agent_env(), **(env or {})}
     env["GLOO_SOCKET_IFNAME"] = node.interface
     script = f"hostname {node.host} && exec {shlex.join(argv)}"
     with open(output, "wb") as out:
@@ -303,11 +304,14 @@ def in_namespace(node: Node, argv: list[str], output: Path) -> subprocess.Popen:
                                 preexec_fn=exit_with_parent)
 
 
-def run_on_two_nodes(nodes: list[Node], tmp_path: Path, during=None, relay_link: bool = False) -> dict:
+def run_on_two_nodes(nodes: list[Node], tmp_path: Path, during=None, relay_link: bool = False,
+                     rendezvous: str = "static") -> dict:
     """torchrun on both nodes (2 ranks each, gloo over the veth), the watcher on the head's; what the
     watcher saw. `during(tmp_path)`: run once every rank has stepped, while training goes on
     (the watcher then waits for a node relay's outage and recovery before it stops the run).
-    `relay_link`: telemetry on the second link."""
+    `relay_link`: telemetry on the second link. `rendezvous`: torchrun's static one (--node-rank)
+    or c10d's (node A hosts the store: with one host name per namespace, torch cannot tell which), or
+    `slurm`: each rank a process of its own with the environment `srun` gives a task."""
     head, other = nodes
     run_id = uuid.uuid4().hex[:8]
     relay = head.relay_address if relay_link else head.address
@@ -321,9 +325,21 @@ def run_on_two_nodes(nodes: list[Node], tmp_path: Path, during=None, relay_link:
                          for p in sorted(tmp_path.glob("*.txt")))
     try:
         for k, node in enumerate(nodes):
-            launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(k),
-                        "--nproc-per-node", "2", "--master-addr", head.address, "--master-port", "29500",
-                        "-m", "ringtop.agent", *agent]
+            if rendezvous == "slurm":  # as `srun -N2 --ntasks-per-node 2` starts them: one process per task
+                for local in range(2):
+                    task = {"SLURM_PROCID": str(2 * k + local), "SLURM_LOCALID": str(local), "SLURM_NODEID": str(k),
+                            "SLURM_STEP_NUM_TASKS": "4", "SLURM_NTASKS": "4", "SLURM_JOB_ID": str(os.getpid()),
+                            "SLURM_STEP_NODELIST": f"{head.host},{other.host}"}
+                    procs.append(in_namespace(node, [sys.executable, "-m", "ringtop.agent", *agent],
+                                              tmp_path / f"{node.host}-{local}.txt", env=task))
+                continue
+            if rendezvous == "static":
+                meeting = ["--node-rank", str(k), "--master-addr", head.address, "--master-port", "29500"]
+            else:
+                meeting = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{head.address}:29500", "--rdzv-id", run_id,
+                           *(["--rdzv-conf", "is_host=1"] if k == 0 else [])]
+            launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
+                        *meeting, "-m", "ringtop.agent", *agent]
             procs.append(in_namespace(node, launcher, tmp_path / f"{node.host}.txt"))
         seen_path = tmp_path / "seen.json"
         watcher = [sys.executable, str(TESTS_DIR / "multinode_watcher.py"), run_id, "4", str(seen_path)]
@@ -342,19 +358,22 @@ def run_on_two_nodes(nodes: list[Node], tmp_path: Path, during=None, relay_link:
         for proc in procs:
             stop_process_group(proc)
     assert not seen["error"], seen
-    assert seen["hosts"] == {"0": "nodea", "1": "nodea", "2": "nodeb", "3": "nodeb"}, seen["hosts"]
+    hosts = seen["hosts"]  # c10d may order the nodes either way; each node's ranks are consecutive
+    assert hosts["0"] == hosts["1"] != hosts["2"] == hosts["3"] and {*hosts.values()} == {"nodea", "nodeb"}, hosts
     assert set(seen["steps"]) == {"0", "1", "2", "3"}, "steps of every rank reached the head's UI"
     assert seen["stacks"] and seen["stacks"].get("answered") == 4, f"the downlink and back: {seen['stacks']}"
     assert seen["stop"] == "done" and seen["byes"] == {"0": True, "1": True, "2": True, "3": True}, seen
-    for rank in (2, 3):  # the node's own logs agree on who it is
+    for rank in range(4):  # the ranks' own logs agree on who they are
         hello = read_log(tmp_path / "logs" / f"rank-{rank}.jsonl")[0]
-        assert isinstance(hello, Hello) and hello.host == "nodeb"
+        assert isinstance(hello, Hello) and hello.host == hosts[str(rank)]
     return seen
 
 
 @pytest.mark.timeout(300)
-def test_two_nodes_under_torchrun_reach_the_ui_on_the_head_through_a_node_relay(two_namespaces, tmp_path):
-    seen = run_on_two_nodes(two_namespaces, tmp_path)
+@pytest.mark.parametrize("rendezvous", ["static", "c10d", "slurm"])
+def test_two_nodes_under_torchrun_reach_the_ui_on_the_head_through_a_node_relay(two_namespaces, tmp_path,
+                                                                                rendezvous):
+    seen = run_on_two_nodes(two_namespaces, tmp_path, rendezvous=rendezvous)
     assert not seen["relay_events"], "the node relay never lost the head"
     assert seen["status"]["lost_messages"] == 0, "no message of any rank was lost on the way"
 
@@ -387,3 +406,15 @@ def test_a_node_relay_cut_off_from_the_head_leaves_training_alone_and_resumes(tw
     steps = {r: sorted(s.step for s in read_log(tmp_path / "logs" / f"rank-{r}.jsonl") if isinstance(s, Step))
              for r in range(4)}
     assert all(s == list(range(1, len(s) + 1)) for s in steps.values()), "every rank trained on through the outage"
+
+
+def test_slurm_tasks_get_torchs_variables_and_nothing_else_does():
+    task = {"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_STEP_NUM_TASKS": "4", "SLURM_JOB_ID": "123456",
+            "SLURM_STEP_NODELIST": "gpu[07-09,12],cpu1"}
+    assert slurm_environment(task) == {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "gpu07",
+                                       "MASTER_PORT": str(20000 + 123456 % 10000)}
+    assert slurm_environment({**task, "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29500"})["MASTER_ADDR"] == "10.0.0.5"
+    assert slurm_environment({**task, "RANK": "0"}) == {}, "torchrun's own variables win"
+    batch_script = {k: v for k, v in task.items() if k != "SLURM_STEP_NUM_TASKS"}
+    assert slurm_environment(batch_script) == {}, "a batch script is not a task of a step"
+    assert first_host("nodea,nodeb") == "nodea" and first_host("n1") == "n1"
