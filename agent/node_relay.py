@@ -12,7 +12,9 @@ local rank 0) and never blocks training: it only moves frames between non-blocki
   exactly this node's ranks. The head's subscription says it is there; its loss (the connection
   dropped, or ZeroMQ's heartbeats unanswered for a few seconds) is an unsubscription.
 - While the head is away, messages wait in a bounded queue (the oldest dropped and counted as
-  lost when it is full), and are sent when it is back; a `relay` event says when the head was lost
+  lost when it is full), and are sent when it is back, after those sent in the seconds before the
+  loss was noticed (ZeroMQ accepted them, the connection may not have delivered them: the head
+  drops the ones it has by their `seq`); a `relay` event says when the head was lost
   and when forwarding resumed, with how many messages were lost on the way.
 - What the head sends down (`protocol/downlink.py`: `ctl stacks`, `stop`, `dump`) goes on down to
   this node's ranks.
@@ -42,6 +44,8 @@ QUEUE_CAPACITY = 8192
 HEARTBEAT_IVL_MS = 1000
 HEARTBEAT_TIMEOUT_MS = 4000
 """A head that answers no ZeroMQ heartbeat for this long is lost (a silent network, not only a reset)."""
+REPLAY_S = HEARTBEAT_TIMEOUT_MS / 1000 + 2.0
+"""Messages sent this long before the loss was noticed are sent again when the head is back."""
 
 @dataclass(frozen=True)
 class NodeLayout:
@@ -125,6 +129,9 @@ class NodeRelay(threading.Thread):
         secure_client(self._up, upstream_keys)
         self._up.connect(upstream)
         self._queue: collections.deque[list[bytes]] = collections.deque(maxlen=capacity)
+        self._sent: collections.deque[tuple[float, list[bytes]]] = collections.deque(maxlen=capacity)
+        """The latest messages sent, with when: the ones a lost connection may have swallowed."""
+        self.replayed = 0
         self.head_up = False
         self._ever_up = False
         self._lost_at = 0.0
@@ -212,7 +219,7 @@ class NodeRelay(threading.Thread):
                 self._up.send_multipart(self._queue[0], zmq.NOBLOCK)
             except zmq.Again:
                 return  # the head is slow: the queue holds the rest (and drops its oldest when full)
-            self._queue.popleft()
+            self._sent.append((time.monotonic(), self._queue.popleft()))
             self.forwarded += 1
 
     def _read_upstream(self) -> None:
@@ -237,12 +244,17 @@ class NodeRelay(threading.Thread):
             return
         self.head_up = True
         if self._ever_up:
+            replay = [frames for sent, frames in self._sent if sent >= self._lost_at - REPLAY_S]
+            self._sent.clear()
+            self.replayed += len(replay)
+            self._queue = collections.deque((replay + list(self._queue))[-self._queue.maxlen:],
+                                            maxlen=self._queue.maxlen)
             down_s = time.monotonic() - self._lost_at
             lost = self.lost - self._lost_then
             self._event("info", f"node relay of ranks {_ranks(self.ranks)} reaches rank 0's relay again after "
-                        f"{down_s:.1f} s; {lost} messages lost on the way", {
+                        f"{down_s:.1f} s; {lost} messages dropped meanwhile, {len(replay)} sent again", {
                             "state": "resumed", "ranks": sorted(self.ranks), "down_s": round(down_s, 3),
-                            "lost": lost, "lost_total": self.lost})
+                            "lost": lost, "lost_total": self.lost, "replayed": len(replay)})
         self._ever_up = True
 
     def _head_lost(self) -> None:

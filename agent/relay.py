@@ -64,6 +64,8 @@ class Relay(threading.Thread):
         self._authenticated = gate is not None
         """Each input connection then carries its rank as ZAP user id: a message must be its sender's."""
         self._carried: dict[str, frozenset[int]] = {u: frozenset(r) for u, r in (carriers or {}).items()}
+        self._replaying = frozenset(self._carried.values())
+        """The node relays' allow-lists (by identity): what comes through one may come twice."""
         """ZAP user id -> the ranks its messages may be of (a rank's own id is added when first seen)."""
         try:
             self.relay_address = bind(self._backend, relay_address, "relay" in movable, "relay input", "--relay")
@@ -80,6 +82,8 @@ class Relay(threading.Thread):
         """Messages of the ranks that never arrived (gaps in their `seq`): dropped by a rank's full
         queue, or lost on the way (a node relay cut off from here)."""
         self._last_seq: dict[int, int] = {}
+        """Each rank's latest `seq`: a rank's messages come in order (one connection, or one node relay's)."""
+        self.duplicates = 0
         self.observers = list(observers)
         self._downlink: collections.deque[bytes] = collections.deque(maxlen=64)
 
@@ -119,12 +123,17 @@ class Relay(threading.Thread):
             except zmq.Again:
                 return
             frames = [p.bytes for p in parts]
-            msg = self._real(frames, self._sender(parts[-1]))
+            sender = self._sender(parts[-1])
+            msg = self._real(frames, sender)
             if msg is None:
                 self.dropped += 1
                 continue
             last = self._last_seq.get(msg.rank)
-            if last is None or msg.seq > last:
+            if last is not None and msg.seq <= last:
+                if any(sender is carried for carried in self._replaying):
+                    self.duplicates += 1  # sent again by a node relay that lost its connection
+                    continue
+            else:
                 if last is not None:
                     self.gaps += msg.seq - last - 1
                 self._last_seq[msg.rank] = msg.seq
