@@ -106,7 +106,8 @@ class NodeRelay(threading.Thread):
         self.gate: Gatekeeper | None = None
         if upstream_keys is not None:
             self.server = curve.server_pair()
-            self.gate = Gatekeeper(self.server, admit={RELAY_DOMAIN: rank_users(dict(rank_public or {}))})
+            self.gate = Gatekeeper(self.server, admit={RELAY_DOMAIN: rank_users(dict(rank_public or {}))},
+                                   who=f"node relay of ranks {_ranks(self.ranks)}")
         ctx = self.gate.context if self.gate is not None else zmq.Context.instance()
         self._local = ctx.socket(zmq.XSUB)
         self._local.setsockopt(zmq.LINGER, 500)

@@ -423,3 +423,25 @@ def test_slurm_tasks_get_torchs_variables_and_nothing_else_does():
     batch_script = {k: v for k, v in task.items() if k != "SLURM_STEP_NUM_TASKS"}
     assert slurm_environment(batch_script) == {}, "a batch script is not a task of a step"
     assert first_host("nodea,nodeb") == "nodea" and first_host("n1") == "n1"
+
+
+@pytest.mark.timeout(300)
+def test_a_run_on_two_nodes_with_a_loopback_relay_is_refused_on_every_rank_with_the_reason(two_namespaces,
+                                                                                           tmp_path):
+    head, _ = two_namespaces
+    procs = []
+    try:
+        for k, node in enumerate(two_namespaces):
+            launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
+                        "--node-rank", str(k), "--master-addr", head.address, "--master-port", "29500",
+                        "-m", "ringtop.agent", "--steps", "5", "--batch-size", "2", "--seq-len", "32",
+                        "--dist-timeout-s", "60", "--checkpoint-dir", str(tmp_path / "checkpoints")]
+            procs.append(in_namespace(node, launcher, tmp_path / f"{node.host}.txt"))
+        codes = [proc.wait(240) for proc in procs]
+    finally:
+        for proc in procs:
+            stop_process_group(proc)
+    outputs = [(tmp_path / f"{node.host}.txt").read_text(errors="replace") for node in two_namespaces]
+    assert all(code != 0 for code in codes), outputs
+    for output in outputs:
+        assert output.count("this run spans 2 nodes") == 2 and "--allow-remote" in output, output[-3000:]
