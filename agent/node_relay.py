@@ -86,11 +86,14 @@ OnEvent = Callable[[str, str, dict], None]
 class NodeRelay(threading.Thread):
     def __init__(self, upstream: str, upstream_keys: ClientKeys | None, ranks: Collection[int],
                  rank_public: dict[int, str] | None, run_id: str | None, world_size: int | None,
-                 capacity: int = QUEUE_CAPACITY, on_event: OnEvent | None = None, host: str = "127.0.0.1"):
+                 capacity: int = QUEUE_CAPACITY, on_event: OnEvent | None = None, host: str = "127.0.0.1",
+                 address: str | None = None, server: curve.ServerKeys | None = None):
         """`upstream`: the head relay's address; `upstream_keys`: this node's key pair and the head's
         public key (None: --insecure, plain sockets); `ranks`: this node's; `rank_public`: their
-        public keys (what the input admits)."""
+        public keys (what the input admits). `address`, `server`: a predecessor's, to take its
+        place (its ranks reconnect by themselves); by default a free port and a new key pair."""
         super().__init__(name="ringtop-node-relay", daemon=True)
+        self._args = (upstream, upstream_keys, ranks, rank_public, run_id, world_size, capacity, host)
         self.upstream = upstream
         self.ranks = frozenset(ranks)
         self.run_id, self.world_size = run_id, world_size
@@ -105,7 +108,7 @@ class NodeRelay(threading.Thread):
         self.server: curve.ServerKeys | None = None
         self.gate: Gatekeeper | None = None
         if upstream_keys is not None:
-            self.server = curve.server_pair()
+            self.server = server or curve.server_pair()
             self.gate = Gatekeeper(self.server, admit={RELAY_DOMAIN: rank_users(dict(rank_public or {}))},
                                    who=f"node relay of ranks {_ranks(self.ranks)}")
         ctx = self.gate.context if self.gate is not None else zmq.Context.instance()
@@ -113,9 +116,19 @@ class NodeRelay(threading.Thread):
         self._local.setsockopt(zmq.LINGER, 500)
         if self.gate is not None:
             self.gate.secure(self._local, "node relay input", RELAY_DOMAIN)
-        low, high = spare_port_range()
-        port = self._local.bind_to_random_port(f"tcp://{host}", min_port=low, max_port=high, max_tries=200)
-        self.address = f"tcp://{host}:{port}"
+        try:
+            if address is not None:
+                self._local.bind(address)
+                self.address = address
+            else:
+                low, high = spare_port_range()
+                port = self._local.bind_to_random_port(f"tcp://{host}", min_port=low, max_port=high, max_tries=200)
+                self.address = f"tcp://{host}:{port}"
+        except zmq.ZMQError:
+            close_monitored(self._local, 0)
+            if self.gate is not None:
+                self.gate.stop()
+            raise
         self._local.send(b"\x01")
         self._up = ctx.socket(zmq.XPUB)
         self._up.setsockopt(zmq.XPUB_NODROP, 1)  # a full pipe says so (zmq.Again) instead of dropping unseen
@@ -138,6 +151,14 @@ class NodeRelay(threading.Thread):
         self._lost_at = 0.0
         self._lost_then = 0
         self._stop_event = threading.Event()
+
+    def successor(self) -> NodeRelay:
+        """A node relay in this one's place (same address and keys), once this one has ended: the
+        node's ranks reconnect to it by themselves, and what they sent meanwhile waits in their
+        sockets. Raises zmq.ZMQError while the old port is not yet free."""
+        upstream, keys, ranks, rank_public, run_id, world_size, capacity, host = self._args
+        return NodeRelay(upstream, keys, ranks, rank_public, run_id, world_size, capacity, self.on_event, host,
+                         address=self.address, server=self.server)
 
     @property
     def server_public(self) -> str:

@@ -210,6 +210,32 @@ def test_a_node_relay_that_loses_the_head_says_so_counts_and_resumes_when_it_is_
     assert node.lost == 0
 
 
+def test_a_node_relay_killed_and_started_again_in_its_place_gets_its_ranks_back(two_nodes):
+    """The ranks reconnect by themselves; what they sent meanwhile waited in their sockets."""
+    keys, state, node, ranks, heard, ui, events, _ = two_nodes
+    for t in ranks.values():
+        t.step = 0
+    last = step_until(ranks, ui, 0)
+    node.stop()  # the kill: its sockets close, its ranks' connections drop
+    for step in range(last + 1, last + 11):
+        for t in ranks.values():
+            t.emit(Step(step=step, loss=1.0, step_ms=1.0))
+
+    def started_again() -> NodeRelay | None:
+        try:
+            return node.successor()
+        except zmq.ZMQError:  # the old port may take a moment to be free
+            return None
+    successor = poll_until(started_again, 30, "a node relay on the old address")
+    successor.start()
+    try:
+        step_until(ranks, ui, last + 11)
+        assert all(set(range(last + 1, last + 11)) <= ui.steps(r) for r in NODE_RANKS), "the steps meanwhile came"
+        assert state["head"].relay.gaps == 0 and successor.address == node.address
+    finally:
+        successor.stop()
+
+
 def test_a_full_queue_while_the_head_is_away_counts_what_it_drops(gatekeeper):
     """Nothing blocks: the oldest messages go, each one counted."""
     gate, keys = gatekeeper
