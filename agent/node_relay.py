@@ -151,14 +151,31 @@ class NodeRelay(threading.Thread):
         self._lost_at = 0.0
         self._lost_then = 0
         self._stop_event = threading.Event()
+        self._killed = threading.Event()
 
-    def successor(self) -> NodeRelay:
+    def successor(self) -> NodeRelay | None:
         """A node relay in this one's place (same address and keys), once this one has ended: the
         node's ranks reconnect to it by themselves, and what they sent meanwhile waits in their
-        sockets. Raises zmq.ZMQError while the old port is not yet free."""
+        sockets. None while the old port is not yet free."""
         upstream, keys, ranks, rank_public, run_id, world_size, capacity, host = self._args
-        return NodeRelay(upstream, keys, ranks, rank_public, run_id, world_size, capacity, self.on_event, host,
-                         address=self.address, server=self.server)
+        try:
+            return NodeRelay(upstream, keys, ranks, rank_public, run_id, world_size, capacity, self.on_event, host,
+                             address=self.address, server=self.server)
+        except zmq.ZMQError:
+            return None
+
+    @property
+    def ranks_text(self) -> str:
+        return _ranks(self.ranks)
+
+    @property
+    def stopping(self) -> bool:
+        """Asked to stop (the run ends): not to be started again."""
+        return self._stop_event.is_set()
+
+    def kill(self) -> None:
+        """End at once, dropping what it holds, as if it had died (--inject-node-relay-death)."""
+        self._killed.set()
 
     @property
     def server_public(self) -> str:
@@ -191,6 +208,8 @@ class NodeRelay(threading.Thread):
         try:
             while True:
                 events: dict = {}
+                if self._killed.is_set():
+                    return
                 try:
                     events = dict(poller.poll(50))
                     if self._up in events:
@@ -207,8 +226,9 @@ class NodeRelay(threading.Thread):
                     self.lost += len(self._queue)
                     return
         finally:
-            close_monitored(self._local)
-            self._up.close()
+            linger = 0 if self._killed.is_set() else None
+            close_monitored(self._local, linger)
+            self._up.close(linger)
 
     def _take_local(self) -> None:
         for _ in range(1024):  # bounded: the head's frames (and its loss) are read in between

@@ -364,6 +364,21 @@ class Runner:
         return address, curve.ClientKeys(server_public=server_public, client_public=rank_keys.client_public,
                                          client_secret=rank_keys.client_secret)
 
+    def _keep_node_relay(self) -> None:
+        """Once a step, on a node relay's rank: one that ended while the run goes on is started
+        again in its place (its ranks reconnect by themselves). Binding a socket: microseconds."""
+        relay = self.node_relay
+        if relay.is_alive() or relay.stopping:
+            return
+        successor = relay.successor()
+        if successor is None:
+            return  # its port is not free yet: at the next step
+        relay.stop(0)  # its gatekeeper: the thread has ended
+        successor.start()
+        self.node_relay = successor
+        self._event("warn", "relay", f"the node relay of ranks {relay.ranks_text} ended; started again in its place",
+                    {"state": "restarted", "ranks": sorted(relay.ranks), "lost_total": relay.lost})
+
     def _node_relay_event(self, level: str, text: str, data: dict[str, Any]) -> None:
         """From the node relay's thread: its head lost or found again."""
         self._event(level, "relay", text, data)
@@ -681,6 +696,10 @@ class Runner:
                 self.strategy.inject_nan_next_step()
             loss = self.strategy.run_step(batch, model_call, phases)
             self.step += 1
+            if self.node_relay is not None:
+                if cfg.inject_node_relay_death == self.step:
+                    self.node_relay.kill()
+                self._keep_node_relay()
             found = self._check_nonfinite(loss) if cfg.on_nonfinite != "warn" else None
             if step_ends is not None:
                 step_ends.append(time.time())

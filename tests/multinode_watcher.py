@@ -1,8 +1,9 @@
 """Run inside the head node's namespace by test_multinode.py: a UI's view of a run, from its own
 connection file's keys, written to a file. Once every rank has stepped it asks every rank for its
 stack (`ctl stacks`: the downlink through the node relays and the answers back) and writes
-OUT.ready; with `outage` it then waits for a node relay to say it lost the head and found it again
-(the test cuts the link meanwhile) and for steps of every rank after that; then it stops the run.
+OUT.ready; with `outage` it then waits for a node relay to say it found the head again (the test
+cuts the link meanwhile) or was started again (it died), and for steps of every rank after that;
+then it stops the run.
 
     python multinode_watcher.py RUN_ID WORLD_SIZE OUT.json [outage]
 """
@@ -49,7 +50,7 @@ def main(run_id: str, world_size: int, out: str, outage: bool) -> None:
                 seen["hosts"][msg.rank] = msg.host
             elif isinstance(msg, Step):
                 seen["steps"].setdefault(msg.rank, []).append(msg.step)
-                if any(e["state"] == "resumed" for e in seen["relay_events"]):
+                if any(e["state"] in ("resumed", "restarted") for e in seen["relay_events"]):
                     seen["after_resume"] = sorted({*seen["after_resume"], msg.rank})
             elif isinstance(msg, Bye):
                 seen["byes"][msg.rank] = msg.ok

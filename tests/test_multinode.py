@@ -221,12 +221,7 @@ def test_a_node_relay_killed_and_started_again_in_its_place_gets_its_ranks_back(
         for t in ranks.values():
             t.emit(Step(step=step, loss=1.0, step_ms=1.0))
 
-    def started_again() -> NodeRelay | None:
-        try:
-            return node.successor()
-        except zmq.ZMQError:  # the old port may take a moment to be free
-            return None
-    successor = poll_until(started_again, 30, "a node relay on the old address")
+    successor = poll_until(node.successor, 30, "a node relay on the old address (its port free again)")
     successor.start()
     try:
         step_until(ranks, ui, last + 11)
@@ -335,19 +330,20 @@ def in_namespace(node: Node, argv: list[str], output: Path, env: dict[str, str] 
 
 
 def run_on_two_nodes(nodes: list[Node], tmp_path: Path, during=None, relay_link: bool = False,
-                     rendezvous: str = "static") -> dict:
+                     rendezvous: str = "static", outage: bool = False, agent_args: tuple[str, ...] = ()) -> dict:
     """torchrun on both nodes (2 ranks each, gloo over the veth), the watcher on the head's; what the
     watcher saw. `during(tmp_path)`: run once every rank has stepped, while training goes on
     (the watcher then waits for a node relay's outage and recovery before it stops the run).
     `relay_link`: telemetry on the second link. `rendezvous`: torchrun's static one (--node-rank)
     or c10d's (node A hosts the store: with one host name per namespace, torch cannot tell which), or
-    `slurm`: each rank a process of its own with the environment `srun` gives a task."""
+    `slurm`: each rank a process of its own with the environment `srun` gives a task. `outage`: the
+    watcher waits for a node relay's recovery (it dies by `agent_args`)."""
     head, other = nodes
     run_id = uuid.uuid4().hex[:8]
     relay = head.relay_address if relay_link else head.address
     agent = ["--relay", f"tcp://{relay}:{RELAY_PORT}", "--allow-remote", "--log-dir", str(tmp_path / "logs"),
              "--checkpoint-dir", str(tmp_path / "checkpoints"), "--dist-timeout-s", "60", "--run-id", run_id,
-             "--steps", "100000", "--batch-size", "2", "--seq-len", "32"]  # the watcher stops it
+             "--steps", "100000", "--batch-size", "2", "--seq-len", "32", *agent_args]  # the watcher stops it
     procs = []
 
     def output() -> str:
@@ -373,7 +369,8 @@ def run_on_two_nodes(nodes: list[Node], tmp_path: Path, during=None, relay_link:
             procs.append(in_namespace(node, launcher, tmp_path / f"{node.host}.txt"))
         seen_path = tmp_path / "seen.json"
         watcher = [sys.executable, str(TESTS_DIR / "multinode_watcher.py"), run_id, "4", str(seen_path)]
-        procs.append(in_namespace(head, watcher + (["outage"] if during else []), tmp_path / "watcher.txt"))
+        outage = outage or during is not None
+        procs.append(in_namespace(head, watcher + (["outage"] if outage else []), tmp_path / "watcher.txt"))
         if during is not None:
             poll_until(lambda: Path(f"{seen_path}.ready").exists() or any(p.poll() is not None for p in procs),
                        180, "every rank stepping", detail=output)
@@ -437,6 +434,17 @@ def test_a_node_relay_cut_off_from_the_head_leaves_training_alone_and_resumes(tw
     steps = {r: sorted(s.step for s in read_log(tmp_path / "logs" / f"rank-{r}.jsonl") if isinstance(s, Step))
              for r in range(4)}
     assert all(s == list(range(1, len(s) + 1)) for s in steps.values()), "every rank trained on through the outage"
+
+
+@pytest.mark.timeout(300)
+def test_a_node_relay_that_dies_is_started_again_in_its_place_and_training_goes_on(two_namespaces, tmp_path):
+    seen = run_on_two_nodes(two_namespaces, tmp_path, outage=True, agent_args=("--inject-node-relay-death", "5"))
+    assert [(e["rank"], e["state"]) for e in seen["relay_events"]] == [(2, "restarted")], seen["relay_events"]
+    assert seen["after_resume"] == [0, 1, 2, 3]
+    print(f"node relay restarted; the head counted {seen['status']['lost_messages']} messages lost")
+    steps = {r: sorted(s.step for s in read_log(tmp_path / "logs" / f"rank-{r}.jsonl") if isinstance(s, Step))
+             for r in range(4)}
+    assert all(s == list(range(1, len(s) + 1)) for s in steps.values()), "every rank trained on"
 
 
 def test_slurm_tasks_get_torchs_variables_and_nothing_else_does():
