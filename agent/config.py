@@ -250,6 +250,9 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     inject_save_delay_ms: Annotated[float, Option(
         FAULTS, "pause MS between writing a checkpoint and publishing it, to kill a rank mid-save",
         flag="--inject-save-delay", metavar="MS", ge=0)] = 0.0
+    inject_node_relay_death: Annotated[int, Option(
+        FAULTS, "on several nodes, every node relay dies after step STEP (it is started again in its place); "
+        "0 = never", flag="--inject-node-relay-death", metavar="STEP", ge=0, bound_note="0 = never")] = 0
     inject_nan: Annotated[tuple[int, int] | None, Option(
         FAULTS, "rank R's loss is NaN at step STEP, before backward (a pipeline: rank R's stage output, so "
         "its replica's loss)", metavar="R:STEP", parse=_at_step("--inject-nan"), default_text="none")] = None

@@ -271,6 +271,16 @@ def scatter_fixed(payloads: list[bytes], n: int, rank: int, group: dist.ProcessG
     return out.numpy().tobytes()
 
 
+def all_gather_fixed(payload: bytes, n: int, world_size: int, group: dist.ProcessGroup) -> list[bytes]:
+    """Every rank's `payload` (at most `n` bytes, zero-padded) on every rank, in rank order."""
+    if len(payload) > n:
+        raise ValueError(f"a payload must be at most {n} bytes")
+    mine = torch.frombuffer(bytearray(payload.ljust(n, b"\0")), dtype=torch.uint8)
+    everyone = [torch.empty(n, dtype=torch.uint8) for _ in range(world_size)]
+    dist.all_gather(everyone, mine, group=group)
+    return [t.numpy().tobytes().rstrip(b"\0") for t in everyone]
+
+
 def broadcast_payload(payload: bytes, n: int, rank: int, group: dist.ProcessGroup) -> bytes:
     """Rank 0's `payload` of `n` bytes (a length every rank already knows) on every rank."""
     if n == 0:

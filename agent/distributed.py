@@ -1,10 +1,12 @@
-"""Process group set-up: torchrun's environment when present, else a one-process world."""
+"""Process group set-up: torchrun's environment when present, else Slurm's (`srun` starting each
+rank), else a one-process world."""
 
 from __future__ import annotations
 
 import datetime
 import gc
 import os
+import re
 import sys
 
 import torch
@@ -32,7 +34,35 @@ def pick_device(choice: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+def slurm_environment(env: dict[str, str]) -> dict[str, str]:
+    """torch's variables from Slurm's, for ranks started by `srun` itself (no torchrun): rank,
+    world size and local rank from the task's, rank 0's node the first of the job's nodes, the port
+    derived from the job id (the same on every task) unless MASTER_ADDR / MASTER_PORT are set. {} when
+    not under srun, or when torchrun set them already. (A job's batch script also has SLURM_PROCID,
+    with the job's task count: only a step `srun` started has SLURM_STEP_NUM_TASKS.)"""
+    if "RANK" in env or "SLURM_PROCID" not in env or "SLURM_STEP_NUM_TASKS" not in env:
+        return {}
+    nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "127.0.0.1"
+    return {
+        "RANK": env["SLURM_PROCID"],
+        "WORLD_SIZE": env["SLURM_STEP_NUM_TASKS"],
+        "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
+        "MASTER_ADDR": env.get("MASTER_ADDR") or first_host(nodes),
+        "MASTER_PORT": env.get("MASTER_PORT") or str(20000 + int(env.get("SLURM_JOB_ID", "0") or 0) % 10000),
+    }
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm node list: `gpu[07-09,12],cpu1` -> `gpu07`."""
+    match = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
+    if match is None:
+        return nodelist
+    prefix, ranges = match.groups()
+    return prefix + (ranges.split(",")[0].split("-")[0] if ranges else "")
+
+
 def init_distributed(device_choice: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> DistContext:
+    os.environ.update(slurm_environment(dict(os.environ)))
     rank = int(os.environ.get("RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))

@@ -2,11 +2,12 @@
 
 One thread answers ZeroMQ's authentication requests (ZAP) for the relay and control sockets of
 this context: the relay's input admits the ranks' keys (and names the connection's user id after
-the rank, so the relay knows who sent each message), the telemetry and control sockets the run's
-client key (protocol/curve.py). It also watches those sockets' handshake failures:
-a client with no key, a wrong client key or a wrong server key gets nothing, and is counted. The
-first refusal is logged at once, later ones summed up at most once a minute, so a neighbour
-hammering the port can neither get in nor flood the log.
+the rank, so the relay knows who sent each message) and the node relays' (user id `nodeK`: the
+relay lets it carry that node's ranks), the telemetry and control sockets the run's client key
+(protocol/curve.py). A node relay has one of its own, admitting its node's rank keys. It also
+watches those sockets' handshake failures: a client with no key, a wrong client key or a wrong
+server key gets nothing, and is counted. The first refusal is logged at once, later ones summed up
+at most once a minute, so a neighbour hammering the port can neither get in nor flood the log.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ringtop.protocol.curve import (
     HANDSHAKE_FAILURES,
     RELAY_DOMAIN,
     RunKeys,
+    ServerKeys,
     failure_reason,
     secure_server,
 )
@@ -37,16 +39,34 @@ OnRefusal = Callable[[str, int], None]
 """(a line saying what was refused, refusals so far)."""
 
 
+def node_user(index: int) -> str:
+    """The user id of node relay `index`'s connection to rank 0's relay (a rank's is its number)."""
+    return f"node{index}"
+
+
+def rank_users(rank_public: dict[int, str]) -> dict[bytes, bytes]:
+    """Rank keys as admitted on a relay input: each connection named after its rank."""
+    return {z85.decode(k.encode()): str(rank).encode() for rank, k in rank_public.items()}
+
+
 class Gatekeeper(threading.Thread):
-    def __init__(self, keys: RunKeys, on_refusal: OnRefusal | None = None) -> None:
+    def __init__(self, keys: RunKeys | ServerKeys, on_refusal: OnRefusal | None = None,
+                 admit: dict[bytes, dict[bytes, bytes]] | None = None, who: str = "rank 0") -> None:
+        """`admit`: per ZAP domain, the public keys (raw) let in and each one's user id; by default a
+        run's (`keys` a RunKeys): the rank and node relay keys on the relay input, the client key on
+        telemetry and control. A node relay passes its own server pair and its ranks' keys."""
         super().__init__(name="ringtop-gatekeeper", daemon=True)
         self.keys = keys
+        self.who = who
+        """Whose sockets these are, in its log lines (`rank 0`, a node relay's rank)."""
         self.context = zmq.Context()
         """The servers' sockets must live in this context: ZAP is per context."""
-        self._users: dict[bytes, dict[bytes, bytes]] = {
-            RELAY_DOMAIN: {z85.decode(k.encode()): str(rank).encode() for rank, k in enumerate(keys.rank_public)},
-            CLIENT_DOMAIN: {z85.decode(keys.client.client_public.encode()): b"client"},
-        }
+        if admit is None:
+            relay_users = rank_users(dict(enumerate(keys.rank_public)))
+            relay_users.update({z85.decode(k.encode()): node_user(i).encode() for i, k in enumerate(keys.node_public)})
+            admit = {RELAY_DOMAIN: relay_users,
+                     CLIENT_DOMAIN: {z85.decode(keys.client.client_public.encode()): b"client"}}
+        self._users = admit
         """Per ZAP domain: the public keys it admits and the user id each connection gets."""
         self._on_refusal = on_refusal
         self._zap = self.context.socket(zmq.REP)
@@ -145,7 +165,7 @@ class Gatekeeper(threading.Thread):
 
     def _report(self, text: str) -> None:
         self._last_report, self._unreported = time.monotonic(), 0
-        print(f"ringtop [rank 0]: {text}", file=sys.stderr, flush=True)
+        print(f"ringtop [{self.who}]: {text}", file=sys.stderr, flush=True)
         if self._on_refusal is not None:
             try:
                 self._on_refusal(text, self.refused)

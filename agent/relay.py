@@ -10,13 +10,17 @@ It forwards and caches only what is real: a message that decodes, whose topic is
 control replies), and whose Hello carries this run's id and world size. Anything else is counted
 and dropped, so a forged frame can neither change what UIs show nor be replayed to every UI that
 attaches later.
+
+On several nodes a node relay (agent/node_relay.py) forwards its node's ranks through one
+connection; its key may carry exactly those ranks (`carriers`), so a node relay gone bad cannot
+speak for a rank of another node either.
 """
 
 from __future__ import annotations
 
 import collections
 import threading
-from typing import Callable, Collection
+from typing import Callable, Collection, Mapping
 
 import zmq
 
@@ -33,8 +37,10 @@ CACHED_TOPICS = (b"hello.", b"bye.", b"timeline.")
 class Relay(threading.Thread):
     def __init__(self, relay_address: str, publish_address: str, context: zmq.Context | None = None,
                  run_id: str | None = None, world_size: int | None = None, gate: Gatekeeper | None = None,
-                 movable: Collection[str] = (), observers: Collection[Callable[[Message], None]] = ()):
+                 movable: Collection[str] = (), observers: Collection[Callable[[Message], None]] = (),
+                 carriers: Mapping[str, Collection[int]] | None = None):
         """`gate`: both sockets authenticate through it (None: plain sockets, --insecure).
+        `carriers`: the ranks each node relay's connection (by its ZAP user id) may carry.
         `movable`: which of "relay" and "publish" are defaults, which move to free ports when taken.
         `observers`: called on the relay's thread with each message it forwards (already validated),
         e.g. the hang watch and the Prometheus exporter; one that raises is counted, never fatal."""
@@ -57,6 +63,10 @@ class Relay(threading.Thread):
             gate.secure(self._frontend, "telemetry", CLIENT_DOMAIN)
         self._authenticated = gate is not None
         """Each input connection then carries its rank as ZAP user id: a message must be its sender's."""
+        self._carried: dict[str, frozenset[int]] = {u: frozenset(r) for u, r in (carriers or {}).items()}
+        self._replaying = frozenset(self._carried.values())
+        """The node relays' allow-lists (by identity): what comes through one may come twice."""
+        """ZAP user id -> the ranks its messages may be of (a rank's own id is added when first seen)."""
         try:
             self.relay_address = bind(self._backend, relay_address, "relay" in movable, "relay input", "--relay")
             self.publish_address = bind(self._frontend, publish_address, "publish" in movable, "telemetry", "--publish")
@@ -68,6 +78,12 @@ class Relay(threading.Thread):
         self._cache: dict[bytes, list[bytes]] = {}
         self._stop_event = threading.Event()
         self.forwarded = 0
+        self.gaps = 0
+        """Messages of the ranks that never arrived (gaps in their `seq`): dropped by a rank's full
+        queue, or lost on the way (a node relay cut off from here)."""
+        self._last_seq: dict[int, int] = {}
+        """Each rank's latest `seq`: a rank's messages come in order (one connection, or one node relay's)."""
+        self.duplicates = 0
         self.observers = list(observers)
         self._downlink: collections.deque[bytes] = collections.deque(maxlen=64)
 
@@ -107,10 +123,20 @@ class Relay(threading.Thread):
             except zmq.Again:
                 return
             frames = [p.bytes for p in parts]
-            msg = self._real(frames, self._sender(parts[-1]))
+            sender = self._sender(parts[-1])
+            msg = self._real(frames, sender)
             if msg is None:
                 self.dropped += 1
                 continue
+            last = self._last_seq.get(msg.rank)
+            if last is not None and msg.seq <= last:
+                if any(sender is carried for carried in self._replaying):
+                    self.duplicates += 1  # sent again by a node relay that lost its connection
+                    continue
+            else:
+                if last is not None:
+                    self.gaps += msg.seq - last - 1
+                self._last_seq[msg.rank] = msg.seq
             if frames[0].startswith(CACHED_TOPICS):
                 self._cache[frames[0]] = frames  # one per topic, and topics are bounded by the ranks
             self._frontend.send_multipart(frames)
@@ -138,33 +164,26 @@ class Relay(threading.Thread):
             except zmq.Again:
                 pass
 
-    def _sender(self, frame: zmq.Frame) -> int | None:
-        """The rank whose key the sending connection authenticated with (None: not authenticated)."""
+    def _sender(self, frame: zmq.Frame) -> Collection[int] | None:
+        """The ranks the sending connection's key may speak for (None: not authenticated)."""
         if not self._authenticated:
             return None
         try:
-            return int(frame.get("User-Id"))
-        except (zmq.ZMQError, ValueError, TypeError):
-            return -1  # no rank: never matches a message's
+            user = frame.get("User-Id")
+        except zmq.ZMQError:
+            return ()
+        carried = self._carried.get(user)
+        if carried is None:
+            try:
+                carried = frozenset({int(user)})
+            except (ValueError, TypeError):
+                carried = frozenset()  # no rank: never matches a message's
+            if len(self._carried) < 1 << 16:
+                self._carried[user] = carried
+        return carried
 
-    def _real(self, frames: list[bytes], sender: int | None = None) -> Message | None:
-        """The message, if it is real (see the module docstring); None otherwise."""
-        if len(frames) != 2:
-            return None
-        try:
-            msg = decode(frames[1])
-        except ProtocolError:
-            return None
-        if frames[0] != f"{msg.__struct_config__.tag}.{msg.rank}".encode():
-            return None
-        if sender is not None and msg.rank != sender:
-            return None
-        if self.world_size is not None and not 0 <= msg.rank < self.world_size:
-            return None
-        if isinstance(msg, Hello) and ((self.run_id is not None and msg.run_id != self.run_id)
-                                       or (self.world_size is not None and msg.world_size != self.world_size)):
-            return None
-        return msg
+    def _real(self, frames: list[bytes], sender: Collection[int] | None = None) -> Message | None:
+        return real_message(frames, sender, self.run_id, self.world_size)
 
     def _handle_subscriptions(self) -> None:
         new_subscriber = False
@@ -177,3 +196,25 @@ class Relay(threading.Thread):
         if new_subscriber:
             for frames in sorted(self._cache.values(), key=lambda f: not f[0].startswith(b"hello.")):
                 self._frontend.send_multipart(frames)
+
+
+def real_message(frames: list[bytes], sender: Collection[int] | None, run_id: str | None,
+                 world_size: int | None) -> Message | None:
+    """The message, if it is real (see the module docstring): `sender` the ranks its connection may
+    speak for (None: not checked); None otherwise."""
+    if len(frames) != 2:
+        return None
+    try:
+        msg = decode(frames[1])
+    except ProtocolError:
+        return None
+    if frames[0] != f"{msg.__struct_config__.tag}.{msg.rank}".encode():
+        return None
+    if sender is not None and msg.rank not in sender:
+        return None
+    if world_size is not None and not 0 <= msg.rank < world_size:
+        return None
+    if isinstance(msg, Hello) and ((run_id is not None and msg.run_id != run_id)
+                                   or (world_size is not None and msg.world_size != world_size)):
+        return None
+    return msg

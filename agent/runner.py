@@ -36,6 +36,7 @@ from ringtop.protocol import (
     curve,
 )
 from ringtop.protocol.downlink import Downlink, decode_downlink, encode_downlink
+from ringtop.protocol.endpoints import is_loopback, parse_tcp
 from ringtop.strategies import collective_hooks
 from ringtop.strategies.base import DistContext, Strategy, TrainSettings, unique_parameters
 from ringtop.strategies.diagnosis import RunContext
@@ -46,17 +47,18 @@ from . import checkpoint_format as ckpt
 from . import nonfinite
 from .checkpoint_saver import CheckpointManager
 from .config import BUILTIN_DATA, BUILTIN_MODEL, AgentConfig, ConfigError
-from .control import ControlServer, PendingCommand, StepSync, broadcast_bytes, scatter_fixed
+from .control import ControlServer, PendingCommand, StepSync, all_gather_fixed, broadcast_bytes, scatter_fixed
 from .data import synthetic_batches
 from .diagnosis_exchange import Diagnostician
 from .factories import BuildContext, batch_to, batch_tokens, call_model, user_data, user_model
 from .faults import desynchronised_broadcast, hang_before_collectives, hang_in_forward, inner_module
-from .gatekeeper import Gatekeeper
+from .gatekeeper import Gatekeeper, node_user
 from .hang_watch import HangWatch
 from .instruments.comm_tracer import CommSummary, CommTracer
 from .instruments.sampler import SystemSampler
 from .instruments.step_clock import StepClock, StepTiming, apply_device_phases, device_phases_ready
 from .model import MODEL_SIZES, build_tiny_gpt, count_params
+from .node_relay import NodeLayout, NodeRelay
 from .peers import Peers
 from .prediction import predict, predict_pipeline_stage
 from .prewarm import Prewarm
@@ -103,10 +105,14 @@ class RankSetup(msgspec.Struct, frozen=True):
 
     endpoints: Endpoints
     server_public: str
+    rank_public: list[str] = []
+    """Every rank's public key, on several nodes: what each node relay admits."""
 
 
 KEY_PAIR_BYTES = 80
 """A rank's public and secret key, 40 Z85 characters each."""
+NODE_RELAY_BYTES = 256
+"""A node relay's address and public key, as its leader tells every rank."""
 
 
 class _NoPhases:
@@ -174,6 +180,10 @@ class Runner:
         self.stopped_nonfinite = False
         """--on-nonfinite stop / checkpoint-and-stop ended the run: a Bye with ok=False, exit status 3."""
         self.peers = Peers.gather(ctx.rank, ctx.world_size, self.control_group)
+        self.layout = NodeLayout.from_hosts(self.peers.hosts)
+        """Which ranks share a node: on several, each node's ranks publish to a node relay."""
+        self.node_relay: NodeRelay | None = None
+        self._check_head_reachable()
         self.checkpoints = CheckpointManager(cfg.checkpoint_dir, ctx.rank, self.control_group, self.io_group,
                                              keep=cfg.keep, delay_s=cfg.inject_save_delay_ms / 1e3)
         self._checkpoint_command = None
@@ -195,6 +205,18 @@ class Runner:
             if fault is not None and fault[0] >= self.ctx.world_size:
                 raise ConfigError(f"{flag}: rank {fault[0]} is not in this run of {self.ctx.world_size} "
                                   f"rank{'s' if self.ctx.world_size > 1 else ''}")
+
+    def _check_head_reachable(self) -> None:
+        """On several nodes the other nodes' relays must reach rank 0's: same check on every rank
+        (same arguments), before any of them waits for another."""
+        if not (self.layout.multi and self.cfg.telemetry):
+            return
+        host, _ = parse_tcp(self.cfg.relay)
+        if is_loopback(host) or host in ("0.0.0.0", "::", "*"):
+            raise ConfigError(f"this run spans {len(self.layout.nodes)} nodes: the other nodes' relays must reach "
+                              f"rank 0's relay, which --relay {self.cfg.relay} does not. Pass --relay "
+                              "tcp://ADDRESS:PORT with rank 0's node's address on the network between the nodes, "
+                              "and --allow-remote")
 
     def _agree_on_run_id(self) -> str:
         run_id = self.cfg.run_id or uuid.uuid4().hex[:8]
@@ -235,7 +257,7 @@ class Runner:
         cfg = self.cfg
         keys = None
         if self.ctx.rank == 0:
-            keys = None if cfg.insecure else curve.generate(self.ctx.world_size)
+            keys = None if cfg.insecure else curve.generate(self.ctx.world_size, len(self.layout.nodes) - 1)
             if keys is not None:
                 self.gate = Gatekeeper(keys, on_refusal=self._refused)
             self.hang_watch = HangWatch(self.ctx.world_size, self._event_from_relay)
@@ -248,7 +270,7 @@ class Runner:
                 observers.append(self.exporter.observe)
             self.relay = Relay(cfg.endpoints.relay, cfg.endpoints.publish, run_id=self.run_id,
                                world_size=self.ctx.world_size, gate=self.gate, movable=cfg.movable_endpoints,
-                               observers=observers)
+                               observers=observers, carriers=self.layout.carriers(node_user))
             self.control = ControlServer(cfg.endpoints.control, self.snapshot, self._publish_reply, gate=self.gate,
                                          movable="control" in cfg.movable_endpoints,
                                          restate_operations=self._restate_operations,
@@ -257,8 +279,13 @@ class Runner:
             self.endpoints = Endpoints(publish=self.relay.publish_address, relay=self.relay.relay_address,
                                        control=self.control.address)
             self.client_keys = keys.client if keys is not None else None
-        self.endpoints, rank_keys = self._share_setup(keys)
-        self.telemetry = Telemetry(self.ctx.rank, self.endpoints.relay, cfg.log_dir, keys=rank_keys)
+        self.endpoints, rank_keys, rank_public = self._share_setup(keys)
+        relay_address = self.endpoints.relay
+        if self.layout.multi:
+            relay_address, rank_keys = self._join_node_relay(keys, rank_keys, rank_public)
+        self.telemetry = Telemetry(self.ctx.rank, relay_address, cfg.log_dir, keys=rank_keys)
+        if self.node_relay is not None:
+            self.node_relay.on_event = self._node_relay_event
         if self.ctx.rank == 0:
             if self.gate is not None:
                 self.gate.start()
@@ -284,23 +311,77 @@ class Runner:
                          device_capacity_bytes=capacity, link_peak_gbps=self.cfg.link_gbps)
         self.diagnostician = Diagnostician(self.ctx.rank, self.ctx.world_size, self.control_group, run, self._event)
 
-    def _share_setup(self, keys: curve.RunKeys | None) -> tuple[Endpoints, curve.ClientKeys | None]:
+    def _share_setup(self, keys: curve.RunKeys | None) -> tuple[Endpoints, curve.ClientKeys | None, list[str]]:
         """Rank 0's actual addresses (a taken default port moved) on every rank, and each rank's
         own key pair to publish with (scattered: a rank learns only its own secret), before any
-        rank connects."""
+        rank connects. On several nodes also every rank's public key (for the node relays)."""
         mine = keys.for_rank(0) if keys is not None else None
         if self.control_group is None:
-            return self.endpoints, mine
-        setup = RankSetup(endpoints=self.endpoints, server_public=keys.server_public if keys else "")
+            return self.endpoints, mine, []
+        setup = RankSetup(endpoints=self.endpoints, server_public=keys.server_public if keys else "",
+                          rank_public=list(keys.rank_public) if keys is not None and self.layout.multi else [])
         payload = msgspec.msgpack.encode(setup) if self.ctx.rank == 0 else b""
         setup = msgspec.msgpack.decode(broadcast_bytes(payload, self.ctx.rank, self.control_group), type=RankSetup)
         if not setup.server_public:
-            return setup.endpoints, None
+            return setup.endpoints, None, []
         pairs = [(keys.rank_public[r] + keys.rank_secret[r]).encode() for r in range(self.ctx.world_size)] \
             if self.ctx.rank == 0 else []
         pair = scatter_fixed(pairs, KEY_PAIR_BYTES, self.ctx.rank, self.control_group)
-        return setup.endpoints, curve.ClientKeys(server_public=setup.server_public,
-                                                 client_public=pair[:40].decode(), client_secret=pair[40:].decode())
+        return setup.endpoints, curve.ClientKeys(server_public=setup.server_public, client_public=pair[:40].decode(),
+                                                 client_secret=pair[40:].decode()), setup.rank_public
+
+    def _join_node_relay(self, keys: curve.RunKeys | None, rank_keys: curve.ClientKeys | None,
+                         rank_public: list[str]) -> tuple[str, curve.ClientKeys | None]:
+        """On several nodes: each node's first rank starts its node relay (with the node key rank 0
+        scatters it) and tells every rank where it is; a rank off the head's node then publishes
+        there, over loopback, instead of to rank 0's relay. (address, keys) to publish with."""
+        rank, layout = self.ctx.rank, self.layout
+        node = layout.node_of(rank)
+        node_keys = None
+        if rank_keys is not None:
+            pairs = [b"\0" * KEY_PAIR_BYTES] * self.ctx.world_size
+            if rank == 0:
+                for k, ranks in enumerate(layout.nodes[1:]):
+                    pairs[ranks[0]] = (keys.node_public[k] + keys.node_secret[k]).encode()
+            pair = scatter_fixed(pairs if rank == 0 else [], KEY_PAIR_BYTES, rank, self.control_group)
+            if layout.leads(rank):
+                node_keys = curve.ClientKeys(server_public=rank_keys.server_public, client_public=pair[:40].decode(),
+                                             client_secret=pair[40:].decode())
+        told = b""
+        if layout.leads(rank):
+            ranks = layout.nodes[node]
+            self.node_relay = NodeRelay(self.endpoints.relay, node_keys, ranks,
+                                        {r: rank_public[r] for r in ranks} if rank_keys is not None else None,
+                                        run_id=self.run_id, world_size=self.ctx.world_size)
+            self.node_relay.start()
+            told = f"{self.node_relay.address} {self.node_relay.server_public}".encode()
+        everyone = all_gather_fixed(told, NODE_RELAY_BYTES, self.ctx.world_size, self.control_group)
+        if node == 0:
+            return self.endpoints.relay, rank_keys
+        address, _, server_public = everyone[layout.nodes[node][0]].decode().partition(" ")
+        if rank_keys is None:
+            return address, None
+        return address, curve.ClientKeys(server_public=server_public, client_public=rank_keys.client_public,
+                                         client_secret=rank_keys.client_secret)
+
+    def _keep_node_relay(self) -> None:
+        """Once a step, on a node relay's rank: one that ended while the run goes on is started
+        again in its place (its ranks reconnect by themselves). Binding a socket: microseconds."""
+        relay = self.node_relay
+        if relay.is_alive() or relay.stopping:
+            return
+        successor = relay.successor()
+        if successor is None:
+            return  # its port is not free yet: at the next step
+        relay.stop(0)  # its gatekeeper: the thread has ended
+        successor.start()
+        self.node_relay = successor
+        self._event("warn", "relay", f"the node relay of ranks {relay.ranks_text} ended; started again in its place",
+                    {"state": "restarted", "ranks": sorted(relay.ranks), "lost_total": relay.lost})
+
+    def _node_relay_event(self, level: str, text: str, data: dict[str, Any]) -> None:
+        """From the node relay's thread: its head lost or found again."""
+        self._event(level, "relay", text, data)
 
     def _publish_reply(self, reply) -> None:
         self.telemetry.emit(reply)
@@ -395,6 +476,8 @@ class Runner:
         self._answer_commands_while_stuck(place)
         try:
             self._release_outside_world(bye)
+            if self.node_relay is not None:
+                self.node_relay.stop()
         finally:
             for stream in (sys.stdout, sys.stderr):
                 try:
@@ -454,6 +537,7 @@ class Runner:
             "world_size": self.ctx.world_size, "loss": self.last_loss, "step_ms": self.last_step_ms,
             "last_checkpoint": self.last_checkpoint or "",
             "refused_connections": self.gate.refused if self.gate is not None else 0,
+            "lost_messages": self.relay.gaps if self.relay is not None else 0,
         }
 
     def _hello(self) -> Hello:
@@ -612,6 +696,10 @@ class Runner:
                 self.strategy.inject_nan_next_step()
             loss = self.strategy.run_step(batch, model_call, phases)
             self.step += 1
+            if self.node_relay is not None:
+                if cfg.inject_node_relay_death == self.step:
+                    self.node_relay.kill()
+                self._keep_node_relay()
             found = self._check_nonfinite(loss) if cfg.on_nonfinite != "warn" else None
             if step_ends is not None:
                 step_ends.append(time.time())
@@ -1020,7 +1108,13 @@ class Runner:
         self._release_outside_world(bye)
         if (bye.ok or self.stopped_nonfinite) and self.control_group is not None:  # every rank is here
             dist.barrier(group=self.control_group)
+        if self.node_relay is not None:
+            self.node_relay.stop()
         if self.relay is not None:
+            if self.layout.multi:  # the other nodes' Byes come a hop later
+                deadline = time.monotonic() + 3.0
+                while (len(self.hang_watch.said_bye) < self.ctx.world_size and time.monotonic() < deadline):
+                    time.sleep(0.02)
             self.relay.stop()
         if self.exporter is not None:
             self.exporter.stop()  # after the relay: the Byes are in; no thread or port outlives the run

@@ -1,13 +1,14 @@
 """The run's keys and how a socket is made to use them (ZeroMQ CURVE).
 
 Rank 0 makes, per run, a key pair for its servers (relay input, telemetry, control), one for the
-run's clients (UIs and `ringtop ctl`: it is what the connection file holds) and one per rank (its
-publisher into the relay). Each server socket admits only its own clients' keys
-(`agent/gatekeeper.py`): the relay input only the ranks' keys, so a holder of the connection file
-can read and command the run but cannot publish as a rank, and the relay knows which rank sent each
-message. The secrets never leave the job: the server's stays in rank 0's memory, each rank gets
-its own from rank 0 over the job's process group, and the client key pair is in the connection
-file, readable by its owner alone.
+run's clients (UIs and `ringtop ctl`: it is what the connection file holds), one per rank (its
+publisher into the relay) and, on several nodes, one per node relay (it forwards its node's ranks
+to rank 0's relay, which lets that key carry those ranks and no other). Each server socket admits
+only its own clients' keys (`agent/gatekeeper.py`): the relay input only the ranks' (and node
+relays') keys, so a holder of the connection file can read and command the run but cannot publish
+as a rank, and the relay knows which rank sent each message. The secrets never leave the job: the
+server's stays in rank 0's memory, each rank gets its own from rank 0 over the job's process group,
+and the client key pair is in the connection file, readable by its owner alone.
 """
 
 from __future__ import annotations
@@ -33,6 +34,13 @@ class ClientKeys(msgspec.Struct, frozen=True, kw_only=True):
     client_secret: Z85_KEY
 
 
+class ServerKeys(msgspec.Struct, frozen=True, kw_only=True):
+    """A server's own pair: a node relay makes one for itself (its secret never leaves its process)."""
+
+    server_public: Z85_KEY
+    server_secret: Z85_KEY
+
+
 class RunKeys(msgspec.Struct, frozen=True, kw_only=True):
     """Every key of a run; rank 0 alone holds this."""
 
@@ -41,10 +49,17 @@ class RunKeys(msgspec.Struct, frozen=True, kw_only=True):
     client: ClientKeys
     rank_public: list[Z85_KEY]
     rank_secret: list[Z85_KEY]
+    node_public: list[Z85_KEY] = []
+    """One per node relay (every node but the head's): the key it forwards its ranks' messages with."""
+    node_secret: list[Z85_KEY] = []
 
     def for_rank(self, rank: int) -> ClientKeys:
         return ClientKeys(server_public=self.server_public, client_public=self.rank_public[rank],
                           client_secret=self.rank_secret[rank])
+
+    def for_node(self, index: int) -> ClientKeys:
+        return ClientKeys(server_public=self.server_public, client_public=self.node_public[index],
+                          client_secret=self.node_secret[index])
 
 
 def available() -> bool:
@@ -56,20 +71,27 @@ def _pair() -> tuple[str, str]:
     return public.decode(), secret.decode()
 
 
-def generate(world_size: int = 1) -> RunKeys:
+def generate(world_size: int = 1, node_relays: int = 0) -> RunKeys:
     if not available():
         raise RuntimeError("this libzmq has no CURVE support; reinstall pyzmq (its wheels bundle it) or "
                            "pass --insecure on a trusted machine")
     server_public, server_secret = _pair()
     client_public, client_secret = _pair()
     ranks = [_pair() for _ in range(world_size)]
+    nodes = [_pair() for _ in range(node_relays)]
     return RunKeys(server_public=server_public, server_secret=server_secret,
                    client=ClientKeys(server_public=server_public, client_public=client_public,
                                      client_secret=client_secret),
-                   rank_public=[p for p, _ in ranks], rank_secret=[s for _, s in ranks])
+                   rank_public=[p for p, _ in ranks], rank_secret=[s for _, s in ranks],
+                   node_public=[p for p, _ in nodes], node_secret=[s for _, s in nodes])
 
 
-def secure_server(sock: zmq.Socket, keys: RunKeys, domain: bytes) -> None:
+def server_pair() -> ServerKeys:
+    public, secret = _pair()
+    return ServerKeys(server_public=public, server_secret=secret)
+
+
+def secure_server(sock: zmq.Socket, keys: RunKeys | ServerKeys, domain: bytes) -> None:
     """Before bind: CURVE server, and every handshake goes to the ZAP handler with `domain` (a
     missing handler refuses, it does not admit)."""
     sock.setsockopt(zmq.CURVE_SERVER, 1)

@@ -64,7 +64,7 @@ AGENT_FLAGS = {
     "--seed", "--device", "--ddp-bucket-cap-mb", "--dist-timeout-s", "--on-nonfinite", "--log-dir", "--publish",
     "--relay", "--control", "--allow-remote", "--insecure", "--no-telemetry", "--run-id", "--step-times",
     "--print-every", "--link", "--stall-factor", "--stall-floor", "--inject-hang", "--inject-desync",
-    "--inject-slow-rank", "--inject-comm-delay", "--inject-save-delay", "--inject-nan",
+    "--inject-slow-rank", "--inject-comm-delay", "--inject-save-delay", "--inject-nan", "--inject-node-relay-death",
     "--inject-fail-setup", "--checkpoint-dir", "--resume", "--checkpoint-every", "--checkpoint-kind", "--keep",
     "--metrics",
 }
