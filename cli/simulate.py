@@ -71,6 +71,11 @@ BATCH, SEQ_LEN = 8, 2048
 DEVICE_MEM = 80 * 1024**3
 DIGEST = "5eed0001"
 SUBSCRIBE_WAIT_S = 60.0
+CONNECT_BATCH = 256
+"""Ranks connected at once: 4096 CURVE handshakes at once on a loaded machine timed some out
+(the gatekeeper counted ~100 refusals, which the UI then shows as an attack)."""
+DRAIN_S = 30.0
+"""At the end, how long the relay may take to forward what the ranks sent (a backlog at scale)."""
 
 
 class SimulateError(ValueError):
@@ -299,9 +304,9 @@ class Simulation:
                                          shapes=DIGEST, age_s=waited)],
                      groups=[GroupCursor(group="world", issued=seq, completed=seq - 1)])
 
-    def _connect(self, ctx: zmq.Context, keys: curve.RunKeys) -> list[zmq.Socket]:
+    def _connect(self, ctx: zmq.Context, keys: curve.RunKeys, ranks: range) -> list[zmq.Socket]:
         socks = []
-        for rank in range(self.cfg.ranks):
+        for rank in ranks:
             sock = ctx.socket(zmq.XPUB)
             sock.setsockopt(zmq.SNDHWM, 4096)
             sock.setsockopt(zmq.XPUB_NODROP, 1)  # a full queue refuses the send: counted in the rank's drops
@@ -355,8 +360,10 @@ class Simulation:
         try:
             self._start_rank0(keys)
             self._write_connection_file(keys)
-            socks = self._connect(ctx, keys)
-            self._await_subscriptions(socks)
+            for first in range(0, cfg.ranks, CONNECT_BATCH):  # a few hundred handshakes at a time
+                batch = self._connect(ctx, keys, range(first, min(cfg.ranks, first + CONNECT_BATCH)))
+                socks += batch
+                self._await_subscriptions(batch)
             process_started = time.time()
             for rank, sock in enumerate(socks):
                 self._send(sock, rank, self._hello(rank, process_started))
@@ -378,11 +385,11 @@ class Simulation:
             if self.control is not None:
                 self.control.stop()
             if self.relay is not None:
-                self.relay.stop()
-            if self.gate is not None:
-                self.gate.stop()
+                self.relay.stop(DRAIN_S)  # it ends once nothing is left to forward
+            if self.gate is not None and not (self.relay is not None and self.relay.is_alive()):
+                self.gate.stop()  # ends the servers' context: never under a relay still running
 
-    def _await_forwarded(self, timeout_s: float = 5.0) -> None:
+    def _await_forwarded(self, timeout_s: float = DRAIN_S) -> None:
         """The Byes through the relay before the sockets close (they are the ranks' last word)."""
         deadline = time.monotonic() + timeout_s
         while self.relay.forwarded + self.relay.dropped < self.sent and time.monotonic() < deadline:
