@@ -87,7 +87,8 @@ def worker(args: argparse.Namespace) -> None:
         t, c = time.perf_counter(), time.thread_time()
         original_refresh(self)
         cycles.append({"at": time.monotonic(), "tick_ms": (time.perf_counter() - t) * 1e3, "paint_ms": 0.0,
-                       "tick_cpu_ms": (time.thread_time() - c) * 1e3, "paint_cpu_ms": 0.0, "paints": 0})
+                       "tick_cpu_ms": (time.thread_time() - c) * 1e3, "paint_cpu_ms": 0.0, "paints": 0,
+                       "segments_cpu_ms": 0.0})
 
     original_update = Screen._on_timer_update
 
@@ -104,7 +105,10 @@ def worker(args: argparse.Namespace) -> None:
     def display(self, screen, renderable) -> None:
         original_display(self, screen, renderable)
         if isinstance(renderable, CompositorUpdate) and self.is_headless:
+            c = time.thread_time()
             renderable.render_segments(self.console)  # what a real terminal would be sent
+            if cycles:
+                cycles[-1]["segments_cpu_ms"] += (time.thread_time() - c) * 1e3
 
     RingtopApp.refresh_view = refresh_view
     Screen._on_timer_update = on_timer_update
@@ -138,6 +142,8 @@ def worker(args: argparse.Namespace) -> None:
             "lag_steps_median": statistics.median(lags) if lags else None,
             "tick_cpu_ms_median": round(statistics.median(c["tick_cpu_ms"] for c in window), 2) if window else None,
             "paint_cpu_ms_median": round(statistics.median(c["paint_cpu_ms"] for c in window), 2) if window else None,
+            "segments_cpu_ms_median": round(statistics.median(c["segments_cpu_ms"] for c in window), 2)
+            if window else None,
             "paints_per_tick_median": statistics.median(c["paints"] for c in window) if window else None,
             "lag_s_max": round(max(lags) / hz, 2) if lags else None,
             "received_msgs_per_s": round((app.client.received - start["received"]) / wall, 1) if app.client else None,

@@ -13,6 +13,11 @@ Steps of all ranks advance together on one global step clock at `--hz` (as data-
 do), so a UI's lag behind the newest step can be measured; a rank's reported step time is a base
 of 70 % of the period with 3 % noise (`--straggler R`: 1.3x that on rank R). Noise comes from a
 table drawn once from `--seed`, indexed by (rank, step), so the messages do not depend on timing.
+
+One process holds the relay and all N ranks (one GIL): at thousands of ranks on a small machine
+the simulator and its relay, not the UI, may set the pace. The step rate reached, the messages
+sent and what the relay forwarded are in `--status-file` and the closing line; a simulator that
+falls behind publishes every step late rather than skipping any.
 """
 
 from __future__ import annotations
