@@ -336,7 +336,7 @@ class Simulation:
                     pass
             if waiting:
                 time.sleep(0.01)
-        if waiting:
+        if waiting and not self.stop.is_set():
             print(f"ringtop simulate: {len(waiting)} ranks never got the relay's subscription", file=sys.stderr)
 
     def _flush_rank0(self, sock: zmq.Socket) -> None:
@@ -366,17 +366,20 @@ class Simulation:
             self._start_rank0(keys)
             self._write_connection_file(keys)
             for first in range(0, cfg.ranks, CONNECT_BATCH):  # a few hundred handshakes at a time
+                if self.stop.is_set():
+                    break
                 batch = self._connect(ctx, keys, range(first, min(cfg.ranks, first + CONNECT_BATCH)))
                 socks += batch
                 self._await_subscriptions(batch)
-            process_started = time.time()
-            for rank, sock in enumerate(socks):
-                self._send(sock, rank, self._hello(rank, process_started))
-            self._loop(socks, started)
-            self._flush_rank0(socks[0])  # before rank 0's Bye: a Bye is a rank's last message
-            for rank, sock in enumerate(socks):
-                self._send(sock, rank, Bye(reason="the simulation ended", step=self.step, ok=True))
-            self._await_forwarded()
+            if not self.stop.is_set():  # else stopped while connecting: no rank has said anything yet
+                process_started = time.time()
+                for rank, sock in enumerate(socks):
+                    self._send(sock, rank, self._hello(rank, process_started))
+                self._loop(socks, started)
+                self._flush_rank0(socks[0])  # before rank 0's Bye: a Bye is a rank's last message
+                for rank, sock in enumerate(socks):
+                    self._send(sock, rank, Bye(reason="the simulation ended", step=self.step, ok=True))
+                self._await_forwarded()
             self._status(started, final=True)
             return SimResult(run_id=self.run_id, steps=self.step, sent=self.sent, send_drops=self.send_drops,
                              forwarded=self.relay.forwarded, dropped=self.relay.dropped,
@@ -397,7 +400,12 @@ class Simulation:
     def _await_forwarded(self, timeout_s: float = DRAIN_S) -> None:
         """The Byes through the relay before the sockets close (they are the ranks' last word)."""
         deadline = time.monotonic() + timeout_s
+        seen, progress_at = -1, time.monotonic()
         while self.relay.forwarded + self.relay.dropped < self.sent and time.monotonic() < deadline:
+            if self.relay.forwarded != seen:
+                seen, progress_at = self.relay.forwarded, time.monotonic()
+            elif time.monotonic() - progress_at > 2.0:
+                return  # nothing moves: what is missing was lost on the way, waiting will not bring it
             time.sleep(0.02)
 
     def _loop(self, socks: list[zmq.Socket], started: float) -> None:

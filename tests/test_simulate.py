@@ -5,12 +5,14 @@ the simulator wrote, on the relay's publish address."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import statistics
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import zmq
@@ -204,3 +206,35 @@ def _readable(path):
         return connection_file.read(path)
     except connection_file.ConnectionFileError:
         return None
+
+
+async def test_the_ui_attaches_with_no_arguments_as_ringtop_ui_does():
+    """`ringtop ui` with no arguments: the only live run's connection file (`connection_file.find`)."""
+    from ringtop.tui.app import RingtopApp
+
+    stop = threading.Event()
+    sim = Simulation(SimConfig(ranks=8, nodes=2, hz=10), stop)
+    thread = threading.Thread(target=sim.run, daemon=True)
+    thread.start()
+    try:
+        info = await asyncio.to_thread(poll_until, lambda: _only_run(sim.run_id), 20, "the connection file")
+        app = RingtopApp(publish_addr=info.publish, control_addr=info.control, keys=info.keys)
+        async with app.run_test(size=(160, 48)) as pilot:
+            deadline = time.monotonic() + 20
+            while not (len(app.view.ranks) == 8 and all(r.step > 0 for r in app.view.ranks.values())):
+                assert time.monotonic() < deadline, f"the UI shows {len(app.view.ranks)} ranks"
+                await pilot.pause(0.1)
+            assert {r.host for r in app.view.ranks.values()} == {"node-000", "node-001"}
+            assert app.view.facts.world_size == 8 and app.view.facts.strategy == "ddp"
+    finally:
+        stop.set()
+        thread.join(20)
+    assert not thread.is_alive()
+
+
+def _only_run(run_id: str):
+    """As `ringtop ui` finds a run with no arguments; by its id only where another test's run is live too."""
+    try:
+        return connection_file.find(None)
+    except connection_file.ConnectionFileError as exc:
+        return connection_file.find(run_id) if "several runs" in str(exc) else None
