@@ -1,4 +1,4 @@
-"""The `ringtop` command: ui, replay, run, demo, ctl, plan, bench.
+"""The `ringtop` command: ui, replay, run, demo, simulate, ctl, plan, bench.
 
 Only `run` and `demo` start training, and they do it in child processes; this process never
 imports torch, so the UI starts on a machine without it.
@@ -287,6 +287,12 @@ def _report_failure(code: int, log_dir: str | None, launcher_output: str = "") -
     print(failure_line(Path(log_dir) if log_dir else None, code, launcher_signals(launcher_output)), file=sys.stderr)
 
 
+def _simulate(args: argparse.Namespace) -> int:
+    from ringtop.cli.simulate import main as simulate
+
+    return simulate(args)
+
+
 def _demo(args: argparse.Namespace) -> int:
     ports = [free_tcp_port() for _ in range(3)]
     publish, relay, control = (f"tcp://127.0.0.1:{p}" for p in ports)
@@ -387,6 +393,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--log-dir", default=None,
                       help="where logs and checkpoints go (default runs/demo-DATE-TIME)")
 
+    simulate = sub.add_parser("simulate", help="publish realistic telemetry of N simulated ranks through the real "
+                              "relay (keys, connection file): try the UI at any scale without a cluster")
+    from ringtop.cli.simulate import add_arguments as simulate_arguments
+
+    simulate_arguments(simulate)
+
     ctl = sub.add_parser("ctl", help="send a command to a running job and print the reply")
     ctl.add_argument("--connect", default=None, help="rank 0's control address; default: that of your only live "
                      "run (or of --run)")
@@ -427,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.verb == "demo" and args.nproc < 1:
         parser.error("--nproc must be >= 1")
     handlers = {"ui": _ui, "replay": _replay, "ctl": _ctl, "demo": _demo, "ls": _ls, "connect-info": _connect_info,
-                "summary": _summary}
+                "summary": _summary, "simulate": _simulate}
     return handlers[args.verb](args)
 
 

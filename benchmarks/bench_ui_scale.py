@@ -1,0 +1,311 @@
+"""The UI at scale (issue 15): the real app, headless, fed by `ringtop simulate` at N ranks x H Hz.
+
+Per size, three processes: this driver; the simulator (`ringtop simulate`, the real relay, keys
+and connection file); and a UI worker (this script with `--worker`), so the UI's CPU and memory
+are its own. The worker runs the real `RingtopApp` with `App.run_test(size=(200, 60))` on the
+Overview tab, fed by its normal live client from the simulator's connection file, and measures
+from outside `tui/` by wrapping methods in its own process (nothing in tui/ is edited):
+
+- repaint: one refresh tick (`RingtopApp.refresh_view`: the header's and the Overview's models
+  built and handed to their widgets) plus every screen update that follows it until the next tick
+  (`textual.screen.Screen._on_timer_update`: layout, the compositor rendering the changed widgets,
+  and, because headless Textual skips it, the terminal output a real terminal would get:
+  `CompositorUpdate.render_segments`, added in a wrapper of `App._display`);
+- ingest: messages folded into the view model per second (`RunView.messages_total`);
+- lag: the newest step the simulator has published (its `--status-file`, rewritten every step)
+  minus the newest step on screen (the view model's newest step at the latest refresh tick),
+  sampled every 0.1 s on the app's own event loop (so a blocked loop shows as lag);
+- UI CPU % (user + system over wall, all threads: the receive thread's decoding included) and RSS
+  (psutil), the RSS at the window's start and end ("flat" memory: the growth);
+- the head relay's forward rate: the simulator's relay `forwarded` counter over the window.
+
+Each size is bounded (the simulator's start, the worker's window plus a margin) and everything
+started is killed at the end, also on a timeout; a size that does not finish gives a row with
+its error. Rows are compared with the 8-rank row of the same run (`*_vs_base`).
+
+    python benchmarks/bench_ui_scale.py [--ranks 8,64,256,1024,4096] [--hz 10] [--seconds 12] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ringtop.agent.lifecycle import exit_with_parent
+
+SIZES = (8, 64, 256, 1024, 4096)
+ROW_KEYS = ("ranks", "hz", "repaint_ms_median", "repaint_ms_p95", "ingest_msgs_per_s", "lag_steps_max",
+            "ui_cpu_percent", "rss_mb")
+
+
+def _p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
+
+
+def _read_status(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+# ---------------------------------------------------------------------- the UI worker
+
+
+def worker(args: argparse.Namespace) -> None:
+    """The UI process: the real app on the simulator's run, instrumented from outside tui/."""
+    import psutil
+    from textual._compositor import CompositorUpdate
+    from textual.screen import Screen
+
+    from ringtop.protocol import connection_file
+    from ringtop.tui.app import RingtopApp
+
+    info = connection_file.read(Path(args.connection))
+    cycles: list[dict] = []
+    """One per refresh tick: its own time and the screen updates until the next tick."""
+    shown = {"step": -1}
+
+    def newest_step(view) -> int:
+        return max((r.step for r in list(view.ranks.values())), default=-1)
+
+    original_refresh = RingtopApp.refresh_view
+
+    def refresh_view(self) -> None:
+        shown["step"] = newest_step(self.view)  # what this tick puts on screen (not timed)
+        t, c = time.perf_counter(), time.thread_time()
+        original_refresh(self)
+        cycles.append({"at": time.monotonic(), "tick_ms": (time.perf_counter() - t) * 1e3, "paint_ms": 0.0,
+                       "tick_cpu_ms": (time.thread_time() - c) * 1e3, "paint_cpu_ms": 0.0, "paints": 0,
+                       "segments_cpu_ms": 0.0})
+
+    original_update = Screen._on_timer_update
+
+    def on_timer_update(self) -> None:
+        t, c = time.perf_counter(), time.thread_time()
+        original_update(self)
+        if cycles:
+            cycles[-1]["paint_ms"] += (time.perf_counter() - t) * 1e3
+            cycles[-1]["paint_cpu_ms"] += (time.thread_time() - c) * 1e3
+            cycles[-1]["paints"] += 1
+
+    original_display = RingtopApp._display
+
+    def display(self, screen, renderable) -> None:
+        original_display(self, screen, renderable)
+        if isinstance(renderable, CompositorUpdate) and self.is_headless:
+            c = time.thread_time()
+            renderable.render_segments(self.console)  # what a real terminal would be sent
+            if cycles:
+                cycles[-1]["segments_cpu_ms"] += (time.thread_time() - c) * 1e3
+
+    RingtopApp.refresh_view = refresh_view
+    Screen._on_timer_update = on_timer_update
+    RingtopApp._display = display
+
+    proc = psutil.Process()
+    app = RingtopApp(publish_addr=info.publish, control_addr=info.control, keys=info.keys)
+    hz = args.hz
+
+    def row_so_far(start: dict, lags: list[int], now_status: dict | None, final: bool) -> dict:
+        now = time.monotonic()
+        cpu = proc.cpu_times()
+        wall = now - start["mono"]
+        window = [c for c in cycles if c["at"] >= start["mono"]]
+        repaint = [c["tick_ms"] + c["paint_ms"] for c in window]
+        repaint_cpu = [c["tick_cpu_ms"] + c["paint_cpu_ms"] for c in window]
+        row = {
+            "ranks": args.ranks, "hz": hz,
+            "repaint_ms_median": round(statistics.median(repaint), 2) if repaint else None,
+            "repaint_ms_p95": round(_p95(repaint), 2) if repaint else None,
+            "ingest_msgs_per_s": round((app.view.messages_total - start["applied"]) / wall, 1),
+            "lag_steps_max": max(lags) if lags else None,
+            "ui_cpu_percent": round(100.0 * (cpu.user + cpu.system - start["cpu"]) / wall, 1),
+            "rss_mb": round(proc.memory_info().rss / 2**20, 1),
+            "rss_start_mb": round(start["rss"] / 2**20, 1),
+            "repaint_cpu_ms_median": round(statistics.median(repaint_cpu), 2) if repaint_cpu else None,
+            "repaint_cpu_ms_p95": round(_p95(repaint_cpu), 2) if repaint_cpu else None,
+            "repaints": len(repaint),
+            "tick_ms_median": round(statistics.median(c["tick_ms"] for c in window), 2) if window else None,
+            "paint_ms_median": round(statistics.median(c["paint_ms"] for c in window), 2) if window else None,
+            "lag_steps_median": statistics.median(lags) if lags else None,
+            "tick_cpu_ms_median": round(statistics.median(c["tick_cpu_ms"] for c in window), 2) if window else None,
+            "paint_cpu_ms_median": round(statistics.median(c["paint_cpu_ms"] for c in window), 2) if window else None,
+            "segments_cpu_ms_median": round(statistics.median(c["segments_cpu_ms"] for c in window), 2)
+            if window else None,
+            "paints_per_tick_median": statistics.median(c["paints"] for c in window) if window else None,
+            "lag_s_max": None,  # below: by the step rate the simulator reached (below --hz at scale)
+            "received_msgs_per_s": round((app.client.received - start["received"]) / wall, 1) if app.client else None,
+            "window_s": round(wall, 2), "final": final,
+        }
+        if now_status and start["status"]:
+            first = start["status"]
+            dt = now_status["ts"] - first["ts"]
+            if dt > 0:
+                row["relay_forward_msgs_per_s"] = round((now_status["forwarded"] - first["forwarded"]) / dt, 1)
+                row["sim_offered_msgs_per_s"] = round((now_status["sent"] - first["sent"]) / dt, 1)
+                row["sim_steps_per_s"] = round((now_status["step"] - first["step"]) / dt, 2)
+                row["relay_dropped"] = now_status["dropped"]
+                if lags and row["sim_steps_per_s"] > 0:
+                    row["lag_s_max"] = round(max(lags) / row["sim_steps_per_s"], 2)
+        return row
+
+    def write(row: dict) -> None:
+        tmp = args.out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(row, f)
+        os.replace(tmp, args.out)
+
+    async def drive() -> None:
+        async with app.run_test(size=(200, 60)) as pilot:
+            deadline = time.monotonic() + args.attach_timeout
+            while not app.view.ranks or len(app.view.ranks) < args.ranks:  # every rank's row is there
+                if time.monotonic() > deadline:
+                    break
+                await pilot.pause(0.2)
+            await asyncio.sleep(args.warmup)
+            start = {"mono": time.monotonic(), "cpu": sum(proc.cpu_times()[:2]), "rss": proc.memory_info().rss,
+                     "applied": app.view.messages_total, "received": app.client.received if app.client else 0,
+                     "status": _read_status(args.status_file)}
+            lags: list[int] = []
+            next_write = time.monotonic() + 1.0
+            end = start["mono"] + args.seconds
+            while time.monotonic() < end:
+                await asyncio.sleep(0.1)
+                status = _read_status(args.status_file)
+                if status is not None and shown["step"] >= 0:
+                    lags.append(status["step"] - shown["step"])
+                if time.monotonic() >= next_write:
+                    write(row_so_far(start, lags, status, final=False))
+                    next_write += 1.0
+            write(row_so_far(start, lags, _read_status(args.status_file), final=True))
+
+    asyncio.run(drive())
+
+
+# ---------------------------------------------------------------------- the driver
+
+
+def _stop(proc: subprocess.Popen, grace_s: float) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+def one_size(ranks: int, args: argparse.Namespace, workdir: Path) -> dict:
+    runtime = workdir / f"runtime-{ranks}"
+    runtime.mkdir(mode=0o700)
+    env = dict(os.environ, RINGTOP_RUNTIME_DIR=str(runtime), PYTHONWARNINGS="ignore")
+    status, out = str(workdir / f"status-{ranks}.json"), str(workdir / f"row-{ranks}.json")
+    sim_log = open(workdir / f"simulate-{ranks}.txt", "wb")
+    run_id = f"bench{ranks}"
+    nodes = max(1, ranks // 8)
+    sim = subprocess.Popen([sys.executable, "-m", "ringtop.cli.main", "simulate", "--ranks", str(ranks), "--nodes",
+                            str(nodes), "--hz", str(args.hz), "--seed", "0", "--run-id", run_id, "--status-file",
+                            status], stdout=sim_log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                           preexec_fn=exit_with_parent)
+    ui = None
+    row: dict = {"ranks": ranks, "hz": args.hz}
+    try:
+        path = runtime / f"run-{run_id}.json"
+        deadline = time.monotonic() + args.start_timeout
+        while _read_status(status) is None:  # the simulator's first step: all ranks connected and subscribed
+            if sim.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the simulator did not start within {args.start_timeout:g} s "
+                                   f"(exit {sim.poll()})")
+            time.sleep(0.2)
+        started = time.monotonic()
+        ui = subprocess.Popen([sys.executable, __file__, "--worker", "--connection", str(path), "--status-file",
+                               status, "--out", out, "--ranks", str(ranks), "--hz", str(args.hz), "--seconds",
+                               str(args.seconds), "--warmup", str(args.warmup), "--attach-timeout",
+                               str(args.attach_timeout)],
+                              stdout=subprocess.DEVNULL, stderr=open(workdir / f"ui-{ranks}.txt", "wb"), env=env,
+                              start_new_session=True, preexec_fn=exit_with_parent)
+        budget = args.attach_timeout + args.warmup + args.seconds + 60
+        try:
+            ui.wait(budget)
+        except subprocess.TimeoutExpired:
+            row["error"] = f"the UI did not finish within {budget:g} s (killed)"
+        got = _read_status(out)
+        if got is not None:
+            row.update(got)
+        elif "error" not in row:
+            row["error"] = f"the UI wrote no row (exit {ui.returncode}): " + \
+                (workdir / f"ui-{ranks}.txt").read_text(errors="replace")[-600:]
+        row["ui_seconds"] = round(time.monotonic() - started, 1)
+    except RuntimeError as exc:
+        row["error"] = str(exc)
+    finally:
+        if ui is not None and ui.poll() is None:
+            ui.kill()
+            ui.wait(10)
+        _stop(sim, 60)
+        sim_log.close()
+    final = _read_status(status)
+    if final is not None:
+        row["sim_final"] = final
+    row["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", default=",".join(map(str, SIZES)), help="sizes, comma-separated (default "
+                        "%(default)s; the first is the baseline)")
+    parser.add_argument("--hz", type=float, default=10.0)
+    parser.add_argument("--seconds", type=float, default=12.0, help="measured window per size")
+    parser.add_argument("--warmup", type=float, default=4.0, help="after every rank's row is on screen")
+    parser.add_argument("--start-timeout", type=float, default=180.0, help="for the simulator to connect its ranks")
+    parser.add_argument("--attach-timeout", type=float, default=60.0, help="for the UI to show every rank")
+    parser.add_argument("--json", action="store_true", help="print the rows as a JSON list")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--connection", help=argparse.SUPPRESS)
+    parser.add_argument("--status-file", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        args.ranks = int(args.ranks)
+        worker(args)
+        return
+    sizes = [int(s) for s in args.ranks.split(",") if s]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-ui-scale-") as tmp:
+        for ranks in sizes:
+            t = time.monotonic()
+            row = one_size(ranks, args, Path(tmp))
+            rows.append(row)
+            print(f"{ranks} ranks: " + ", ".join(f"{k} {row.get(k)}" for k in ROW_KEYS[2:])
+                  + (f"; error: {row['error']}" if "error" in row else "") + f" ({time.monotonic() - t:.0f} s)",
+                  file=sys.stderr, flush=True)
+    base = rows[0]
+    for row in rows:
+        for key in ("repaint_ms_median", "repaint_ms_p95", "ui_cpu_percent", "rss_mb"):
+            if row.get(key) is not None and base.get(key):
+                row[f"{key}_vs_base"] = round(row[key] / base[key], 3)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return
+    print("| " + " | ".join(ROW_KEYS + ("relay_forward_msgs_per_s",)) + " |")
+    print("|" + "---|" * (len(ROW_KEYS) + 1))
+    for row in rows:
+        print("| " + " | ".join(str(row.get(k, "-")) for k in ROW_KEYS + ("relay_forward_msgs_per_s",)) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,240 @@
+"""`ringtop simulate`: N simulated ranks through the real relay, keys and connection file.
+
+Each test receives the run as a UI does: a SUB socket with the client keys of the connection file
+the simulator wrote, on the relay's publish address."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import zmq
+from conftest import poll_until
+
+from ringtop.agent.lifecycle import exit_with_parent
+from ringtop.cli.main import main as ringtop_main
+from ringtop.cli.simulate import STRAGGLER_FACTOR, SimConfig, Simulation
+from ringtop.metrics.hang import diagnose
+from ringtop.protocol import Bye, Heartbeat, Hello, Sample, Stall, Step, connection_file, decode
+from ringtop.protocol.curve import secure_client
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Subscriber:
+    """A UI's receiving side: every message of the run, decoded, on a thread of its own."""
+
+    def __init__(self, info: connection_file.ConnectionInfo) -> None:
+        self.messages: list = []
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(info,), daemon=True)
+        self._thread.start()
+        assert self._ready.wait(5)
+
+    def _run(self, info) -> None:
+        ctx = zmq.Context()
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.RCVHWM, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        secure_client(sub, info.keys)
+        sub.connect(info.publish)
+        self._ready.set()
+        try:
+            while not self._stop.is_set():
+                if sub.poll(50):
+                    self.messages.append(decode(sub.recv_multipart()[1]))
+        finally:
+            sub.close(0)
+            ctx.term()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def of(self, kind: type, rank: int | None = None) -> list:
+        return [m for m in list(self.messages) if isinstance(m, kind) and (rank is None or m.rank == rank)]
+
+
+def simulate(cfg: SimConfig, until=None, timeout_s: float = 30.0):
+    """Run the simulation on a thread, received by a Subscriber from its connection file; returns
+    (result, subscriber) once it has ended (or `until(subscriber)` held and it was stopped)."""
+    stop = threading.Event()
+    ready: list = []
+    out: dict = {}
+    sim = Simulation(cfg, stop, on_ready=lambda info: ready.append(Subscriber(connection_file.read(
+        connection_file.file_for(info.run_id)))))
+
+    def run() -> None:
+        try:
+            out["result"] = sim.run()
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the test's thread
+            out["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        poll_until(lambda: ready or "error" in out, 20, "the simulation's connection file")
+        if until is not None:
+            poll_until(lambda: until(ready[0]) or "error" in out, timeout_s, "the awaited messages")
+            stop.set()
+        thread.join(timeout_s)
+        assert not thread.is_alive(), "the simulation did not end"
+        if "error" in out:
+            raise out["error"]
+        sub = ready[0]
+        poll_until(lambda: len(sub.of(Bye)) >= cfg.ranks, 5, "every rank's Bye")
+        return out["result"], sub
+    finally:
+        stop.set()
+        for s in ready:
+            s.close()
+
+
+def test_every_rank_says_hello_steps_together_and_nothing_is_dropped():
+    cfg = SimConfig(ranks=16, nodes=2, hz=10, seconds=3, seed=1)
+    result, sub = simulate(cfg)
+    assert result.dropped == 0 and result.send_drops == 0 and result.refused == 0
+    assert result.forwarded >= result.sent  # and rank 0's replies/events, if any
+    for rank in range(16):
+        hello = sub.of(Hello, rank)
+        assert hello, f"rank {rank} said no hello"
+        assert hello[0].host == f"node-{rank // 8:03d}" and hello[0].local_rank == rank % 8
+        assert hello[0].world_size == 16 and hello[0].strategy == "ddp" and hello[0].run_id == result.run_id
+        steps = [m.step for m in sub.of(Step, rank)]
+        assert steps == sorted(set(steps)) and len(steps) >= 20, steps
+        assert steps[-1] == result.steps  # one global step clock
+        assert len(sub.of(Heartbeat, rank)) >= 2 and len(sub.of(Sample, rank)) >= 2
+        seqs = [m.seq for m in sub.messages if m.rank == rank and not isinstance(m, Hello)]
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), f"rank {rank}: a gap in its seqs"
+        assert sub.of(Bye, rank)[-1].step == result.steps
+    losses = [m.loss for m in sub.of(Step, 0)]
+    assert losses[-1] < losses[0]
+
+
+def test_straggler_steps_take_longer_by_the_rule():
+    """Rank 3's median step time / the others' median: the rule's 1.3, within 5 %. Noise is 3 %
+    per step, so over >= 30 steps each median is within ~0.7 % (1.25 x 3 % / sqrt(30)): 5 % is
+    about 6 standard deviations of the ratio, and the run is deterministic for its seed anyway."""
+    cfg = SimConfig(ranks=8, nodes=2, hz=20, seconds=2, straggler=3, seed=2)
+    _, sub = simulate(cfg)
+    medians = {r: statistics.median(m.step_ms for m in sub.of(Step, r)) for r in range(8)}
+    assert all(len(sub.of(Step, r)) >= 30 for r in range(8))
+    others = statistics.median(v for r, v in medians.items() if r != 3)
+    assert STRAGGLER_FACTOR * 0.95 <= medians[3] / others <= STRAGGLER_FACTOR * 1.05, medians
+
+
+def test_hang_is_read_as_the_hung_rank_not_entering_the_collective():
+    cfg = SimConfig(ranks=8, nodes=2, hz=10, hang=5, seed=3)
+    result, sub = simulate(cfg, until=lambda s: {m.rank for m in s.of(Stall)} == set(range(8)))
+    reports = {}
+    for m in sub.of(Stall):
+        reports[m.rank] = m
+    verdict = diagnose(reports, world_size=8)
+    assert verdict is not None and verdict.kind == "hang", verdict
+    assert verdict.culprits == (5,) and verdict.group == "world" and 5 not in verdict.waiting, verdict
+    assert "forward" in verdict.where[5]
+    steps = sub.of(Step)
+    assert max(m.step for m in steps) == result.steps  # nobody stepped after the hang
+    beats = [m for m in sub.of(Heartbeat) if m.ts > reports[0].ts - reports[0].running_s]
+    assert beats, "heartbeats stopped with the steps"
+
+
+def test_the_simulation_leaves_no_thread_behind():
+    before = {t.ident for t in threading.enumerate()}
+    simulate(SimConfig(ranks=2, hz=10, seconds=1))
+
+    def left():
+        return [t.name for t in threading.enumerate() if t.ident not in before and t.is_alive()
+                and t.name.startswith("ringtop")]
+    poll_until(lambda: not left(), 5, "the simulation's threads to end", detail=lambda: str(left()))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--ranks", "0"], "--ranks must be >= 1"),
+    (["--ranks", "4", "--nodes", "0"], "--nodes must be between 1 and --ranks (4)"),
+    (["--ranks", "4", "--nodes", "5"], "--nodes must be between 1 and --ranks (4)"),
+    (["--hz", "0"], "--hz must be > 0 and <= 1000"),
+    (["--hz", "1001"], "--hz must be > 0 and <= 1000"),
+    (["--ranks", "4", "--straggler", "4"], "--straggler: rank 4 is not in this run of 4 ranks"),
+    (["--ranks", "4", "--hang", "-1"], "--hang: rank -1 is not in this run of 4 ranks"),
+    (["--seconds", "-1"], "--seconds must be >= 0"),
+])
+def test_bad_arguments_fail_with_the_reason(argv, message, capsys):
+    assert ringtop_main(["simulate", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_ctrl_c_ends_the_command_with_every_ranks_bye():
+    """`ringtop simulate` as a user runs it, found by its connection file alone (as `ringtop ui`
+    finds it), stopped with Ctrl-C (SIGINT)."""
+    runtime = connection_file.runtime_dir()
+    existing = set(runtime.glob("run-*.json")) if runtime.exists() else set()
+    proc = subprocess.Popen([sys.executable, "-m", "ringtop.cli.main", "simulate", "--ranks", "4", "--nodes", "2"],
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"),
+                            preexec_fn=exit_with_parent)
+    sub = None
+    try:
+        path = poll_until(lambda: next(iter(set(runtime.glob("run-*.json")) - existing), None), 30,
+                          "the simulator's connection file")
+        info = poll_until(lambda: _readable(path), 5, "a complete connection file")
+        assert info.pid == proc.pid and info.world_size == 4
+        sub = Subscriber(info)
+        poll_until(lambda: {m.rank for m in sub.of(Step)} == set(range(4)), 20, "every rank's steps")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(15) == 0, proc.stderr.read()
+        poll_until(lambda: {m.rank for m in sub.of(Bye)} == set(range(4)), 5, "every rank's Bye")
+        assert not path.exists(), "the connection file outlived the run"
+        assert "relay forwarded" in proc.stderr.read()
+    finally:
+        if sub is not None:
+            sub.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+
+
+def _readable(path):
+    try:
+        return connection_file.read(path)
+    except connection_file.ConnectionFileError:
+        return None
+
+
+async def test_the_ui_attaches_with_no_arguments_as_ringtop_ui_does():
+    """`ringtop ui` with no arguments: the only live run's connection file (`connection_file.find`)."""
+    from ringtop.tui.app import RingtopApp
+
+    stop = threading.Event()
+    sim = Simulation(SimConfig(ranks=8, nodes=2, hz=10), stop)
+    thread = threading.Thread(target=sim.run, daemon=True)
+    thread.start()
+    try:
+        info = await asyncio.to_thread(poll_until, lambda: _only_run(sim.run_id), 20, "the connection file")
+        app = RingtopApp(publish_addr=info.publish, control_addr=info.control, keys=info.keys)
+        async with app.run_test(size=(160, 48)) as pilot:
+            deadline = time.monotonic() + 20
+            while not (len(app.view.ranks) == 8 and all(r.step > 0 for r in app.view.ranks.values())):
+                assert time.monotonic() < deadline, f"the UI shows {len(app.view.ranks)} ranks"
+                await pilot.pause(0.1)
+            assert {r.host for r in app.view.ranks.values()} == {"node-000", "node-001"}
+            assert app.view.facts.world_size == 8 and app.view.facts.strategy == "ddp"
+    finally:
+        stop.set()
+        thread.join(20)
+    assert not thread.is_alive()
+
+
+def _only_run(run_id: str):
+    """As `ringtop ui` finds a run with no arguments; by its id only where another test's run is live too."""
+    try:
+        return connection_file.find(None)
+    except connection_file.ConnectionFileError as exc:
+        return connection_file.find(run_id) if "several runs" in str(exc) else None
