@@ -64,9 +64,9 @@ class Relay(threading.Thread):
         self._authenticated = gate is not None
         """Each input connection then carries its rank as ZAP user id: a message must be its sender's."""
         self._carried: dict[str, frozenset[int]] = {u: frozenset(r) for u, r in (carriers or {}).items()}
+        """ZAP user id -> the ranks its messages may be of (a rank's own id is added when first seen)."""
         self._replaying = frozenset(self._carried.values())
         """The node relays' allow-lists (by identity): what comes through one may come twice."""
-        """ZAP user id -> the ranks its messages may be of (a rank's own id is added when first seen)."""
         try:
             self.relay_address = bind(self._backend, relay_address, "relay" in movable, "relay input", "--relay")
             self.publish_address = bind(self._frontend, publish_address, "publish" in movable, "telemetry", "--publish")
