@@ -258,6 +258,8 @@ class RankRow:
     version: int = 0
     """Moves on with every message folded into this row (and when it is found dead): a screen
     rebuilds a rank's cells only when it moved, or when what they are compared with did."""
+    recent_cache: tuple[int, float] = field(default=(-1, math.nan), repr=False, compare=False)
+    """(version, recent_step_ms()) as last computed."""
     # history and running stats
     step_ms_stat: RunningStat = field(default_factory=RunningStat)
     step_ms_history: deque = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
@@ -304,12 +306,19 @@ class RankRow:
         return self.mem_other_bytes
 
     def recent_step_ms(self, window: int = SLOWEST_WINDOW) -> float:
-        """The mean of the last `window` step times (read from the end: O(window), not O(history))."""
+        """The mean of the last `window` step times (read from the end: O(window), not O(history));
+        the default window's kept until the row moves on (the repaint asks several times per rank)."""
+        if window == SLOWEST_WINDOW and self.recent_cache[0] == self.version:
+            return self.recent_cache[1]
         if not self.step_ms_history:
-            return math.nan
-        pts = list(islice(reversed(self.step_ms_history), window))
-        pts.reverse()  # summed oldest first, as always
-        return sum(pts) / len(pts)
+            mean = math.nan
+        else:
+            pts = list(islice(reversed(self.step_ms_history), window))
+            pts.reverse()  # summed oldest first, as always
+            mean = sum(pts) / len(pts)
+        if window == SLOWEST_WINDOW:
+            self.recent_cache = (self.version, mean)
+        return mean
 
 
 class RunView:
