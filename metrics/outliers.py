@@ -11,6 +11,7 @@ its `Threshold` below; the rule that applies it is the same.
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 from typing import Iterable, Mapping
@@ -104,3 +105,61 @@ def outliers(times_ms: Mapping[int, float], threshold: Threshold) -> list[Outlie
         return []
     found = (against_others(finite, r) for r in sorted(finite))
     return [o for o in found if o.meets(threshold)]
+
+
+# ---------------------------------------------------------------------- many ranks: a robust rule
+
+MAD_Z_FLAG = 3.5
+"""Flag a rank whose robust z (modified z-score, Iglewicz & Hoaglin) is at least this."""
+MAD_SCALE = 0.6745
+"""The normal distribution's MAD is 0.6745 σ: 0.6745·(x − median)/MAD reads like a z-score."""
+MEAN_AD_SCALE = 1.253314
+"""When MAD is 0 (more than half the ranks tie), the mean absolute deviation stands in for it:
+(x − median)/(1.253314·MeanAD), √(π/2) being MeanAD's own factor to σ."""
+
+
+def robust_z(values: Mapping[int, float]) -> dict[int, float]:
+    """Per rank, how far its (finite) value lies from the median in robust units:
+    0.6745·(x − median)/MAD. Unlike a rule against the others' median (`slowest`, `outliers`),
+    one slow rank among a thousand moves neither the median nor the MAD, and jitter that is common
+    to every rank scales the unit. MAD = 0: (x − median)/(1.253314·MeanAD); both 0 (every value
+    equal): every z is 0."""
+    finite = {r: v for r, v in values.items() if math.isfinite(v)}
+    if not finite:
+        return {}
+    mid = median(finite.values())
+    dev = [abs(v - mid) for v in finite.values()]
+    mad = median(dev)
+    if mad > 0:
+        unit = mad / MAD_SCALE
+    else:
+        unit = MEAN_AD_SCALE * sum(dev) / len(dev)
+    if unit <= 0:
+        return dict.fromkeys(finite, 0.0)
+    return {r: (v - mid) / unit for r, v in finite.items()}
+
+
+def mad_outliers(values: Mapping[int, float], flag: float = MAD_Z_FLAG,
+                 floor: Threshold | None = None) -> list[tuple[int, float]]:
+    """(rank, robust z) of the ranks above the median by at least `flag` robust units, the
+    farthest first (then by rank). `floor`, when given, also asks for that much above the median
+    (a spread of a tenth of a millisecond makes 1 ms a large z, but no finding)."""
+    z = robust_z(values)
+    if not z:
+        return []
+    mid = median(v for v in values.values() if math.isfinite(v))
+    found = []
+    for r, zr in z.items():
+        if zr < flag:
+            continue
+        if floor is not None and not (excess_pct(values[r], mid) >= floor.min_excess_pct
+                                      and values[r] - mid >= floor.min_excess):
+            continue
+        found.append((r, zr))
+    return sorted(found, key=lambda p: (-p[1], p[0]))
+
+
+def top_k(values: Mapping[int, float], k: int) -> list[tuple[int, float]]:
+    """The `k` largest finite values as (rank, value), largest first, the lower rank on a tie."""
+    finite = ((r, v) for r, v in values.items() if math.isfinite(v))
+    return heapq.nsmallest(max(0, k), finite, key=lambda p: (-p[1], p[0]))

@@ -15,6 +15,7 @@ import types
 
 import hang_scenario
 import pytest
+import scale_scenario
 from test_pipeline_view import gpipe_equal, pp_hello, pp_step, timeline
 
 from ringtop.protocol import CommStat, Event, Hello, MemorySample, Prediction, Sharding, Step
@@ -130,3 +131,10 @@ def test_hung_run(snap_compare, tab, size):
     and the Hang view (the culprit first, its stack)."""
     app = RingtopApp(messages=hang_scenario.hung_run(), source="runs/hang/telemetry")
     assert snap_compare(app, terminal_size=SIZES[size], run_before=loaded({"overview": "1", "hang": "6"}[tab]))
+
+
+def test_many_ranks_overview(snap_compare):
+    """1024 ranks on 8 nodes, rank 517 30 % slower: one row per node (its node first), the heat
+    strip of every rank, the slowest ranks and the robust outliers, the charts still on screen."""
+    app = RingtopApp(messages=scale_scenario.run(), source="runs/scale/telemetry")
+    assert snap_compare(app, terminal_size=SIZES["160x48"], run_before=loaded("1"))

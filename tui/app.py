@@ -28,12 +28,15 @@ from .builders import Builders
 from .connection import TelemetryClient
 from .feeds import Feeds
 from .header_tab import header_model
+from .overview_keys import OVERVIEW_BINDINGS, OverviewKeys
+from .overview_nav import OverviewNav
 from .replay import ReplayError, load_replay
 from .run_commands import RunCommands
 from .view_model import RunView
 from .widgets import (
     CommPanel,
     EventsPanel,
+    HangBanner,
     HangPanel,
     HeaderModel,
     MemoryPanel,
@@ -47,7 +50,7 @@ TABS = ("overview", "memory", "comm", "pipeline", "events", "hang")
 PANELS = (OverviewPanel, MemoryPanel, CommPanel, PipelinePanel, EventsPanel, HangPanel)
 
 
-class RingtopApp(Feeds, RunCommands, App):
+class RingtopApp(Feeds, RunCommands, OverviewKeys, App):
     """The ringtop cockpit. Live: pass `publish_addr` (and `control_addr`); replay: pass `messages`."""
 
     TITLE = "ringtop"
@@ -68,6 +71,7 @@ class RingtopApp(Feeds, RunCommands, App):
         Binding("k", "stacks", "stacks"),
         *(Binding(str(i), f"show_tab('{tab}')", tab, show=False) for i, tab in enumerate(TABS, 1)),
         Binding("r", "comm_rank", "rank/all"),
+        *OVERVIEW_BINDINGS,
         Binding("q", "quit", "quit"),
     ]
 
@@ -97,8 +101,13 @@ class RingtopApp(Feeds, RunCommands, App):
         """The Hang view's selection (its table's cursor): the rank whose stack it shows; None or a
         rank no row holds: the first row's, the first culprit."""
         self.client: TelemetryClient | None = None
+        self.overview_nav = OverviewNav()
+        """A large run's Overview: the node opened, the sort, the filter, the rows on screen."""
+        self.overview_cursor_key: str | None = None
+        """The row under the Overview's cursor as last drawn (what Enter opens)."""
+        self.overview_page_rows = 1
         self.builders = Builders()
-        self._bindings_strategy = ""
+        self._offered: tuple = ()
 
     def compose(self) -> ComposeResult:
         yield RunHeader()
@@ -129,7 +138,7 @@ class RingtopApp(Feeds, RunCommands, App):
         self.query_one(TabbedContent).active = tab
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
-        self.refresh_bindings()  # `r` shows in the footer on the Comm tab only
+        self.refresh_bindings()  # `r` shows in the footer on the Comm tab only, the node keys on the Overview
         if self.active_tab == "hang":  # ↑↓ move through the ranks
             self.query_one("#hang-ranks", DataTable).focus()
         self.call_after_refresh(self.refresh_view)
@@ -152,11 +161,17 @@ class RingtopApp(Feeds, RunCommands, App):
         only where the run can take them (run_commands.py)."""
         if action == "comm_rank":
             return self.active_tab == "comm"
-        return self.command_allowed(action)
+        return self.command_allowed(action) and self.overview_allowed(action)
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from self.run_system_commands()
+        yield from self.overview_system_commands()
         yield from super().get_system_commands(screen)
+
+    def overview_changed(self) -> None:
+        """A key moved the Overview (a node, the sort, the filter, the cursor): redraw it now."""
+        self.refresh_bindings()
+        self.refresh_view()
 
     def action_comm_rank(self) -> None:
         """The Comm tab's selection: all ranks → rank 0 → rank 1 → … → all ranks."""
@@ -188,14 +203,19 @@ class RingtopApp(Feeds, RunCommands, App):
         now = time.monotonic()
         v, b = self.view, self.builders
         v.tick(now)
-        if v.facts.strategy != self._bindings_strategy:  # what `check_action` offers changed
-            self._bindings_strategy = v.facts.strategy
+        offered = (v.facts.strategy, self.overview_nav.scaled(len(v.ranks)), self.overview_nav.level(len(v.ranks)))
+        if offered != self._offered:  # what `check_action` offers changed
+            self._offered = offered
             self.refresh_bindings()
         self.query_one(RunHeader).show(self._header_model())
         tab = self.active_tab
         if tab == "overview":
             panel = self.query_one(OverviewPanel)
-            panel.show(b.overview(v, now, replay=self.replay, table_width=panel.table_width))
+            rows, strip = panel.budget(len(v.ranks), 4 if self.query_one(HangBanner).display else 0)
+            model = b.overview(v, now, replay=self.replay, table_width=panel.table_width, nav=self.overview_nav,
+                               visible_rows=rows, strip_lines=strip)
+            self.overview_cursor_key, self.overview_page_rows = model.cursor_key, rows
+            panel.show(model)
         elif tab == "memory":
             panel = self.query_one(MemoryPanel)
             panel.show(b.memory(v, panel.table_width))

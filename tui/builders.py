@@ -29,6 +29,17 @@ from .hang_tab import stack_text as hang_stack_text
 from .health import health_line
 from .memory import fit_table
 from .memory_tab import fit_caption, fit_columns, fit_rows, memory_caption, memory_columns, memory_rows, on_gpu
+from .nodes import filter_ranks, node_summaries, rank_figures, sort_nodes, sort_ranks
+from .overview_nav import OverviewNav
+from .overview_scale import (
+    STRIP_MAX_LINES,
+    heat_strip,
+    node_cells,
+    node_columns,
+    rank_outliers,
+    standouts_text,
+    table_caption,
+)
 from .overview_tab import (
     DEFAULT_TABLE_WIDTH,
     alert_text,
@@ -52,9 +63,13 @@ from .pipeline_tab import (
     stage_rows,
     timeline_text,
 )
-from .view_model import RunView
+from .view_model import RankRow, RunView
 from .widgets import CommModel, EventsModel, HangModel, MemoryModel, OverviewModel, PipelineModel
 from .widgets.overview import ChartModel
+
+AGGREGATE_ABOVE = 256
+AGGREGATE_EVERY_S = 1.0
+"""A live run above AGGREGATE_ABOVE ranks: its node rows, heat strip and outliers at most this often."""
 
 
 class CommFigures:
@@ -99,15 +114,58 @@ class Builders:
         self._event_lines: tuple = ()
         self._hang_key: tuple | None = None
         self._hang: tuple = ((), ())
+        self._aggregate: tuple | None = None
+        self._cells: dict[int, tuple[tuple, dict[str, Text]]] = {}
+        """Per rank, (what its cells were built from, the cells)."""
 
-    def overview(self, view: RunView, now: float, *, replay: bool, table_width: int = 0) -> OverviewModel:
-        outlying = outlying_cells(view)
-        rows = [(f"r{row.rank}", row_cells(view, row, replay, outlying)) for row in view.rows()]
+    def overview(self, view: RunView, now: float, *, replay: bool, table_width: int = 0,
+                 nav: OverviewNav | None = None, visible_rows: int = 0, strip_lines: int = STRIP_MAX_LINES
+                 ) -> OverviewModel:
+        """The Overview. A small run: one row per rank, as always. More than SCALE_ABOVE ranks (or a
+        filter or sort chosen): the level `nav` is at (nodes, a node's ranks, the filtered ranks),
+        only its `visible_rows` on screen built, with the heat strip and the standouts."""
+        nav = nav or OverviewNav()
+        n = len(view.ranks)
+        level, width = nav.level(n), table_width or DEFAULT_TABLE_WIDTH
+        caption, strip, standouts, cursor, cursor_key = Text(""), Text(""), Text(""), None, None
+        windowed = nav.scaled(n) or bool(nav.filter) or nav.sort is not None
+        node_cols = None
+        if not windowed:
+            rows = self._rank_rows(view, view.rows(), replay, outlying_cells(view))
+        else:
+            figures, found, summaries, strip, standouts = self._aggregates(view, now, width, strip_lines, replay)
+            outlying = {column: frozenset(r for r, _ in hits) for column, hits in found.items()}
+            sort = nav.sort_key(n)
+            view.rows()  # the slowest rank, as of now
+            if level == "nodes":
+                nodes = sort_nodes(summaries, sort)
+                total = len(nodes)
+                first, cur = nav.window(total, visible_rows or total)
+                shown_nodes = nodes[first:first + (visible_rows or total)]
+                rows = [(f"n{node.host}", node_cells(node, view.slowest_rank)) for node in shown_nodes]
+                node_cols = node_columns(width)
+            else:
+                if level == "node":
+                    ranks = [r for r, f in figures.items() if f.host == nav.host]
+                else:
+                    ranks = filter_ranks(nav.filter, list(view.ranks.values()), view.facts.world_size)
+                ranks = sort_ranks(ranks, figures, sort)
+                total = len(ranks)
+                first, cur = nav.window(total, visible_rows or total)
+                shown = [view.ranks[r] for r in ranks[first:first + (visible_rows or total)]]
+                rows = self._rank_rows(view, shown, replay, outlying)
+            cursor = cur - first if rows else None
+            cursor_key = rows[cursor][0] if cursor is not None else None
+            caption = table_caption(level, nodes=len({f.host for f in figures.values()}), ranks=n, shown=len(rows),
+                                    first=first, total=total, sort=sort, host=nav.host, filter_text=nav.filter)
+            if not nav.scaled(n):
+                strip, standouts = Text(""), Text("")
         kinds = view.comm_kinds
         if kinds != self._kinds:  # the per-kind column only widens (a rebuild), so it does not flicker
             self._kinds, self._kinds_width = kinds, 0
-        self._kinds_width = max([self._kinds_width] + [len(cells["comm_kinds"].plain) for _, cells in rows])
-        columns = overview_columns(kinds, self._kinds_width, table_width or DEFAULT_TABLE_WIDTH)
+        if node_cols is None:
+            self._kinds_width = max([self._kinds_width] + [len(cells["comm_kinds"].plain) for _, cells in rows])
+        columns = node_cols or overview_columns(kinds, self._kinds_width, width)
         steps = view.steps
         span = (steps[0].step, steps[-1].step) if steps else None
         window, series, ref = self.comm.data(view, None)
@@ -120,7 +178,42 @@ class Builders:
         )
         legend = breakdown_legend() if any(c.key == "breakdown" for c in columns) else Text("")
         return OverviewModel(health_line(view, now), tuple(columns), tuple(rows), legend, charts, alert_text(view),
-                             banner_text(view, replay=replay))
+                             banner_text(view, replay=replay), caption=caption, strip=strip, standouts=standouts,
+                             cursor=cursor, cursor_key=cursor_key)
+
+    def _aggregates(self, view: RunView, now: float, width: int, strip_lines: int, replay: bool) -> tuple:
+        """(figures, outliers, node summaries, heat strip, standouts): O(ranks) each, so above
+        AGGREGATE_ABOVE ranks a live run recomputes them once per AGGREGATE_EVERY_S (a node's
+        median needs no 4 Hz), and at once when the ranks, the screen or a hang changed."""
+        n = len(view.ranks)
+        key = (n, width, strip_lines, view.versions["hang"], replay)
+        held = self._aggregate
+        if (held is None or held[0] != key or replay or n <= AGGREGATE_ABOVE
+                or not 0 <= now - held[1] < AGGREGATE_EVERY_S):
+            figures = rank_figures(view)
+            found = rank_outliers(figures)
+            held = self._aggregate = (key, now, (figures, found, node_summaries(figures),
+                                                 heat_strip(figures, width, max_lines=strip_lines),
+                                                 standouts_text(figures, found, width)))
+        return held[2]
+
+    def _rank_rows(self, view: RunView, rows: list[RankRow], replay: bool,
+                   outlying: dict[str, frozenset[int]]) -> list[tuple[str, dict]]:
+        """Each rank's cells, rebuilt only when its row moved on (a message, its silence, being the
+        slowest) or what it is compared with did (the outliers, the collective kinds)."""
+        kinds = tuple(view.comm_kinds)
+        excess = view.slowest_excess_pct
+        out = []
+        for row in rows:
+            quiet = row.dead or (not replay and not row.ended and row.silent_s > view.stale_after_s)
+            key = (id(row), row.version, row.dead, row.ended, fmt.ago(row.silent_s) if quiet else "",
+                   row.slowest and f"{excess:.0f}", tuple(row.rank in ranks for ranks in outlying.values()),
+                   tuple(outlying), kinds, replay)
+            hit = self._cells.get(row.rank)
+            if hit is None or hit[0] != key:
+                hit = self._cells[row.rank] = (key, row_cells(view, row, replay, outlying))
+            out.append((f"r{row.rank}", hit[1]))
+        return out
 
     def memory(self, view: RunView, table_width: int = 0) -> MemoryModel:
         f = view.facts

@@ -129,3 +129,36 @@ class MicroBatchesPrompt(ModalScreen[int | None]):
 
     def action_cancel(self) -> None:
         self.dismiss(None)
+
+
+class FilterPrompt(ModalScreen[str | None]):
+    """The Overview's filter: ranks (`517`, `0-15`, `0-1023/128`, `1,5,9`) or part of a host's name.
+    Enter dismisses with the text (empty: no filter); Escape with None (the filter stays)."""
+
+    DEFAULT_CSS = """
+    FilterPrompt { align: center middle; }
+    #filter-box { width: 64; height: auto; border: thick $accent; background: $surface; padding: 0 1; }
+    #filter-title, #filter-hint { height: auto; }
+    """
+
+    BINDINGS = [Binding("escape", "cancel", "cancel")]
+
+    def __init__(self, value: str = "") -> None:
+        super().__init__()
+        self.value = value
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="filter-box"):
+            yield Static(Text("Show only these ranks", style="bold"), id="filter-title")
+            yield Input(value=self.value, placeholder="517, 0-15, 0-1023/128, or a host: node-07", id="filter-input")
+            yield Static(Text("Enter filter (empty: all)   Esc cancel", style="dim"), id="filter-hint")
+
+    def on_mount(self) -> None:
+        self.query_one(Input).focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.dismiss(event.value.strip())
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

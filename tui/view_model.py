@@ -17,6 +17,7 @@ import math
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any, Iterable
 
 from ringtop.metrics.goodput import Goodput
@@ -254,6 +255,11 @@ class RankRow:
     bye_reason: str = ""
     bye_ok: bool = True
     slowest: bool = False
+    version: int = 0
+    """Moves on with every message folded into this row (and when it is found dead): a screen
+    rebuilds a rank's cells only when it moved, or when what they are compared with did."""
+    recent_cache: tuple[int, float] = field(default=(-1, math.nan), repr=False, compare=False)
+    """(version, recent_step_ms()) as last computed."""
     # history and running stats
     step_ms_stat: RunningStat = field(default_factory=RunningStat)
     step_ms_history: deque = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
@@ -300,10 +306,19 @@ class RankRow:
         return self.mem_other_bytes
 
     def recent_step_ms(self, window: int = SLOWEST_WINDOW) -> float:
+        """The mean of the last `window` step times (read from the end: O(window), not O(history));
+        the default window's kept until the row moves on (the repaint asks several times per rank)."""
+        if window == SLOWEST_WINDOW and self.recent_cache[0] == self.version:
+            return self.recent_cache[1]
         if not self.step_ms_history:
-            return math.nan
-        pts = list(self.step_ms_history)[-window:]
-        return sum(pts) / len(pts)
+            mean = math.nan
+        else:
+            pts = list(islice(reversed(self.step_ms_history), window))
+            pts.reverse()  # summed oldest first, as always
+            mean = sum(pts) / len(pts)
+        if window == SLOWEST_WINDOW:
+            self.recent_cache = (self.version, mean)
+        return mean
 
 
 class RunView:
@@ -402,6 +417,7 @@ class RunView:
             self.versions["hang"] += 1
             self.event_log.add("info", row.rank, f"rank {row.rank} is sending again", msg.ts, kind="dead")
         self._track_seq(row, msg)
+        row.version += 1
         row.last_seen = now
         if row.heard_since is None:
             row.heard_since = now
@@ -421,6 +437,7 @@ class RunView:
         row = self.ranks.get(msg.rank)
         if row is not None:
             self._track_seq(row, msg)
+            row.version += 1
             row.last_seen = now
         self.command_log.on_reply(msg, self.facts.strategy_name)
 
@@ -540,6 +557,7 @@ class RunView:
             if not heard and not others_ended:
                 continue  # everyone is silent: the UI lost the run, not a rank
             row.dead, row.ended_at = True, row.last_seen
+            row.version += 1
             self._live.discard(row.rank)
             self._slowest_dirty = True
             self.versions.update(("comm", "hang"))
@@ -799,6 +817,7 @@ class RunView:
         else:
             self._track_seq(row, msg)  # a Hello repeated in-stream; an old cached copy is ignored
         row.said_hello = True
+        row.version += 1
         if row.heard_since is None:
             row.heard_since = now
         row.host = msg.host or row.host

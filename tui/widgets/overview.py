@@ -78,6 +78,16 @@ class OverviewModel:
     alert: Text
     banner: Text = field(default_factory=Text)
     """Who holds the others up (tui/hang_tab.py); empty hides the banner."""
+    caption: Text = field(default_factory=Text)
+    """Above a windowed table (a large run, a filter, a sort): where, in what order, which rows."""
+    strip: Text = field(default_factory=Text)
+    """A large run's heat strip, one cell per rank, its legend first; empty hides it."""
+    standouts: Text = field(default_factory=Text)
+    """A large run's slowest ranks and robust outliers; empty hides them."""
+    cursor: int | None = None
+    """The row (of `rows`) the cursor is on; None: no cursor (a small run's table)."""
+    cursor_key: str | None = None
+    """That row's key (`n<host>` for a node row): what Enter opens."""
 
 
 class OverviewPanel(TableWidth, Vertical):
@@ -87,7 +97,14 @@ class OverviewPanel(TableWidth, Vertical):
     OverviewPanel #ranks { height: auto; max-height: 60%; }
     OverviewPanel #parts-legend { height: 1; margin: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
     OverviewPanel #alert { height: auto; max-height: 3; margin: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
+    OverviewPanel #table-caption { height: 1; margin: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
+    OverviewPanel #heat-strip { height: auto; margin: 0 1; }
+    OverviewPanel #standouts { height: auto; max-height: 2; margin: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
     """
+
+    FIXED_LINES = 1 + 1 + 1 + 2 + 4 * 3 + 3
+    """A large run's lines besides its table rows and heat strip: health, caption, table header,
+    standouts, four charts at their least, the alert."""
 
     def __init__(self) -> None:
         super().__init__(id="overview-body")
@@ -96,19 +113,44 @@ class OverviewPanel(TableWidth, Vertical):
     def compose(self) -> ComposeResult:
         yield HangBanner()
         yield Static(id="health")
-        yield DataTable(id="ranks", cursor_type="none", zebra_stripes=True)
+        yield Static(id="table-caption")
+        table = DataTable(id="ranks", cursor_type="none", zebra_stripes=True)
+        table.can_focus = False  # the app's keys move through a large run's rows (only those on screen exist)
+        yield table
         yield Static(id="parts-legend")
+        yield Static(id="heat-strip")
+        yield Static(id="standouts")
         yield Chart("step")
         yield Chart("loss")
         yield Chart("grad-norm")
         yield Chart("busbw")
         yield Static(id="alert")
 
+    def budget(self, ranks: int, banner_lines: int) -> tuple[int, int]:
+        """(table rows, heat-strip lines) for a large run, so that the charts and the alert stay on
+        screen at any rank count: the strip gets up to a third of what is spare (its legend aside),
+        the rows the rest up to 40 % of the panel (the charts what is left), at least 3 rows."""
+        spare = max(0, self.content_size.height - self.FIXED_LINES - banner_lines)
+        width = max(10, self.table_width)
+        strip = max(1, min(-(-ranks // width), (spare - 1) // 3, 8))
+        return max(3, min(spare - strip - 1, int(self.content_size.height * 0.4) - 1)), strip
+
     def show(self, model: OverviewModel) -> None:
         d = self._drawn
         self.query_one(HangBanner).show(model.banner)
         d.text(self.query_one("#health", Static), model.health)
-        d.table(self.query_one("#ranks", DataTable), model.columns, model.rows)
+        for key, text in (("#table-caption", model.caption), ("#heat-strip", model.strip),
+                          ("#standouts", model.standouts)):
+            widget = self.query_one(key, Static)
+            widget.display = bool(text.plain)
+            d.text(widget, text)
+        table = self.query_one("#ranks", DataTable)
+        d.table(table, model.columns, model.rows)
+        cursor_type = "none" if model.cursor is None else "row"
+        if table.cursor_type != cursor_type:
+            table.cursor_type = cursor_type
+        if model.cursor is not None and table.cursor_row != model.cursor:
+            table.move_cursor(row=model.cursor, animate=False)
         legend = self.query_one("#parts-legend", Static)
         legend.display = bool(model.legend.plain)
         d.text(legend, model.legend)

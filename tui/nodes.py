@@ -1,0 +1,137 @@
+"""The ranks of a large run folded per node (host, from Hello.host), and the ranks' own figures that
+the node rows, the heat strip and the outlier lines share — read once per repaint.
+
+Pure: no Textual. Each figure is one number per rank, so a node row is a min / median / max over
+its ranks, and a rank's own row (a node opened) is read from the same numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ringtop.metrics.outliers import median
+from ringtop.metrics.rank_sets import group_members
+
+from .view_model import RankRow, RunView
+
+SORT_KEYS = ("step", "mem", "idle", "rank")
+"""What `o` cycles through: slowest step first, most memory first, most idle first, rank order."""
+SORT_LABELS = {"step": "step time", "mem": "memory", "idle": "idle share", "rank": "rank"}
+UNKNOWN_HOST = "?"
+
+
+@dataclass(frozen=True, slots=True)
+class RankFigures:
+    """One rank's numbers for comparing it with the others (NaN / 0 when it has none)."""
+
+    rank: int
+    host: str
+    step_ms: float
+    """Mean of its recent steps (SLOWEST_WINDOW), NaN before its first or once it ended."""
+    mem_bytes: int
+    idle_pct: float
+    comm_pct: float
+    dead: bool
+    ended: bool
+    hung: bool
+    """It holds the others up: a culprit of the view's hang verdict (metrics/hang.py)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSummary:
+    host: str
+    ranks: tuple[int, ...]
+    step_min_ms: float
+    step_median_ms: float
+    step_max_ms: float
+    slowest_rank: int | None
+    """The rank of the node with the longest recent step: the one to look at."""
+    mem_max_bytes: int
+    idle_median_pct: float
+    comm_median_pct: float
+    dead: int
+    ended: int
+    hung: int
+
+
+def rank_figures(view: RunView) -> dict[int, RankFigures]:
+    verdict = view.hang_verdict()
+    culprits = frozenset(verdict.culprits) if verdict is not None else frozenset()
+    out = {}
+    for r in view.ranks.values():
+        live = not r.ended and not r.dead
+        out[r.rank] = RankFigures(
+            rank=r.rank, host=r.host or UNKNOWN_HOST,
+            step_ms=r.recent_step_ms() if live else math.nan,
+            mem_bytes=r.mem_bytes, idle_pct=r.idle_pct if live else math.nan,
+            comm_pct=r.comm_share_pct if live else math.nan,
+            dead=r.dead, ended=r.ended, hung=r.rank in culprits)
+    return out
+
+
+def _finite(xs) -> list[float]:
+    return [x for x in xs if math.isfinite(x)]
+
+
+def node_summaries(figures: dict[int, RankFigures]) -> list[NodeSummary]:
+    """One summary per host, in host order."""
+    by_host: dict[str, list[RankFigures]] = {}
+    for f in figures.values():
+        by_host.setdefault(f.host, []).append(f)
+    out = []
+    for host in sorted(by_host):
+        fs = sorted(by_host[host], key=lambda f: f.rank)
+        times = {f.rank: f.step_ms for f in fs if math.isfinite(f.step_ms)}
+        slow = max(times, key=lambda r: (times[r], -r)) if times else None
+        out.append(NodeSummary(
+            host=host, ranks=tuple(f.rank for f in fs),
+            step_min_ms=min(times.values()) if times else math.nan,
+            step_median_ms=median(times.values()),
+            step_max_ms=times[slow] if slow is not None else math.nan,
+            slowest_rank=slow,
+            mem_max_bytes=max((f.mem_bytes for f in fs), default=0),
+            idle_median_pct=median(_finite(f.idle_pct for f in fs)),
+            comm_median_pct=median(_finite(f.comm_pct for f in fs)),
+            dead=sum(f.dead for f in fs), ended=sum(f.ended and not f.dead for f in fs),
+            hung=sum(f.hung for f in fs)))
+    return out
+
+
+def _desc(x: float) -> float:
+    """Largest first, NaN (no figure) last."""
+    return -x if math.isfinite(x) else math.inf
+
+
+def sort_nodes(nodes: list[NodeSummary], key: str) -> list[NodeSummary]:
+    """Nodes in the order `key` asks (SORT_KEYS); "step" puts the node with the slowest rank first."""
+    if key == "step":
+        return sorted(nodes, key=lambda n: (_desc(n.step_max_ms), n.host))
+    if key == "mem":
+        return sorted(nodes, key=lambda n: (-n.mem_max_bytes, n.host))
+    if key == "idle":
+        return sorted(nodes, key=lambda n: (_desc(n.idle_median_pct), n.host))
+    return sorted(nodes, key=lambda n: (n.ranks[0] if n.ranks else 0, n.host))
+
+
+def sort_ranks(ranks: list[int], figures: dict[int, RankFigures], key: str) -> list[int]:
+    if key == "step":
+        return sorted(ranks, key=lambda r: (_desc(figures[r].step_ms), r))
+    if key == "mem":
+        return sorted(ranks, key=lambda r: (-figures[r].mem_bytes, r))
+    if key == "idle":
+        return sorted(ranks, key=lambda r: (_desc(figures[r].idle_pct), r))
+    return sorted(ranks)
+
+
+def filter_ranks(text: str, rows: list[RankRow], world_size: int) -> list[int]:
+    """The ranks a filter names: a rank set (`517`, `0-15`, `0-1023/128`, `1,5,9`), else the ranks
+    whose host contains the text (case-insensitive)."""
+    text = text.strip()
+    if not text:
+        return [r.rank for r in rows]
+    members = group_members(text, max(world_size, max((r.rank for r in rows), default=0) + 1))
+    if members is not None:
+        return sorted(r.rank for r in rows if r.rank in members)
+    needle = text.lower()
+    return sorted(r.rank for r in rows if needle in (r.host or UNKNOWN_HOST).lower())

@@ -1,0 +1,103 @@
+"""The Overview's keys for a large run — open a node, back, sort, filter, move through the rows —
+declared once for the bindings, the footer and the command palette, as tui/run_commands.py does
+for the run's commands. They are offered only on the Overview of a run above SCALE_ABOVE ranks:
+a small run's screen stays as it was."""
+
+from __future__ import annotations
+
+from typing import Iterable, NamedTuple
+
+from textual.app import SystemCommand
+from textual.binding import Binding
+
+from .overview_nav import OverviewNav
+from .screens import FilterPrompt
+
+
+class OverviewKey(NamedTuple):
+    action: str
+    key: str
+    title: str
+    help: str
+    footer: str = ""
+    """The footer's word; empty: not in the footer (the keys that only move)."""
+
+
+OVERVIEW_KEYS = (
+    OverviewKey("overview_open", "enter", "Open the node", "the node under the cursor: one row per rank", "open"),
+    OverviewKey("overview_back", "escape", "Back", "clear the filter, or back from a node's ranks to the nodes",
+                "back"),
+    OverviewKey("overview_sort", "o", "Sort the rows", "cycle: step time, memory, idle share, rank", "sort"),
+    OverviewKey("overview_filter", "slash", "Filter the ranks…", "ranks (517, 0-15, 0-1023/128) or a host's name",
+                "filter"),
+    OverviewKey("overview_move(-1)", "up", "", ""),
+    OverviewKey("overview_move(1)", "down", "", ""),
+    OverviewKey("overview_page(-1)", "pageup", "", ""),
+    OverviewKey("overview_page(1)", "pagedown", "", ""),
+    OverviewKey("overview_end(0)", "home", "", ""),
+    OverviewKey("overview_end(1)", "end", "", ""),
+)
+OVERVIEW_ACTIONS = frozenset(k.action.partition("(")[0] for k in OVERVIEW_KEYS)
+OVERVIEW_BINDINGS = [Binding(k.key, k.action, k.footer or k.title, show=bool(k.footer)) for k in OVERVIEW_KEYS]
+
+
+class OverviewKeys:
+    """Mixed into the App (`self` is the RingtopApp): the actions behind the keys above."""
+
+    overview_nav: OverviewNav
+
+    def overview_allowed(self, action: str) -> bool | None:
+        """Only on the Overview of a large run; Enter only on the node rows, Escape only where there
+        is something to leave."""
+        if action not in OVERVIEW_ACTIONS:
+            return True
+        nav, ranks = self.overview_nav, len(self.view.ranks)
+        if self.active_tab != "overview" or not nav.scaled(ranks):
+            return False
+        if action == "overview_open":
+            return nav.level(ranks) == "nodes"
+        if action == "overview_back":
+            return bool(nav.filter) or nav.host is not None
+        return True
+
+    def overview_system_commands(self) -> Iterable[SystemCommand]:
+        for k in OVERVIEW_KEYS:
+            if k.title and self.overview_allowed(k.action.partition("(")[0]):
+                key = "/" if k.key == "slash" else k.key
+                yield SystemCommand(f"{k.title}  ({key})", k.help, getattr(self, f"action_{k.action}"))
+
+    def action_overview_open(self) -> None:
+        key = self.overview_cursor_key
+        if key and key.startswith("n"):
+            self.overview_nav.open(key[1:])
+            self.overview_changed()
+
+    def action_overview_back(self) -> None:
+        if self.overview_nav.back():
+            self.overview_changed()
+
+    def action_overview_sort(self) -> None:
+        self.overview_nav.next_sort(len(self.view.ranks))  # the table's caption says by what
+        self.overview_changed()
+
+    def action_overview_filter(self) -> None:
+        if isinstance(self.screen, FilterPrompt):
+            return
+        self.push_screen(FilterPrompt(self.overview_nav.filter), callback=self._on_filter)
+
+    def _on_filter(self, text: str | None) -> None:
+        if text is not None:
+            self.overview_nav.set_filter(text)
+            self.overview_changed()
+
+    def action_overview_move(self, delta: int) -> None:
+        self.overview_nav.move(delta)
+        self.overview_changed()
+
+    def action_overview_page(self, pages: int) -> None:
+        self.overview_nav.page(pages, max(1, self.overview_page_rows))
+        self.overview_changed()
+
+    def action_overview_end(self, end: int) -> None:
+        self.overview_nav.to_end(bool(end))
+        self.overview_changed()
