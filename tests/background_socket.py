@@ -4,7 +4,20 @@ from __future__ import annotations
 
 import threading
 
+import zmq
+
 from ringtop.protocol import free_tcp_port
+from ringtop.protocol.curve import secure_client
+
+
+def subscriber(address: str, keys) -> zmq.Socket:
+    """A SUB to everything at `address`, as a UI subscribes (`keys`: the run's client keys, or None)."""
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    secure_client(sub, keys)
+    sub.connect(address)
+    return sub
 
 
 class BackgroundSocket:

@@ -13,6 +13,7 @@ import time
 import msgspec
 import pytest
 import zmq
+from background_socket import subscriber
 from conftest import poll_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -189,15 +190,6 @@ def test_the_live_control_server_answers_every_hostile_frame_and_keeps_serving(g
     assert sum(codes.values()) == len(frames)
     assert codes.get("malformed", 0) > 0 and codes.get("oversize", 0) > 0, codes
     assert "internal" not in codes and server.faults.count == 0, "every frame met a specific check"
-
-
-def subscriber(address: str, keys) -> zmq.Socket:
-    sub = zmq.Context.instance().socket(zmq.SUB)
-    sub.setsockopt(zmq.LINGER, 0)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    secure_client(sub, keys)
-    sub.connect(address)
-    return sub
 
 
 def received(sock: zmq.Socket, quiet_ms: int = 300) -> list[list[bytes]]:

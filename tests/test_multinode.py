@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import zmq
+from background_socket import subscriber
 from conftest import TESTS_DIR, agent_env, poll_until, stop_process_group
 
 from ringtop.agent.distributed import first_host, slurm_environment
@@ -39,15 +40,6 @@ pytestmark = pytest.mark.timeout(120)
 RELAY_PORT = 5556
 
 NODE_RANKS = (2, 3)
-
-
-def subscriber(address: str, keys) -> zmq.Socket:
-    sub = zmq.Context.instance().socket(zmq.SUB)
-    sub.setsockopt(zmq.LINGER, 0)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    secure_client(sub, keys)
-    sub.connect(address)
-    return sub
 
 
 def framed(msg) -> list[bytes]:
