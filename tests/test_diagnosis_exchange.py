@@ -46,13 +46,12 @@ def test_out_of_range_and_hostile_values_land_in_the_end_buckets():
 
 
 WINDOWS = {  # rank -> (step, data, blocked, busy, bytes, reserved, retries): rank 2 computes 4x the
-    # others (a straggler), rank 1 loads input 30 % of its step, rank 3 retried cudaMalloc
-    0: (201.0, 1.0, 150.0, 150.0, 4e6, 1e9, 0.0),
+    # others (a straggler), rank 1 loads input 30 % of its step, rank 0 retried cudaMalloc
+    0: (201.0, 1.0, 150.0, 150.0, 4e6, 1e9, 2.0),
     1: (201.0, 60.0, 90.0, 150.0, 4e6, 1e9, 0.0),
     2: (201.0, 1.0, 0.0, 150.0, 4e6, 1e9, 0.0),
-    3: (201.0, 1.0, 150.0, 150.0, 4e6, 1e9, 2.0),
 }
-RUN = dict(strategy="ddp", world_size=4, param_count=1_000_000, device_capacity_bytes=80e9)
+RUN = dict(strategy="ddp", world_size=3, param_count=1_000_000, device_capacity_bytes=80e9)
 
 EXCHANGE = textwrap.dedent("""
     import datetime, json, sys
@@ -77,16 +76,16 @@ EXCHANGE = textwrap.dedent("""
 
 
 @pytest.mark.timeout(120)
-def test_four_gloo_ranks_reach_the_exact_rules_verdicts_from_sketches(tmp_path):
+def test_three_gloo_ranks_reach_the_exact_rules_verdicts_from_sketches(tmp_path):
     script = tmp_path / "exchange.py"
     script.write_text(EXCHANGE)
-    results = run_worker_script(script, [json.dumps(WINDOWS), json.dumps(RUN)], tmp_path, nproc=4, timeout_s=100)
+    results = run_worker_script(script, [json.dumps(WINDOWS), json.dumps(RUN)], tmp_path, nproc=3, timeout_s=100)
     exact = diagnose([RankWindow(r, *w) for r, w in WINDOWS.items()], RunContext(**RUN))
     got = results[0]["verdicts"]
     assert sorted((rule, rank) for rule, rank, _ in got) == sorted((v.rule, v.rank) for v in exact) == \
-        [("input_stall", 1), ("memory_pressure", 3), ("straggler", 2)]
+        [("input_stall", 1), ("memory_pressure", 0), ("straggler", 2)]
     straggler = next(e for rule, _, e in got if rule == "straggler")
     assert straggler["compute_ms"] == 200.0, "the straggler's own window travels exactly"
-    assert straggler["others_compute_ms"] == pytest.approx(50.0, rel=HALF_WIDTH), "the others' median, sketched"
+    assert straggler["others_compute_ms"] == pytest.approx(50.5, rel=HALF_WIDTH), "the others' median, sketched"
     assert all(r["verdicts"] == [] for r in results[1:]), "only rank 0 reads the rules"
     assert len({r["bytes"] for r in results}) == 1, "every rank sends the same, whatever its rank"
