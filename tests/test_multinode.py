@@ -39,6 +39,13 @@ pytestmark = pytest.mark.timeout(120)
 
 RELAY_PORT = 5556
 
+ALL_VARIANTS = os.environ.get("RINGTOP_MULTINODE_ALL") == "1"
+"""The suite runs one two-node run (static rendezvous) and the in-process relay tests; the other
+namespace runs (Slurm's environment, a cut link, a node relay's death, the loopback refusal, c10d)
+take a minute more on two cores: RINGTOP_MULTINODE_ALL=1 runs them too."""
+more_nodes = pytest.mark.skipif(not ALL_VARIANTS, reason="a further two-node run: RINGTOP_MULTINODE_ALL=1")
+
+
 NODE_RANKS = (2, 3)
 
 
@@ -389,19 +396,18 @@ def run_on_two_nodes(nodes: list[Node], tmp_path: Path, during=None, relay_link:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("rendezvous", ["static", "slurm"])
+@pytest.mark.parametrize("rendezvous", ["static", pytest.param("slurm", marks=more_nodes)])
 def test_two_nodes_under_torchrun_reach_the_ui_on_the_head_through_a_node_relay(two_namespaces, tmp_path,
                                                                                 rendezvous):
     """Static rendezvous and Slurm's environment take different paths into the agent; c10d reaches
-    it with the same variables as static (set RINGTOP_MULTINODE_C10D=1 to run it too)."""
+    it with the same variables as static."""
     seen = run_on_two_nodes(two_namespaces, tmp_path, rendezvous=rendezvous)
     assert not seen["relay_events"], "the node relay never lost the head"
     assert seen["status"]["lost_messages"] == 0, "no message of any rank was lost on the way"
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.skipif(os.environ.get("RINGTOP_MULTINODE_C10D") != "1",
-                    reason="c10d gives the agent the variables static does (RINGTOP_MULTINODE_C10D=1 runs it)")
+@more_nodes
 def test_two_nodes_under_c10d_rendezvous(two_namespaces, tmp_path):
     seen = run_on_two_nodes(two_namespaces, tmp_path, rendezvous="c10d")
     assert not seen["relay_events"] and seen["status"]["lost_messages"] == 0
@@ -412,6 +418,7 @@ def relay_events(log: Path) -> list[Event]:
 
 
 @pytest.mark.timeout(300)
+@more_nodes
 def test_a_node_relay_cut_off_from_the_head_leaves_training_alone_and_resumes(two_namespaces, tmp_path):
     """The link telemetry takes goes down for a while (gloo's is another): node B's relay loses the
     head, training goes on, forwarding resumes when the link is back."""
@@ -439,6 +446,7 @@ def test_a_node_relay_cut_off_from_the_head_leaves_training_alone_and_resumes(tw
 
 
 @pytest.mark.timeout(300)
+@more_nodes
 def test_a_node_relay_that_dies_is_started_again_in_its_place_and_training_goes_on(two_namespaces, tmp_path):
     seen = run_on_two_nodes(two_namespaces, tmp_path, outage=True, agent_args=("--inject-node-relay-death", "5"))
     assert [(e["rank"], e["state"]) for e in seen["relay_events"]] == [(2, "restarted")], seen["relay_events"]
@@ -462,6 +470,7 @@ def test_slurm_tasks_get_torchs_variables_and_nothing_else_does():
 
 
 @pytest.mark.timeout(300)
+@more_nodes
 def test_a_run_on_two_nodes_with_a_loopback_relay_is_refused_on_every_rank_with_the_reason(two_namespaces,
                                                                                            tmp_path):
     head, _ = two_namespaces
