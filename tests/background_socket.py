@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import threading
 
 import zmq
@@ -20,7 +21,7 @@ def subscriber(address: str, keys) -> zmq.Socket:
     return sub
 
 
-class BackgroundSocket:
+class BackgroundSocket(abc.ABC):
     """Subclasses bind `self.address` in `_run`, set `self.bound`, and serve until `self.stop`."""
 
     def __init__(self) -> None:
@@ -38,5 +39,6 @@ class BackgroundSocket:
         self.stop.set()
         self.thread.join(5)
 
+    @abc.abstractmethod
     def _run(self) -> None:
-        raise NotImplementedError
+        """Bind, set `self.bound`, serve until `self.stop` is set."""

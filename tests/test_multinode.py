@@ -428,8 +428,12 @@ def test_a_node_relay_cut_off_from_the_head_leaves_training_alone_and_resumes(tw
     def outage(tmp_path: Path) -> None:
         _ip("-n", other.namespace, "link", "set", other.relay_interface, "down")
         try:
-            poll_until(lambda: relay_events(log), 60, "rank 2's node relay losing the head")
-            time.sleep(1.0)  # steps go on meanwhile, queued at the node relay
+            lost = poll_until(lambda: relay_events(log), 60, "rank 2's node relay losing the head")[0]
+
+            def trained_on_for_a_second() -> bool:  # steps go on meanwhile, queued at the node relay
+                steps = [m.ts for m in read_log(log) if isinstance(m, Step)]
+                return bool(steps) and steps[-1] - lost.ts >= 1.0
+            poll_until(trained_on_for_a_second, 60, "rank 2 training on for a second without the head")
         finally:
             _ip("-n", other.namespace, "link", "set", other.relay_interface, "up")
     seen = run_on_two_nodes(two_namespaces, tmp_path, during=outage, relay_link=True)
