@@ -63,7 +63,7 @@ async def test_comm_tab_per_kind_rows_bandwidth_overlap_and_prediction():
         # no link peak known: the highest busbw seen is the reference
         label = static_text(app, "#comm-chart-label")
         assert label.startswith("busbw 2.50 GB/s") and "peak unknown (max seen 2.50)" in label
-        assert app.query_one("#comm-spark").data == [2.5, 2.5, 2.5]
+        assert list(app.query_one("#comm-spark").data) == [2.5, 2.5, 2.5]
         exposed = static_text(app, "#comm-exposed")
         # exposed 3 of 100 ms = 3.0 %; idle (5 + 3) / 100 = 8.0 %
         assert "exposed comm 3.0 % of step" in exposed and "overlap 40 %" in exposed and "idle 8.0 %" in exposed

@@ -7,10 +7,11 @@ from dataclasses import dataclass
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, VerticalScroll
-from textual.widgets import DataTable, Sparkline, Static
+from textual.widgets import DataTable, Static
 
 from ..tables import Column
 from .drawing import Drawn, TableWidth
+from .spark import Spark
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class CommPanel(TableWidth, VerticalScroll):
         yield DataTable(id="comm-kinds", cursor_type="none", zebra_stripes=True)
         with Horizontal(classes="comm-chart"):
             yield Static(id="comm-chart-label")
-            yield Sparkline([], id="comm-spark")
+            yield Spark(id="comm-spark")
         yield Static(id="comm-exposed")
         yield DataTable(id="comm-ranks", cursor_type="none", zebra_stripes=True)
         yield Static(id="verdicts")
@@ -58,8 +59,7 @@ class CommPanel(TableWidth, VerticalScroll):
         d.text(self.query_one("#comm-caption", Static), model.caption)
         d.table(self.query_one("#comm-kinds", DataTable), model.kinds_columns, model.kinds_rows)
         d.text(self.query_one("#comm-chart-label", Static), model.chart_label)
-        if d.changed("chart", model.chart):
-            self.query_one("#comm-spark", Sparkline).data = list(model.chart)
+        self.query_one("#comm-spark", Spark).data = model.chart
         d.text(self.query_one("#comm-exposed", Static), model.exposed)
         d.table(self.query_one("#comm-ranks", DataTable), model.ranks_columns, model.ranks_rows)
         d.text(self.query_one("#verdicts", Static), model.verdicts)

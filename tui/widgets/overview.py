@@ -8,11 +8,12 @@ from dataclasses import dataclass, field
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
-from textual.widgets import DataTable, Sparkline, Static
+from textual.widgets import DataTable, Static
 
 from ..tables import Column
 from .drawing import Drawn, TableWidth
 from .hang import HangBanner
+from .spark import Spark
 
 
 @dataclass(frozen=True)
@@ -27,8 +28,7 @@ class ChartModel:
 
 
 class Chart(Vertical):
-    """A titled sparkline with its y-axis' max and min beside it. One column per step: a series
-    shorter than the width is drawn at its own length (stretched, three steps look like plateaus)."""
+    """A titled sparkline with its y-axis' max and min beside it, one column per step (spark.py)."""
 
     DEFAULT_CSS = """
     Chart { height: 1fr; min-height: 3; margin: 0 1; }
@@ -37,14 +37,13 @@ class Chart(Vertical):
     Chart .chart-axis { width: 9; height: 1fr; }
     Chart .axis-top { height: 1fr; text-align: right; padding: 0 1 0 0; color: $text-muted; }
     Chart .axis-bottom { height: 1; text-align: right; padding: 0 1 0 0; color: $text-muted; }
-    Chart Sparkline { width: 1fr; height: 1fr; }
+    Chart Spark { width: 1fr; height: 1fr; }
     """
 
     def __init__(self, name: str) -> None:
         super().__init__(id=f"{name}-chart")
         self._series = name
         self._drawn = Drawn()
-        self._data: tuple[float, ...] | None = None
 
     def compose(self) -> ComposeResult:
         yield Static(id=f"{self._series}-label", classes="chart-title")
@@ -52,20 +51,13 @@ class Chart(Vertical):
             with Vertical(classes="chart-axis"):
                 yield Static(classes="axis-top")
                 yield Static(classes="axis-bottom")
-            yield Sparkline([], id=f"{self._series}-spark")
+            yield Spark(id=f"{self._series}-spark")
 
     def show(self, model: ChartModel) -> None:
         self._drawn.text(self.query_one(".chart-title", Static), model.title)
         self._drawn.text(self.query_one(".axis-top", Static), Text(model.top))
         self._drawn.text(self.query_one(".axis-bottom", Static), Text(model.bottom))
-        spark = self.query_one(Sparkline)
-        room = max(1, self.content_size.width - 9)
-        width = f"{len(model.data)}" if len(model.data) < room else "1fr"
-        if spark.styles.width is None or str(spark.styles.width) != width:
-            spark.styles.width = width
-        if model.data != self._data:
-            self._data = model.data
-            spark.data = list(model.data)
+        self.query_one(Spark).data = model.data
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,116 @@
+"""A sparkline that costs one segment per run of equal colour, not one per cell.
+
+Textual's Sparkline yields a Segment with its own blended Style for every cell and buckets with
+Fractions; on a 200-column screen its four Overview charts took ~40 ms of every repaint, more than
+the rest of the screen together. This one draws the same bars (the bucket's max, eighth-block
+glyphs, the colour between min and max by the bar's height) with the colour quantised to
+`LEVELS` steps, so that neighbouring columns of similar height share one Segment.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Sequence
+
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.segment import Segment
+from rich.style import Style
+from textual.color import Color
+from textual.widget import Widget
+
+BARS = "▁▂▃▄▅▆▇█"
+LEVELS = 12
+
+
+def columns(data: Sequence[float], width: int) -> list[float]:
+    """One value per column: the max of its bucket (`width` <= the series' length)."""
+    n = len(data)
+    out = []
+    for c in range(width):
+        out.append(max(data[c * n // width:(c + 1) * n // width]))
+    return out
+
+
+class SparkBars:
+    """The renderable: `height` lines of `width` cells. A series shorter than `width` takes one
+    column per value, left-aligned (stretched, three steps would look like plateaus); a longer one
+    is bucketed."""
+
+    def __init__(self, data: Sequence[float], width: int, height: int, min_color: Color, max_color: Color) -> None:
+        self.data = data
+        self.width = max(1, width)
+        self.height = max(1, height)
+        self.styles = [Style(color=min_color.blend(max_color, level / (LEVELS - 1)).rich_color)
+                       for level in range(LEVELS)]
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width, height, styles = self.width, self.height, self.styles
+        if not self.data:  # nothing measured yet: no bars (a baseline would read as zeros)
+            for line in range(height):
+                yield Segment(" " * width)
+                if line < height - 1:
+                    yield Segment.line()
+            return
+        parts = len(BARS) * height - 1
+        if len(self.data) == 1:  # as Textual draws one value: full columns in the max colour
+            ratios, bars = [1.0], [parts + 1]
+        else:
+            values = columns(self.data, min(width, len(self.data)))
+            low = min(self.data)  # the series' own range, as the chart's axis labels give it
+            extent = max(self.data) - low or 1.0
+            ratios = [(v - low) / extent for v in values]
+            bars = [int(r * parts) for r in ratios]
+        tone = [styles[min(LEVELS - 1, int(r * (LEVELS - 1) + 0.5))] for r in ratios]
+        for line in reversed(range(height)):
+            floor, ceiling = line * len(BARS), (line + 1) * len(BARS)
+            run: list[str] = []
+            run_style: Style | None = None
+            for bar, style in zip(bars, tone):
+                if bar < floor:
+                    glyph, style = " ", None
+                elif bar >= ceiling:
+                    glyph = "█"
+                else:
+                    glyph = BARS[bar % len(BARS)]
+                if style is not run_style and run:
+                    yield Segment("".join(run), run_style)
+                    run = []
+                run_style = style
+                run.append(glyph)
+            if run:
+                yield Segment("".join(run), run_style)
+            if len(bars) < width:
+                yield Segment(" " * (width - len(bars)))
+            if line:
+                yield Segment.line()
+
+
+class Spark(Widget):
+    """The widget: set `data`; colours from the same component classes as Textual's Sparkline."""
+
+    COMPONENT_CLASSES: ClassVar[set[str]] = {"sparkline--max-color", "sparkline--min-color"}
+    DEFAULT_CSS = """
+    Spark { height: 1; }
+    Spark > .sparkline--max-color { color: $primary; }
+    Spark > .sparkline--min-color { color: $primary 30%; }
+    """
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._data: tuple[float, ...] = ()
+
+    @property
+    def data(self) -> tuple[float, ...]:
+        return self._data
+
+    @data.setter
+    def data(self, values: Sequence[float]) -> None:
+        values = tuple(values)
+        if values != self._data:
+            self._data = values
+            self.refresh()
+
+    def render(self) -> SparkBars:
+        _, base = self.background_colors
+        return SparkBars(self._data, self.size.width, self.size.height,
+                         base + self.get_component_styles("sparkline--min-color").color,
+                         base + self.get_component_styles("sparkline--max-color").color)
