@@ -316,7 +316,8 @@ class Builders:
         width = table_width or DEFAULT_TABLE_WIDTH
 
         def figures() -> tuple:
-            got = rank_comm(view)
+            held = self._held.get("comm")
+            got = rank_comm(view, previous=held[3][0] if held is not None else None)
             return got, comm_nodes(got), comm_standouts(got, width), slowest_rank(view, compute=compute_times(got))
         figs, nodes, standouts, slow = self._hold("comm", now, (n, width, replay), view.comm_version,
                                                   not replay and n > AGGREGATE_ABOVE, figures)

@@ -39,15 +39,25 @@ class RankComm:
     ended: bool
     live: bool
     """Not ended and with a window: what the slowest rank is chosen among while any is."""
+    source: tuple = ()
+    """What it was read from (the row, its version, its state): unchanged, it is reused."""
 
 
-def rank_comm(view: RunView, window: int = COMM_WINDOW) -> dict[int, RankComm]:
+def rank_comm(view: RunView, window: int = COMM_WINDOW,
+              previous: dict[int, RankComm] | None = None) -> dict[int, RankComm]:
     """Per rank, the figures of `rank_window` that its node row needs, from plain sums: O(window)
-    per rank, the newest steps read from the end of its history."""
+    per rank that moved on since `previous` (the ranks that did not are taken from it), the
+    newest steps read from the end of its history."""
     world = view.facts.world_size
     factors: dict[tuple[str, int], float] = {}
     out = {}
+    previous = previous or {}
     for r in view.ranks.values():
+        source = (id(r), r.version, r.dead, r.ended, world, window)
+        held = previous.get(r.rank)
+        if held is not None and held.source == source:
+            out[r.rank] = held
+            continue
         samples = list(islice(reversed(r.comm_history), window))
         samples.reverse()  # summed oldest first, as rank_window does
         step = data = blocked = busy = nbytes = bus = kind_busy = 0.0
@@ -66,14 +76,14 @@ def rank_comm(view: RunView, window: int = COMM_WINDOW) -> dict[int, RankComm]:
         n = len(samples)
         if not n:
             out[r.rank] = RankComm(r.rank, r.host or UNKNOWN_HOST, *(math.nan,) * 6, dead=r.dead, ended=r.ended,
-                                   live=False)
+                                   live=False, source=source)
             continue
         out[r.rank] = RankComm(
             rank=r.rank, host=r.host or UNKNOWN_HOST, step_ms=step / n,
             compute_ms=compute_ms(step / n, blocked / n, data / n), exposed_ms=blocked / n,
             idle_pct=share_pct(data / n + blocked / n, step / n),
             busbw_gbps=rate_gbps(bus, busy if busy > 0 else kind_busy),
-            bytes_per_step=nbytes / n, dead=r.dead, ended=r.ended, live=not r.ended)
+            bytes_per_step=nbytes / n, dead=r.dead, ended=r.ended, live=not r.ended, source=source)
     return out
 
 
