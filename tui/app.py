@@ -29,7 +29,7 @@ from .connection import TelemetryClient
 from .feeds import Feeds
 from .header_tab import header_model
 from .overview_keys import OVERVIEW_BINDINGS, OverviewKeys
-from .overview_nav import OverviewNav
+from .overview_nav import OverviewNav, comm_nav, memory_nav
 from .replay import ReplayError, load_replay
 from .run_commands import RunCommands
 from .view_model import RunView
@@ -101,11 +101,11 @@ class RingtopApp(Feeds, RunCommands, OverviewKeys, App):
         """The Hang view's selection (its table's cursor): the rank whose stack it shows; None or a
         rank no row holds: the first row's, the first culprit."""
         self.client: TelemetryClient | None = None
-        self.overview_nav = OverviewNav()
-        """A large run's Overview: the node opened, the sort, the filter, the rows on screen."""
-        self.overview_cursor_key: str | None = None
-        """The row under the Overview's cursor as last drawn (what Enter opens)."""
-        self.overview_page_rows = 1
+        self.navs: dict[str, OverviewNav] = {"overview": OverviewNav(), "memory": memory_nav(), "comm": comm_nav()}
+        """Per tab with a large run's table: the node opened, the sort, the filter, the rows on screen."""
+        self.table_cursor_keys: dict[str, str | None] = {}
+        """Per tab, the row under its table's cursor as last drawn (what Enter opens)."""
+        self.table_page_rows: dict[str, int] = {}
         self.builders = Builders()
         self._offered: tuple = ()
 
@@ -168,8 +168,12 @@ class RingtopApp(Feeds, RunCommands, OverviewKeys, App):
         yield from self.overview_system_commands()
         yield from super().get_system_commands(screen)
 
+    @property
+    def overview_nav(self) -> OverviewNav:
+        return self.navs["overview"]
+
     def overview_changed(self) -> None:
-        """A key moved the Overview (a node, the sort, the filter, the cursor): redraw it now."""
+        """A key moved a large run's table (a node, the sort, the filter, the cursor): redraw it now."""
         self.refresh_bindings()
         self.refresh_view()
 
@@ -203,7 +207,9 @@ class RingtopApp(Feeds, RunCommands, OverviewKeys, App):
         now = time.monotonic()
         v, b = self.view, self.builders
         v.tick(now)
-        offered = (v.facts.strategy, self.overview_nav.scaled(len(v.ranks)), self.overview_nav.level(len(v.ranks)))
+        nav = self.navs.get(self.active_tab)
+        offered = (v.facts.strategy, self.active_tab, nav is not None and nav.scaled(len(v.ranks)),
+                   nav is not None and nav.level(len(v.ranks)))
         if offered != self._offered:  # what `check_action` offers changed
             self._offered = offered
             self.refresh_bindings()
@@ -212,18 +218,25 @@ class RingtopApp(Feeds, RunCommands, OverviewKeys, App):
         if tab == "overview":
             panel = self.query_one(OverviewPanel)
             rows, strip = panel.budget(len(v.ranks), 4 if self.query_one(HangBanner).display else 0)
-            model = b.overview(v, now, replay=self.replay, table_width=panel.table_width, nav=self.overview_nav,
+            model = b.overview(v, now, replay=self.replay, table_width=panel.table_width, nav=self.navs[tab],
                                visible_rows=rows, strip_lines=strip)
-            self.overview_cursor_key, self.overview_page_rows = model.cursor_key, rows
+            self.table_cursor_keys[tab], self.table_page_rows[tab] = model.cursor_key, rows
             panel.show(model)
         elif tab == "memory":
             panel = self.query_one(MemoryPanel)
-            panel.show(b.memory(v, panel.table_width))
+            rows = panel.table_rows(panel.TABLE_SHARE)
+            model = b.memory(v, panel.table_width, nav=self.navs[tab], visible_rows=rows, now=now, replay=self.replay)
+            self.table_cursor_keys[tab], self.table_page_rows[tab] = model.cursor_key, rows
+            panel.show(model)
         elif tab == "comm":
             if self.comm_rank is not None and self.comm_rank not in v.ranks:
                 self.comm_rank = None  # a new run
             panel = self.query_one(CommPanel)
-            panel.show(b.comm_tab(v, self.comm_rank, panel.table_width))
+            rows = panel.table_rows(panel.TABLE_SHARE)
+            model = b.comm_tab(v, self.comm_rank, panel.table_width, nav=self.navs[tab], visible_rows=rows, now=now,
+                               replay=self.replay)
+            self.table_cursor_keys[tab], self.table_page_rows[tab] = model.cursor_key, rows
+            panel.show(model)
         elif tab == "pipeline":
             panel = self.query_one(PipelinePanel)
             panel.show(b.pipeline(v, panel.timeline_width or (self.size.width - 2)))

@@ -12,6 +12,9 @@ from rich.text import Text
 from ringtop.metrics import fmt
 
 from .comm import busbw_series, comm_window, peak_ref, slowest_rank
+from .comm_scale import comm_nodes, comm_standouts, compute_times, rank_comm, sort_comm_nodes, sort_comm_ranks
+from .comm_scale import node_cells as comm_node_cells
+from .comm_scale import node_columns as comm_node_columns
 from .comm_tab import (
     busbw_label,
     comm_caption,
@@ -28,9 +31,28 @@ from .hang_tab import GROUP_ABOVE, banner_text, hang_caption, hang_columns, hang
 from .hang_tab import stack_text as hang_stack_text
 from .health import health_line
 from .memory import fit_table
-from .memory_tab import fit_caption, fit_columns, fit_rows, memory_caption, memory_columns, memory_rows, on_gpu
+from .memory_scale import (
+    memory_figures,
+    memory_nodes,
+    memory_standouts,
+    most_memory,
+    sort_memory_nodes,
+    sort_memory_ranks,
+)
+from .memory_scale import node_cells as memory_node_cells
+from .memory_scale import node_columns as memory_node_columns
+from .memory_tab import (
+    bar_scale,
+    fit_caption,
+    fit_columns,
+    fit_rows,
+    memory_caption,
+    memory_columns,
+    memory_rows,
+    on_gpu,
+)
 from .nodes import filter_ranks, node_summaries, rank_figures, sort_nodes, sort_ranks
-from .overview_nav import OverviewNav
+from .overview_nav import OverviewNav, comm_nav, memory_nav
 from .overview_scale import (
     STRIP_MAX_LINES,
     heat_strip,
@@ -70,6 +92,23 @@ from .widgets.overview import ChartModel
 AGGREGATE_ABOVE = 256
 AGGREGATE_EVERY_S = 1.0
 """A live run above AGGREGATE_ABOVE ranks: its node rows, heat strip and outliers at most this often."""
+
+
+def window_rows(nav: OverviewNav, visible: int, items: list, rows_of) -> tuple:
+    """(rows, cursor, cursor key, first row, total) of a large run's table: `items` (its nodes or
+    ranks, sorted) windowed by `nav` to the `visible` rows on screen, and only those built."""
+    total = len(items)
+    first, cur = nav.window(total, visible or total)
+    rows = rows_of(items[first:first + (visible or total)])
+    cursor = cur - first if rows else None
+    return rows, cursor, (rows[cursor][0] if cursor is not None else None), first, total
+
+
+def level_ranks(view: RunView, nav: OverviewNav, level: str, hosts: dict[int, str]) -> list[int]:
+    """The ranks a table lists below the nodes: an opened node's, or those the filter names."""
+    if level == "node":
+        return [r for r, h in hosts.items() if h == nav.host]
+    return filter_ranks(nav.filter, list(view.ranks.values()), view.facts.world_size)
 
 
 class CommFigures:
@@ -114,7 +153,8 @@ class Builders:
         self._event_lines: tuple = ()
         self._hang_key: tuple | None = None
         self._hang: tuple = ((), ())
-        self._aggregate: tuple | None = None
+        self._held: dict[str, tuple] = {}
+        """Per table, (shape, version, when, what its large run's figures were)."""
         self._cells: dict[int, tuple[tuple, dict[str, Text]]] = {}
         """Per rank, (what its cells were built from, the cells)."""
 
@@ -138,24 +178,16 @@ class Builders:
             sort = nav.sort_key(n)
             view.rows()  # the slowest rank, as of now
             if level == "nodes":
-                nodes = sort_nodes(summaries, sort)
-                total = len(nodes)
-                first, cur = nav.window(total, visible_rows or total)
-                shown_nodes = nodes[first:first + (visible_rows or total)]
-                rows = [(f"n{node.host}", node_cells(node, view.slowest_rank)) for node in shown_nodes]
+                rows, cursor, cursor_key, first, total = window_rows(
+                    nav, visible_rows, sort_nodes(summaries, sort),
+                    lambda shown: [(f"n{node.host}", node_cells(node, view.slowest_rank)) for node in shown])
                 node_cols = node_columns(width)
             else:
-                if level == "node":
-                    ranks = [r for r, f in figures.items() if f.host == nav.host]
-                else:
-                    ranks = filter_ranks(nav.filter, list(view.ranks.values()), view.facts.world_size)
-                ranks = sort_ranks(ranks, figures, sort)
-                total = len(ranks)
-                first, cur = nav.window(total, visible_rows or total)
-                shown = [view.ranks[r] for r in ranks[first:first + (visible_rows or total)]]
-                rows = self._rank_rows(view, shown, replay, outlying)
-            cursor = cur - first if rows else None
-            cursor_key = rows[cursor][0] if cursor is not None else None
+                ranks = sort_ranks(level_ranks(view, nav, level, {r: f.host for r, f in figures.items()}),
+                                   figures, sort)
+                rows, cursor, cursor_key, first, total = window_rows(
+                    nav, visible_rows, ranks,
+                    lambda shown: self._rank_rows(view, [view.ranks[r] for r in shown], replay, outlying))
             caption = table_caption(level, nodes=len({f.host for f in figures.values()}), ranks=n, shown=len(rows),
                                     first=first, total=total, sort=sort, host=nav.host, filter_text=nav.filter)
             if not nav.scaled(n):
@@ -186,16 +218,27 @@ class Builders:
         AGGREGATE_ABOVE ranks a live run recomputes them once per AGGREGATE_EVERY_S (a node's
         median needs no 4 Hz), and at once when the ranks, the screen or a hang changed."""
         n = len(view.ranks)
-        key = (n, width, strip_lines, view.versions["hang"], replay)
-        held = self._aggregate
-        if (held is None or held[0] != key or replay or n <= AGGREGATE_ABOVE
-                or not 0 <= now - held[1] < AGGREGATE_EVERY_S):
-            figures = rank_figures(view)
-            found = rank_outliers(figures)
-            held = self._aggregate = (key, now, (figures, found, node_summaries(figures),
-                                                 heat_strip(figures, width, max_lines=strip_lines),
-                                                 standouts_text(figures, found, width)))
-        return held[2]
+        return self._hold("overview", now, (n, width, strip_lines, view.versions["hang"], replay), None,
+                          not replay and n > AGGREGATE_ABOVE, lambda: self._overview_figures(view, width, strip_lines))
+
+    @staticmethod
+    def _overview_figures(view: RunView, width: int, strip_lines: int) -> tuple:
+        figures = rank_figures(view)
+        found = rank_outliers(figures)
+        return (figures, found, node_summaries(figures), heat_strip(figures, width, max_lines=strip_lines),
+                standouts_text(figures, found, width))
+
+    def _hold(self, name: str, now: float, shape: tuple, version: object, throttle: bool, compute) -> Any:
+        """A large table's figures, recomputed when its shape (ranks, width, …) or the view's
+        `version` of them moved on (None: always), but while `throttle` at most once per
+        AGGREGATE_EVERY_S: they are O(ranks), and a node's median needs no 4 Hz."""
+        held = self._held.get(name)
+        if held is not None and held[0] == shape and (
+                (version is not None and held[1] == version) or (throttle and 0 <= now - held[2] < AGGREGATE_EVERY_S)):
+            return held[3]
+        value = compute()
+        self._held[name] = (shape, version, now, value)
+        return value
 
     def _rank_rows(self, view: RunView, rows: list[RankRow], replay: bool,
                    outlying: dict[str, frozenset[int]]) -> list[tuple[str, dict]]:
@@ -215,7 +258,10 @@ class Builders:
             out.append((f"r{row.rank}", hit[1]))
         return out
 
-    def memory(self, view: RunView, table_width: int = 0) -> MemoryModel:
+    def memory(self, view: RunView, table_width: int = 0, *, nav: OverviewNav | None = None, visible_rows: int = 0,
+               now: float = 0.0, replay: bool = True) -> MemoryModel:
+        """The Memory tab. A small run: two rows per rank, as always. More than SCALE_ABOVE ranks:
+        the level `nav` is at (nodes, a node's ranks, the filtered ranks), its `visible_rows` built."""
         f = view.facts
         key = (f.param_count, f.world_size, len(view.ranks), f.dtype, f.optimizer_bytes_per_param, f.strategy,
                tuple(sorted(f.strategy_options.items(), key=str)), f.backend, f.device, f.device_mem_total_bytes,
@@ -225,16 +271,75 @@ class Builders:
             self._fit_key = key
             ft = fit_table(view)
             self._fit = (fit_caption(ft, view), tuple(fit_rows(ft)))
-        return MemoryModel(memory_caption(view), tuple(memory_columns(on_gpu(view), table_width)),
-                           tuple(memory_rows(view)), self._fit[0], tuple(fit_columns(table_width)), self._fit[1])
+        nav, n, gpu = nav or memory_nav(), len(view.ranks), on_gpu(view)
+        fit = (self._fit[0], tuple(fit_columns(table_width)), self._fit[1])
+        if not (nav.scaled(n) or nav.filter or nav.sort is not None):
+            return MemoryModel(memory_caption(view), tuple(memory_columns(gpu, table_width)),
+                               tuple(memory_rows(view)), *fit)
+        width = table_width or DEFAULT_TABLE_WIDTH
 
-    def comm_tab(self, view: RunView, rank: int | None, table_width: int = 0) -> CommModel:
+        def figures() -> tuple:
+            got = memory_figures(view)
+            return got, memory_nodes(got), memory_standouts(got, width), most_memory(got), bar_scale(view), \
+                memory_caption(view)
+        figs, nodes, standouts, most, scale, caption = self._hold(
+            "memory", now, (n, width, gpu, replay), view.versions["ranks"], not replay and n > AGGREGATE_ABOVE, figures)
+        level, sort = nav.level(n), nav.sort_key(n)
+        if level == "nodes":
+            columns = memory_node_columns(gpu, width)
+            rows, cursor, cursor_key, first, total = window_rows(
+                nav, visible_rows, sort_memory_nodes(nodes, sort),
+                lambda shown: [(f"n{node.host}", memory_node_cells(node, most)) for node in shown])
+        else:
+            columns = memory_columns(gpu, table_width)
+            ranks = sort_memory_ranks(level_ranks(view, nav, level, {r: x.host for r, x in figs.items()}), figs, sort)
+            rows, cursor, cursor_key, first, total = window_rows(
+                nav, visible_rows, ranks,
+                lambda shown: memory_rows(view, [view.ranks[r] for r in shown], pred_rows=False, scale=scale))
+        table_cap = table_caption(level, nodes=len(nodes), ranks=n, shown=len(rows), first=first, total=total,
+                                  sort=sort, host=nav.host, filter_text=nav.filter)
+        return MemoryModel(caption, tuple(columns), tuple(rows), *fit, table_caption=table_cap,
+                           standouts=standouts if nav.scaled(n) else Text(""), cursor=cursor, cursor_key=cursor_key)
+
+    def comm_tab(self, view: RunView, rank: int | None, table_width: int = 0, *, nav: OverviewNav | None = None,
+                 visible_rows: int = 0, now: float = 0.0, replay: bool = True) -> CommModel:
+        """The Comm tab. A small run: one row per rank, as always. More than SCALE_ABOVE ranks: one
+        row per node (or a node's ranks, the filtered ranks), each rank's window read once."""
         window, series, ref = self.comm.data(view, rank)
-        slow = self.comm.slowest(view)
+        nav, n = nav or comm_nav(), len(view.ranks)
+        if not (nav.scaled(n) or nav.filter or nav.sort is not None):
+            slow = self.comm.slowest(view)
+            return CommModel(comm_caption(view, window, rank, slowest=slow), tuple(kinds_columns(table_width)),
+                             tuple(kinds_rows(window)), busbw_label(window, ref), tuple(series),
+                             exposed_text(window), tuple(ranks_columns(table_width)),
+                             tuple(ranks_rows(view, rank, slowest=slow)), verdict_panel(view, slowest=slow))
+        width = table_width or DEFAULT_TABLE_WIDTH
+
+        def figures() -> tuple:
+            held = self._held.get("comm")
+            got = rank_comm(view, previous=held[3][0] if held is not None else None)
+            return got, comm_nodes(got), comm_standouts(got, width), slowest_rank(view, compute=compute_times(got))
+        figs, nodes, standouts, slow = self._hold("comm", now, (n, width, replay), view.comm_version,
+                                                  not replay and n > AGGREGATE_ABOVE, figures)
+        level, sort = nav.level(n), nav.sort_key(n)
+        slow_rank = slow.rank if slow is not None else None
+        if level == "nodes":
+            columns = comm_node_columns(width)
+            rows, cursor, cursor_key, first, total = window_rows(
+                nav, visible_rows, sort_comm_nodes(nodes, sort),
+                lambda shown: [(f"n{node.host}", comm_node_cells(node, slow_rank)) for node in shown])
+        else:
+            columns = ranks_columns(table_width)
+            ranks = sort_comm_ranks(level_ranks(view, nav, level, {r: x.host for r, x in figs.items()}), figs, sort)
+            rows, cursor, cursor_key, first, total = window_rows(
+                nav, visible_rows, ranks,
+                lambda shown: ranks_rows(view, rank, slowest=slow, rows=[view.ranks[r] for r in shown]))
+        table_cap = table_caption(level, nodes=len(nodes), ranks=n, shown=len(rows), first=first, total=total,
+                                  sort=sort, host=nav.host, filter_text=nav.filter)
         return CommModel(comm_caption(view, window, rank, slowest=slow), tuple(kinds_columns(table_width)),
                          tuple(kinds_rows(window)), busbw_label(window, ref), tuple(series), exposed_text(window),
-                         tuple(ranks_columns(table_width)), tuple(ranks_rows(view, rank, slowest=slow)),
-                         verdict_panel(view, slowest=slow))
+                         tuple(columns), tuple(rows), verdict_panel(view, slowest=slow), table_caption=table_cap,
+                         standouts=standouts if nav.scaled(n) else Text(""), cursor=cursor, cursor_key=cursor_key)
 
     def pipeline(self, view: RunView, width: int) -> PipelineModel:
         ps = view.pipeline

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from ringtop.metrics import outliers
 from ringtop.metrics.busbw import busbw_factor_or_nan, rate_gbps
@@ -200,12 +200,16 @@ class SlowestRank:
     """The view model's step-time measure for the same rank (NaN when it names another rank)."""
 
 
-def slowest_rank(view: RunView, window: int = COMM_WINDOW) -> SlowestRank | None:
+def slowest_rank(view: RunView, window: int = COMM_WINDOW,
+                 compute: Mapping[int, float] | None = None) -> SlowestRank | None:
     """By compute per step over the window (live ranks; all ranks once every one has ended); None
-    with fewer than two ranks, or when none is `outliers.COMPUTE_NAMED` above the others' median."""
-    rows = [r for r in view.ranks.values() if not r.ended and r.comm_history] or \
-        [r for r in view.ranks.values() if r.comm_history]
-    found = outliers.slowest({r.rank: rank_window(view, r.rank, window).compute_ms for r in rows})
+    with fewer than two ranks, or when none is `outliers.COMPUTE_NAMED` above the others' median.
+    `compute`: those ranks' compute times when the caller has them (a large run's figures)."""
+    if compute is None:
+        rows = [r for r in view.ranks.values() if not r.ended and r.comm_history] or \
+            [r for r in view.ranks.values() if r.comm_history]
+        compute = {r.rank: rank_window(view, r.rank, window).compute_ms for r in rows}
+    found = outliers.slowest(compute)
     if found is None or not found.meets(outliers.COMPUTE_NAMED):
         return None
     step_excess = view.slowest_excess_pct if view.slowest_rank == found.rank else math.nan

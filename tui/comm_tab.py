@@ -14,7 +14,7 @@ from ringtop.metrics.outliers import TABLE_MARK
 from .comm import COMM_WINDOW, CommWindow, KindRow, PeakRef, SlowestRank, comm_window, slowest_rank
 from .memory_tab import delta_text
 from .tables import Column, fit_to_width
-from .view_model import Diagnosis, RunView, VerdictState
+from .view_model import Diagnosis, RankRow, RunView, VerdictState
 
 VERDICT_STYLE = "bold yellow"
 
@@ -210,7 +210,9 @@ def ranks_columns(width: int = 0) -> list[Column]:
 
 
 def ranks_rows(view: RunView, selected: int | None, window: int = COMM_WINDOW,
-               slowest: SlowestRank | None = _UNSET) -> list[tuple[str, dict[str, Text]]]:
+               slowest: SlowestRank | None = _UNSET, rows: list[RankRow] | None = None
+               ) -> list[tuple[str, dict[str, Text]]]:
+    """One row per rank of `rows` (every rank by default; a large run's: those on screen)."""
     out = []
     slowest = slowest_rank(view, window) if slowest is _UNSET else slowest
     slow = slowest.rank if slowest is not None else None
@@ -218,7 +220,7 @@ def ranks_rows(view: RunView, selected: int | None, window: int = COMM_WINDOW,
     for v in view.active_verdicts:
         if v.rank is not None:
             about.setdefault(v.rank, []).append(v.rule)
-    for row in view.rows():
+    for row in view.rows() if rows is None else rows:
         w = comm_window(view, row.rank, window)
         notes: list[tuple[str, str]] = []
         if row.rank in about:

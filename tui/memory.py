@@ -9,6 +9,7 @@ the cost model). When a rank sent none, the UI asks the cost model itself with t
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import socket
@@ -113,6 +114,12 @@ def predicted_state(view: RunView, row: RankRow) -> StatePrediction | None:
     spec, strategy, n = model_spec(view.facts), current_strategy(view.facts), world_size(view)
     if spec is None or strategy is None or n < 1:
         return None
+    return _ui_prediction(strategy, n, spec)
+
+
+@functools.lru_cache(maxsize=16)
+def _ui_prediction(strategy: str, n: int, spec: ModelSpec) -> StatePrediction | None:
+    """The same for every rank of the run: asked once, not once per rank and repaint."""
     try:
         m = memory_per_rank(strategy, n, spec)
     except ValueError:

@@ -15,7 +15,7 @@ from ringtop.metrics import fmt
 
 from .memory import FitTable, StatePrediction, pct_diff, predicted_state
 from .tables import Column, fit_to_width
-from .view_model import RunView
+from .view_model import RankRow, RunView
 
 PART_STYLES = {"params": "cyan", "grads": "magenta", "optim": "yellow", "other": "bright_black"}
 BAR_WIDTH = 12
@@ -127,11 +127,19 @@ def _bar_scale(view: RunView, preds: dict[int, StatePrediction | None], gpu: boo
     return float(biggest)
 
 
-def memory_rows(view: RunView) -> list[tuple[str, dict[str, Text]]]:
+def bar_scale(view: RunView) -> float:
+    """What a full bar stands for: the device's capacity, else the most any rank holds or is predicted."""
+    return _bar_scale(view, {r.rank: predicted_state(view, r) for r in view.ranks.values()}, on_gpu(view))
+
+
+def memory_rows(view: RunView, rows: list[RankRow] | None = None, *, pred_rows: bool = True,
+                scale: float | None = None) -> list[tuple[str, dict[str, Text]]]:
+    """Per rank of `rows` (every rank by default) its measured row, and its predicted row below
+    unless `pred_rows` is False (a large run's ranks: the measured row's % says it)."""
     gpu = on_gpu(view)
-    rows = view.rows()
+    rows = view.rows() if rows is None else rows
     preds = {r.rank: predicted_state(view, r) for r in rows}
-    scale = _bar_scale(view, preds, gpu)
+    scale = _bar_scale(view, preds, gpu) if scale is None else scale
     out: list[tuple[str, dict[str, Text]]] = []
     for r in rows:
         p = preds[r.rank]
@@ -165,7 +173,7 @@ def memory_rows(view: RunView) -> list[tuple[str, dict[str, Text]]]:
             for c in cells.values():
                 c.stylize(dim)
         out.append((f"r{r.rank}", cells))
-        if p is not None:
+        if p is not None and pred_rows:
             plabel = Text(" " * (len(str(r.rank)) + 1))
             plabel.append("pred" if p.source == "agent" else "pred*", style="italic")
             pcells = {

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Mapping
 
 from ringtop.metrics.outliers import median
 from ringtop.metrics.rank_sets import group_members
@@ -17,7 +18,13 @@ from .view_model import RankRow, RunView
 
 SORT_KEYS = ("step", "mem", "idle", "rank")
 """What `o` cycles through: slowest step first, most memory first, most idle first, rank order."""
-SORT_LABELS = {"step": "step time", "mem": "memory", "idle": "idle share", "rank": "rank"}
+MEMORY_SORT_KEYS = ("mem", "state", "rank")
+"""The Memory tab's: most memory (allocated / RSS) first, most state first, rank order."""
+COMM_SORT_KEYS = ("compute", "exposed", "rank")
+"""The Comm tab's: most compute per step (the rank the others wait for) first, most exposed
+communication first, rank order."""
+SORT_LABELS = {"step": "step time", "mem": "memory", "idle": "idle share", "rank": "rank", "state": "state",
+               "compute": "compute", "exposed": "exposed comm"}
 UNKNOWN_HOST = "?"
 
 
@@ -55,6 +62,39 @@ class NodeSummary:
     hung: int
 
 
+@dataclass(frozen=True, slots=True)
+class Spread:
+    """One figure over a node's ranks: what its row shows, and the rank that holds its maximum."""
+
+    min: float
+    median: float
+    max: float
+    worst: int | None
+    """The rank with the largest value (the lower rank on a tie); None when no rank has one."""
+
+
+def spread(values: Mapping[int, float]) -> Spread:
+    """Min / median / max of the finite values, and the rank of the max."""
+    finite = {r: v for r, v in values.items() if math.isfinite(v)}
+    if not finite:
+        return Spread(math.nan, math.nan, math.nan, None)
+    worst = max(finite, key=lambda r: (finite[r], -r))
+    return Spread(min(finite.values()), median(finite.values()), finite[worst], worst)
+
+
+def by_host(hosts: Mapping[int, str]) -> dict[str, list[int]]:
+    """rank -> host folded into host -> its ranks, hosts and ranks in order."""
+    out: dict[str, list[int]] = {}
+    for rank in sorted(hosts):
+        out.setdefault(hosts[rank], []).append(rank)
+    return {h: out[h] for h in sorted(out)}
+
+
+def ranks_by(ranks: list[int], values: Mapping[int, float]) -> list[int]:
+    """Largest value first (NaN last), then rank order."""
+    return sorted(ranks, key=lambda r: (_desc(values.get(r, math.nan)), r))
+
+
 def rank_figures(view: RunView) -> dict[int, RankFigures]:
     verdict = view.hang_verdict()
     culprits = frozenset(verdict.culprits) if verdict is not None else frozenset()
@@ -82,14 +122,10 @@ def node_summaries(figures: dict[int, RankFigures]) -> list[NodeSummary]:
     out = []
     for host in sorted(by_host):
         fs = sorted(by_host[host], key=lambda f: f.rank)
-        times = {f.rank: f.step_ms for f in fs if math.isfinite(f.step_ms)}
-        slow = max(times, key=lambda r: (times[r], -r)) if times else None
+        step = spread({f.rank: f.step_ms for f in fs})
         out.append(NodeSummary(
             host=host, ranks=tuple(f.rank for f in fs),
-            step_min_ms=min(times.values()) if times else math.nan,
-            step_median_ms=median(times.values()),
-            step_max_ms=times[slow] if slow is not None else math.nan,
-            slowest_rank=slow,
+            step_min_ms=step.min, step_median_ms=step.median, step_max_ms=step.max, slowest_rank=step.worst,
             mem_max_bytes=max((f.mem_bytes for f in fs), default=0),
             idle_median_pct=median(_finite(f.idle_pct for f in fs)),
             comm_median_pct=median(_finite(f.comm_pct for f in fs)),

@@ -1,24 +1,29 @@
-"""Where the Overview's user is in a large run: the node opened (if any), the sort, the filter, the
-cursor and the first row on screen. Pure state the keys change and the builder reads; the table
-is built for the rows on screen only, so the window is kept here, not in the DataTable."""
+"""Where the user is in a large run's table (the Overview's, the Memory tab's, the Comm tab's): the
+node opened (if any), the sort, the filter, the cursor and the first row on screen. Pure state the
+keys change and the builders read; a table is built for the rows on screen only, so the window is
+kept here, not in the DataTable. One per tab, each with its own orders (`sort_keys`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .nodes import SORT_KEYS
+from .nodes import COMM_SORT_KEYS, MEMORY_SORT_KEYS, SORT_KEYS
 
 SCALE_ABOVE = 32
-"""More ranks than this: the Overview shows one row per node (a node's ranks on Enter)."""
+"""More ranks than this: the tables show one row per node (a node's ranks on Enter)."""
 
 
 @dataclass
 class OverviewNav:
+    sort_keys: tuple[str, ...] = SORT_KEYS
+    """What `o` cycles through; the first is a large run's order until one is chosen."""
+    small_sort: str = "rank"
+    """A small run's order (its table as always)."""
     host: str | None = None
     """The node whose ranks are shown (Enter on its row); None: the node rows."""
     sort: str | None = None
-    """A SORT_KEYS key; None: the view's own (slowest first for nodes and a node's ranks, rank
-    order for a small run's table)."""
+    """One of `sort_keys`; None: the view's own (the first of `sort_keys` for nodes and a node's
+    ranks, `small_sort` for a small run's table)."""
     filter: str = ""
     """Ranks (`517`, `0-15`) or a host's name, typed after `/`; shows the matching ranks."""
     cursor: int = 0
@@ -38,11 +43,11 @@ class OverviewNav:
     def sort_key(self, ranks: int) -> str:
         if self.sort is not None:
             return self.sort
-        return "step" if self.scaled(ranks) else "rank"
+        return self.sort_keys[0] if self.scaled(ranks) else self.small_sort
 
     def next_sort(self, ranks: int) -> str:
-        keys = SORT_KEYS
-        self.sort = keys[(keys.index(self.sort_key(ranks)) + 1) % len(keys)]
+        keys, now = self.sort_keys, self.sort_key(ranks)
+        self.sort = keys[(keys.index(now) + 1) % len(keys) if now in keys else 0]
         self.cursor = self.offset = 0
         return self.sort
 
@@ -85,3 +90,13 @@ class OverviewNav:
             self.offset = self.cursor - rows + 1
         self.offset = max(0, min(self.offset, total - rows))
         return self.offset, self.cursor
+
+
+def memory_nav() -> OverviewNav:
+    """The Memory tab's: most memory first."""
+    return OverviewNav(sort_keys=MEMORY_SORT_KEYS)
+
+
+def comm_nav() -> OverviewNav:
+    """The Comm tab's: the most compute per step (the rank the others wait for) first."""
+    return OverviewNav(sort_keys=COMM_SORT_KEYS)

@@ -41,15 +41,10 @@ SHARE_FLOOR = Threshold(min_excess_pct=0.0, min_excess=5.0)
 
 
 def node_columns(table_width: int) -> list[Column]:
-    cols = [Column(k, label, w, right) for k, label, w, right, _ in NODE_COLUMNS]
-    kept = fit_to_width(cols, {k: p for k, _, _, _, p in NODE_COLUMNS}, table_width)
-    spare = max(0, table_width - sum(c.width + 2 for c in kept))
-    return [c._replace(width=min(40, c.width + spare)) if c.key == "note" else c for c in kept]
+    return spread_columns(NODE_COLUMNS, table_width)
 
 
 def node_cells(n: NodeSummary, slowest_overall: int | None) -> dict[str, Text]:
-    notes = [f"{count} {what}" for count, what in ((n.dead, "dead"), (n.hung, "hung"), (n.ended, "ended"))
-             if count]
     worst = n.slowest_rank is not None and n.slowest_rank == slowest_overall
     return {
         "node": Text(n.host, style="bold"),
@@ -62,7 +57,7 @@ def node_cells(n: NodeSummary, slowest_overall: int | None) -> dict[str, Text]:
         "mem_max": Text(fmt.nbytes(n.mem_max_bytes) if n.mem_max_bytes else "-"),
         "idle": Text(fmt.num(n.idle_median_pct, 1)),
         "comm": Text(fmt.num(n.comm_median_pct, 1)),
-        "note": Text(" · ".join(notes), style="bold red" if n.dead or n.hung else "dim"),
+        "note": state_note(n.dead, n.ended, n.hung),
     }
 
 
@@ -121,23 +116,33 @@ def standouts_text(figures: dict[int, RankFigures], found: dict[str, list[tuple[
                    width: int = 0) -> Text:
     """`▲ slowest: r517 node-4 130.3 ms +30% · …` and the robust outliers per figure, each line cut
     to `width` here (so the drawing does not depend on when the widget learnt its width)."""
-    t = Text(no_wrap=True, overflow="ellipsis")
     times = {r: f.step_ms for r, f in figures.items()}
     mid = median(v for v in times.values() if math.isfinite(v))
-    top = top_k(times, TOP_K)
-    t.append("▲ slowest: ", style="bold yellow")
+
+    def describe(rank: int, ms: float) -> str:
+        excess = f" {100 * (ms / mid - 1):+.0f}%" if math.isfinite(mid) and mid > 0 else ""
+        return f" {figures[rank].host} {fmt.ms(ms)} ms{excess}"
+    words = {"step_ms": "step time", "mem": "memory", "idle_pct": "idle"}
+    return standouts("slowest", top_k(times, TOP_K), describe, "no steps yet",
+                     [(words[k], v) for k, v in found.items()], width)
+
+
+def standouts(title: str, top: list[tuple[int, float]], describe, none: str,
+              found: list[tuple[str, list[tuple[int, float]]]], width: int = 0) -> Text:
+    """Two lines any tab's large table has below it: `▲ TITLE: rN <describe(N, value)> · …` for its
+    top-k ranks, and the robust outliers per figure (`found`: (word, [(rank, z)])), cut to `width`."""
+    t = Text(no_wrap=True, overflow="ellipsis")
+    t.append(f"▲ {title}: ", style="bold yellow")
     if not top:
-        t.append("no steps yet", style="dim")
-    for i, (rank, ms) in enumerate(top):
+        t.append(none, style="dim")
+    for i, (rank, value) in enumerate(top):
         if i:
             t.append(" · ", style="dim")
         t.append(f"r{rank}", style="bold")
-        excess = f" {100 * (ms / mid - 1):+.0f}%" if math.isfinite(mid) and mid > 0 else ""
-        t.append(f" {figures[rank].host} {fmt.ms(ms)} ms{excess}")
+        t.append(describe(rank, value))
     t.append("\n")
     t.append(f"◆ outliers (robust z ≥ {MAD_Z_FLAG:g}): ", style="bold yellow")
-    words = {"step_ms": "step time", "mem": "memory", "idle_pct": "idle"}
-    parts = [(words[k], v) for k, v in found.items() if v]
+    parts = [(word, hits) for word, hits in found if hits]
     if not parts:
         t.append("none", style="dim")
     for i, (word, hits) in enumerate(parts):
@@ -153,6 +158,21 @@ def standouts_text(figures: dict[int, RankFigures], found: dict[str, list[tuple[
             line.truncate(width, overflow="ellipsis")
         t = Text("\n", no_wrap=True).join(lines)
     return t
+
+
+def spread_columns(spec: tuple[tuple[str, str, int, bool, int], ...], table_width: int) -> list[Column]:
+    """A node table's columns from (key, label, width, right-aligned, priority): those that fit,
+    the spare width given to the `note` column."""
+    cols = [Column(k, label, w, right) for k, label, w, right, _ in spec]
+    kept = fit_to_width(cols, {k: p for k, _, _, _, p in spec}, table_width)
+    spare = max(0, table_width - sum(c.width + 2 for c in kept))
+    return [c._replace(width=min(40, c.width + spare)) if c.key == "note" else c for c in kept]
+
+
+def state_note(dead: int, ended: int, hung: int = 0) -> Text:
+    """A node row's note: how many of its ranks are dead, hung, ended."""
+    notes = [f"{count} {what}" for count, what in ((dead, "dead"), (hung, "hung"), (ended, "ended")) if count]
+    return Text(" · ".join(notes), style="bold red" if dead or hung else "dim")
 
 
 def table_caption(level: str, *, nodes: int, ranks: int, shown: int, first: int, total: int, sort: str,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -25,6 +25,14 @@ class CommModel:
     ranks_columns: tuple[Column, ...]
     ranks_rows: tuple
     verdicts: Text
+    table_caption: Text = field(default_factory=Text)
+    """A large run's: where (nodes, a node's ranks, a filter), in what order, which rows; empty hides it."""
+    standouts: Text = field(default_factory=Text)
+    """A large run's slowest ranks and robust outliers; empty hides them."""
+    cursor: int | None = None
+    """The row (of `ranks_rows`) the cursor is on; None: no cursor (a small run's table)."""
+    cursor_key: str | None = None
+    """That row's key (`n<host>` for a node row): what Enter opens."""
 
 
 class CommPanel(TableWidth, VerticalScroll):
@@ -37,8 +45,12 @@ class CommPanel(TableWidth, VerticalScroll):
     CommPanel #comm-spark { width: 1fr; }
     CommPanel #comm-exposed { height: auto; margin: 0 1; }
     CommPanel #comm-ranks { height: auto; max-height: 50%; margin: 1 0 0 0; }
+    CommPanel .scale-line { height: auto; margin: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
+    CommPanel #comm-table-caption { margin: 1 1 0 1; }
     CommPanel #verdicts { height: auto; margin: 1 1 0 1; padding: 0 1; border-left: thick $warning; }
     """
+    TABLE_SHARE = 0.5
+    """Of the panel, what a large run's ranks table may take (its max-height)."""
 
     def __init__(self) -> None:
         super().__init__(id="comm-body")
@@ -51,7 +63,11 @@ class CommPanel(TableWidth, VerticalScroll):
             yield Static(id="comm-chart-label")
             yield Spark(id="comm-spark")
         yield Static(id="comm-exposed")
-        yield DataTable(id="comm-ranks", cursor_type="none", zebra_stripes=True)
+        yield Static(id="comm-table-caption", classes="scale-line")
+        table = DataTable(id="comm-ranks", cursor_type="none", zebra_stripes=True)
+        table.can_focus = False  # the app's keys move through a large run's rows (only those on screen exist)
+        yield table
+        yield Static(id="comm-standouts", classes="scale-line")
         yield Static(id="verdicts")
 
     def show(self, model: CommModel) -> None:
@@ -61,5 +77,9 @@ class CommPanel(TableWidth, VerticalScroll):
         d.text(self.query_one("#comm-chart-label", Static), model.chart_label)
         self.query_one("#comm-spark", Spark).data = model.chart
         d.text(self.query_one("#comm-exposed", Static), model.exposed)
-        d.table(self.query_one("#comm-ranks", DataTable), model.ranks_columns, model.ranks_rows)
+        d.optional_text(self.query_one("#comm-table-caption", Static), model.table_caption)
+        table = self.query_one("#comm-ranks", DataTable)
+        d.table(table, model.ranks_columns, model.ranks_rows)
+        d.cursor(table, model.cursor)
+        d.optional_text(self.query_one("#comm-standouts", Static), model.standouts)
         d.text(self.query_one("#verdicts", Static), model.verdicts)

@@ -40,6 +40,19 @@ class Drawn:
             synced.set_columns(list(columns))
         synced.set_rows(list(rows))
 
+    def cursor(self, widget: DataTable, cursor: int | None) -> None:
+        """A large run's table has a row cursor (the app's keys move it); None: no cursor."""
+        cursor_type = "none" if cursor is None else "row"
+        if widget.cursor_type != cursor_type:
+            widget.cursor_type = cursor_type
+        if cursor is not None and widget.cursor_row != cursor:
+            widget.move_cursor(row=cursor, animate=False)
+
+    def optional_text(self, widget: Static, text: Text) -> None:
+        """A line only some runs have (a large run's caption, its standouts): empty hides it."""
+        widget.display = bool(text.plain)
+        self.text(widget, text)
+
     def changed(self, key: str, value: Any) -> bool:
         """True (and remembered) when `value` differs from the last one given for `key`."""
         if self._shown.get(key) == value:
@@ -50,6 +63,10 @@ class Drawn:
 
 class TableWidth:
     """Mixed into a panel whose tables drop columns to fit (tables.fit_to_width)."""
+
+    def table_rows(self, share: float) -> int:
+        """Rows a large run's table gets when it may take `share` of the panel (its header aside)."""
+        return max(3, int(self.content_size.height * share) - 1)
 
     @property
     def table_width(self) -> int:

@@ -133,16 +133,10 @@ class OverviewPanel(TableWidth, Vertical):
         d.text(self.query_one("#health", Static), model.health)
         for key, text in (("#table-caption", model.caption), ("#heat-strip", model.strip),
                           ("#standouts", model.standouts)):
-            widget = self.query_one(key, Static)
-            widget.display = bool(text.plain)
-            d.text(widget, text)
+            d.optional_text(self.query_one(key, Static), text)
         table = self.query_one("#ranks", DataTable)
         d.table(table, model.columns, model.rows)
-        cursor_type = "none" if model.cursor is None else "row"
-        if table.cursor_type != cursor_type:
-            table.cursor_type = cursor_type
-        if model.cursor is not None and table.cursor_row != model.cursor:
-            table.move_cursor(row=model.cursor, animate=False)
+        d.cursor(table, model.cursor)
         legend = self.query_one("#parts-legend", Static)
         legend.display = bool(model.legend.plain)
         d.text(legend, model.legend)
