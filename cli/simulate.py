@@ -99,6 +99,11 @@ class SimConfig:
     seed: int = 0
     run_id: str = ""
     status_file: str | None = None
+    relay: str = ""
+    publish: str = ""
+    control: str = ""
+    """Where rank 0's relay input, telemetry and control bind; empty: the defaults, each moved to
+    a free port when taken (as `ringtop run` does)."""
 
     def validate(self) -> None:
         if self.ranks < 1:
@@ -194,11 +199,13 @@ class Simulation:
         self.gate = Gatekeeper(keys, on_refusal=lambda text, n: self._rank0_event("warn", "auth", text,
                                                                                   {"refused": n}))
         self.hang_watch = HangWatch(self.cfg.ranks, self._rank0_event)
-        self.relay = Relay(DEFAULT_RELAY_ADDRESS, DEFAULT_PUBLISH_ADDRESS, run_id=self.run_id,
-                           world_size=self.cfg.ranks, gate=self.gate, movable=("relay", "publish"),
+        cfg = self.cfg
+        self.relay = Relay(cfg.relay or DEFAULT_RELAY_ADDRESS, cfg.publish or DEFAULT_PUBLISH_ADDRESS,
+                           run_id=self.run_id, world_size=cfg.ranks, gate=self.gate,
+                           movable=[name for name in ("relay", "publish") if not getattr(cfg, name)],
                            observers=[self.hang_watch.observe])
-        self.control = ControlServer(DEFAULT_CONTROL_ADDRESS, self._snapshot, self._rank0_out.append, gate=self.gate,
-                                     movable=True, immediate={"stacks": self._not_simulated,
+        self.control = ControlServer(cfg.control or DEFAULT_CONTROL_ADDRESS, self._snapshot, self._rank0_out.append,
+                                     gate=self.gate, movable=not cfg.control, immediate={"stacks": self._not_simulated,
                                                               "dump": self._not_simulated})
         self.gate.start()
         self.relay.start()
@@ -490,11 +497,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--status-file", default=None, metavar="FILE",
                         help="rewrite FILE (JSON) at every step: step, messages sent, relay forwarded and dropped "
                              "(for benchmarks)")
+    for flag, what in (("relay", "the ranks publish to"), ("publish", "UIs subscribe to"),
+                       ("control", "UIs send commands to")):
+        parser.add_argument(f"--{flag}", default="", metavar="ADDR",
+                            help=f"the address {what} (default: the run's own default, a free port when taken)")
 
 
 def config_from(args: argparse.Namespace) -> SimConfig:
     return SimConfig(ranks=args.ranks, nodes=args.nodes, hz=args.hz, straggler=args.straggler, hang=args.hang,
-                     seconds=args.seconds, seed=args.seed, run_id=args.run_id, status_file=args.status_file)
+                     seconds=args.seconds, seed=args.seed, run_id=args.run_id, status_file=args.status_file,
+                     relay=args.relay, publish=args.publish, control=args.control)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ the simulator wrote, on the relay's publish address."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import statistics
@@ -22,10 +23,16 @@ from ringtop.agent.lifecycle import exit_with_parent
 from ringtop.cli.main import main as ringtop_main
 from ringtop.cli.simulate import STRAGGLER_FACTOR, SimConfig, Simulation
 from ringtop.metrics.hang import diagnose
-from ringtop.protocol import Bye, Heartbeat, Hello, Sample, Stall, Step, connection_file, decode
+from ringtop.protocol import Bye, Heartbeat, Hello, Sample, Stall, Step, connection_file, decode, free_tcp_port
 from ringtop.protocol.curve import secure_client
 
 pytestmark = pytest.mark.timeout(60)
+
+
+def on_own_ports(cfg: SimConfig) -> SimConfig:
+    """Ports picked now: a neighbour's client knocking on a default port is not this run's refusal."""
+    return dataclasses.replace(cfg, **{name: f"tcp://127.0.0.1:{free_tcp_port()}"
+                                       for name in ("relay", "publish", "control")})
 
 
 class Subscriber:
@@ -69,7 +76,7 @@ def simulate(cfg: SimConfig, until=None, timeout_s: float = 30.0):
     stop = threading.Event()
     ready: list = []
     out: dict = {}
-    sim = Simulation(cfg, stop, on_ready=lambda info: ready.append(Subscriber(connection_file.read(
+    sim = Simulation(on_own_ports(cfg), stop, on_ready=lambda info: ready.append(Subscriber(connection_file.read(
         connection_file.file_for(info.run_id)))))
 
     def run() -> None:
@@ -177,7 +184,9 @@ def test_ctrl_c_ends_the_command_with_every_ranks_bye():
     finds it), stopped with Ctrl-C (SIGINT)."""
     runtime = connection_file.runtime_dir()
     existing = set(runtime.glob("run-*.json")) if runtime.exists() else set()
-    proc = subprocess.Popen([sys.executable, "-m", "ringtop.cli.main", "simulate", "--ranks", "4", "--nodes", "2"],
+    ports = [f"--{name}=tcp://127.0.0.1:{free_tcp_port()}" for name in ("relay", "publish", "control")]
+    proc = subprocess.Popen([sys.executable, "-m", "ringtop.cli.main", "simulate", "--ranks", "4", "--nodes", "2",
+                             *ports],
                             stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"),
                             preexec_fn=exit_with_parent)
     sub = None
@@ -186,6 +195,7 @@ def test_ctrl_c_ends_the_command_with_every_ranks_bye():
                           "the simulator's connection file")
         info = poll_until(lambda: _readable(path), 5, "a complete connection file")
         assert info.pid == proc.pid and info.world_size == 4
+        assert [info.relay, info.publish, info.control] == [p.split("=", 1)[1] for p in ports]
         sub = Subscriber(info)
         poll_until(lambda: {m.rank for m in sub.of(Step)} == set(range(4)), 20, "every rank's steps")
         proc.send_signal(signal.SIGINT)
@@ -213,7 +223,7 @@ async def test_the_ui_attaches_with_no_arguments_as_ringtop_ui_does():
     from ringtop.tui.app import RingtopApp
 
     stop = threading.Event()
-    sim = Simulation(SimConfig(ranks=8, nodes=2, hz=10), stop)
+    sim = Simulation(on_own_ports(SimConfig(ranks=8, nodes=2, hz=10)), stop)
     thread = threading.Thread(target=sim.run, daemon=True)
     thread.start()
     try:
