@@ -9,7 +9,8 @@ local rank 0) and never blocks training: it only moves frames between non-blocki
   the secret never leaves this process) admitting the run's rank keys, each connection named after
   its rank; a message must be its sender's and of a rank of this node, as rank 0's relay checks.
 - Upstream it is an XPUB connected to the head with this node's key, which the head lets carry
-  exactly this node's ranks. The head's subscription says it is there; its loss (the connection
+  exactly this node's ranks; what is queued goes in batches (protocol/batch.py), the head's cost
+  being per ZeroMQ message. The head's subscription says it is there; its loss (the connection
   dropped, or ZeroMQ's heartbeats unanswered for a few seconds) is an unsubscription.
 - While the head is away, messages wait in a bounded queue (the oldest dropped and counted as
   lost when it is full), and are sent when it is back, after those sent in the seconds before the

@@ -12,8 +12,9 @@ and dropped, so a forged frame can neither change what UIs show nor be replayed 
 attaches later.
 
 On several nodes a node relay (agent/node_relay.py) forwards its node's ranks through one
-connection; its key may carry exactly those ranks (`carriers`), so a node relay gone bad cannot
-speak for a rank of another node either.
+connection, in batches (protocol/batch.py: its cost here is per ZeroMQ message, and one batch holds
+up to 64), each message in one checked as if it had come alone; its key may carry exactly those
+ranks (`carriers`), so a node relay gone bad cannot speak for a rank of another node either.
 """
 
 from __future__ import annotations
@@ -136,33 +137,38 @@ class Relay(threading.Thread):
             if frames is None:
                 self.dropped += 1
                 continue
-            for i in range(0, len(frames), 2):
-                self._forward(frames[i], frames[i + 1], sender)
+            self._forward(frames, sender)
 
-    def _forward(self, topic: bytes, body: bytes, sender: Collection[int] | None) -> None:
-        msg = real(topic, body, sender, self.run_id, self.world_size)
-        if msg is None:
-            self.dropped += 1
-            return
-        last = self._last_seq.get(msg.rank)
-        if last is not None and msg.seq <= last:
-            if any(sender is carried for carried in self._replaying):
-                self.duplicates += 1  # sent again by a node relay that lost its connection
-                return
-        else:
-            if last is not None:
-                self.gaps += msg.seq - last - 1
-            self._last_seq[msg.rank] = msg.seq
-        if topic.startswith(CACHED_TOPICS):
-            self._cache[topic] = [topic, body]  # one per topic, and topics are bounded by the ranks
-        _send(self._frontend, topic, _SNDMORE)
-        _send(self._frontend, body, 0)
-        self.forwarded += 1
-        for observe in self.observers:
-            try:
-                observe(msg)
-            except Exception as exc:  # an observer's bug must not stop the forwarding
-                self.faults.record(exc)
+    def _forward(self, frames: list[bytes], sender: Collection[int] | None) -> None:
+        """`frames`: topic, message, topic, message... of one sender. One loop, names bound locally:
+        per message this is the relay's whole cost."""
+        front, last_seq, observers = self._frontend, self._last_seq, self.observers
+        run_id, world_size = self.run_id, self.world_size
+        for i in range(0, len(frames), 2):
+            topic, body = frames[i], frames[i + 1]
+            msg = real(topic, body, sender, run_id, world_size)
+            if msg is None:
+                self.dropped += 1
+                continue
+            last = last_seq.get(msg.rank)
+            if last is not None and msg.seq <= last:
+                if any(sender is carried for carried in self._replaying):
+                    self.duplicates += 1  # sent again by a node relay that lost its connection
+                    continue
+            else:
+                if last is not None:
+                    self.gaps += msg.seq - last - 1
+                last_seq[msg.rank] = msg.seq
+            if topic.startswith(CACHED_TOPICS):
+                self._cache[topic] = [topic, body]  # one per topic, and topics are bounded by the ranks
+            _send(front, topic, _SNDMORE)
+            _send(front, body, 0)
+            self.forwarded += 1
+            for observe in observers:
+                try:
+                    observe(msg)
+                except Exception as exc:  # an observer's bug must not stop the forwarding
+                    self.faults.record(exc)
 
     def send_down(self, frame: bytes) -> None:
         """Thread-safe: `frame` goes to every rank's telemetry socket (an XSUB passes a message that
@@ -198,9 +204,6 @@ class Relay(threading.Thread):
             if len(self._carried) < 1 << 16:
                 self._carried[user] = carried
         return carried
-
-    def _real(self, frames: list[bytes], sender: Collection[int] | None = None) -> Message | None:
-        return real_message(frames, sender, self.run_id, self.world_size)
 
     def _handle_subscriptions(self) -> None:
         new_subscriber = False

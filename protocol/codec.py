@@ -52,7 +52,7 @@ def to_json_line(msg: Message) -> bytes:
 
 
 def decode(data: bytes, max_bytes: int = MAX_FRAME_BYTES) -> Message:
-    return _decode(data, max_bytes, _mp_decoder, _mp_header, "MessagePack", _mp_leads_with_v)
+    return _decode(data, max_bytes, _mp_decoder, _mp_header, "MessagePack", _MP_LEAD)
 
 
 def from_json_line(line: bytes | str, max_bytes: int = MAX_FRAME_BYTES) -> Message:
@@ -61,36 +61,30 @@ def from_json_line(line: bytes | str, max_bytes: int = MAX_FRAME_BYTES) -> Messa
     return _decode(line.rstrip(b"\r\n"), max_bytes, _json_decoder, _json_header, "JSON")
 
 
-def _mp_leads_with_v(data: bytes, msg: Message) -> bool:
-    """Whether the key after the tag is `v`, where msgspec writes it (the decode succeeded, so these
-    bytes are the map's first two keys): then `v` is there without a second decode."""
-    return data.startswith(_MP_LEAD[type(msg)], _MP_MAP_HEADER_BYTES.get(data[0], 1))
-
-
-def _decode(data: bytes, max_bytes: int, decoder, header_decoder, fmt: str, leads_with_v=None) -> Message:
+def _decode(data: bytes, max_bytes: int, decoder, header_decoder, fmt: str,
+            leads: dict[type, bytes] | None = None) -> Message:
+    """`leads`: per type, the bytes after the map header that show `v` is there (MessagePack only):
+    the decode succeeded, so they are the map's first two keys, and the header decode is spared."""
     if len(data) > max_bytes:
         raise OversizeError(f"message of {len(data)} bytes exceeds the limit of {max_bytes} bytes")
     try:
-        return _decode_checked(data, decoder, header_decoder, fmt, leads_with_v)
+        try:
+            msg = decoder.decode(data)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise _diagnose(data, exc, header_decoder, fmt) from None
+        for name in _FREE_FORM_FIELDS[type(msg)]:
+            value = getattr(msg, name)
+            if value and _depth(value) > MAX_DEPTH:
+                raise MalformedError(f"`{name}` nested deeper than {MAX_DEPTH} levels")
+        if msg.v != PROTOCOL_VERSION:
+            raise VersionError(f"protocol version {msg.v!r} is not supported (this side speaks {PROTOCOL_VERSION})")
+        if not (leads is not None and data.startswith(leads[type(msg)], _MP_MAP_HEADER_BYTES.get(data[0], 1))) \
+                and header_decoder.decode(data).v is None:
+            # `v` has a default for senders' convenience; a receiver must not take its absence for 1.
+            raise VersionError(f"message has no protocol version `v` (this side speaks {PROTOCOL_VERSION})")
+        return msg
     except RecursionError:  # msgspec stops cleanly at the interpreter's recursion limit, wherever it is
         raise MalformedError(f"message nested deeper than {MAX_DEPTH} levels") from None
-
-
-def _decode_checked(data: bytes, decoder, header_decoder, fmt: str, leads_with_v) -> Message:
-    try:
-        msg = decoder.decode(data)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise _diagnose(data, exc, header_decoder, fmt) from None
-    for name in _FREE_FORM_FIELDS[type(msg)]:
-        value = getattr(msg, name)
-        if value and _depth(value) > MAX_DEPTH:
-            raise MalformedError(f"`{name}` nested deeper than {MAX_DEPTH} levels")
-    if msg.v != PROTOCOL_VERSION:
-        raise VersionError(f"protocol version {msg.v!r} is not supported (this side speaks {PROTOCOL_VERSION})")
-    if not (leads_with_v is not None and leads_with_v(data, msg)) and header_decoder.decode(data).v is None:
-        # `v` has a default for senders' convenience; a receiver must not take its absence for 1.
-        raise VersionError(f"message has no protocol version `v` (this side speaks {PROTOCOL_VERSION})")
-    return msg
 
 
 def _depth(value: Any) -> int:
