@@ -9,7 +9,8 @@ local rank 0) and never blocks training: it only moves frames between non-blocki
   the secret never leaves this process) admitting the run's rank keys, each connection named after
   its rank; a message must be its sender's and of a rank of this node, as rank 0's relay checks.
 - Upstream it is an XPUB connected to the head with this node's key, which the head lets carry
-  exactly this node's ranks. The head's subscription says it is there; its loss (the connection
+  exactly this node's ranks; what is queued goes in batches (protocol/batch.py), the head's cost
+  being per ZeroMQ message. The head's subscription says it is there; its loss (the connection
   dropped, or ZeroMQ's heartbeats unanswered for a few seconds) is an unsubscription.
 - While the head is away, messages wait in a bounded queue (the oldest dropped and counted as
   lost when it is full), and are sent when it is back, after those sent in the seconds before the
@@ -30,7 +31,8 @@ from typing import Callable, Collection
 
 import zmq
 
-from ringtop.protocol import curve
+from ringtop.protocol import MAX_FRAME_BYTES, curve
+from ringtop.protocol.batch import BATCH_MESSAGES, encode_batch
 from ringtop.protocol.curve import RELAY_DOMAIN, ClientKeys, close_monitored, secure_client
 from ringtop.protocol.downlink import MAX_DOWNLINK_BYTES, PREFIX
 from ringtop.protocol.endpoints import spare_port_range
@@ -133,7 +135,7 @@ class NodeRelay(threading.Thread):
         self._up = ctx.socket(zmq.XPUB)
         self._up.setsockopt(zmq.XPUB_NODROP, 1)  # a full pipe says so (zmq.Again) instead of dropping unseen
         self._up.setsockopt(zmq.IMMEDIATE, 1)  # a lost connection ends its pipe: the head's unsubscription says so
-        self._up.setsockopt(zmq.SNDHWM, capacity)
+        self._up.setsockopt(zmq.SNDHWM, max(1, capacity // BATCH_MESSAGES))  # batches: about `capacity` messages
         self._up.setsockopt(zmq.LINGER, 2000)
         self._up.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
         self._up.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
@@ -256,13 +258,26 @@ class NodeRelay(threading.Thread):
         return (rank,) if rank in self.ranks else ()
 
     def _flush(self) -> None:
+        """The queue as batches (protocol/batch.py): the head's cost is per ZeroMQ message."""
         while self._queue:
+            batch = self._next_batch()
             try:
-                self._up.send_multipart(self._queue[0], zmq.NOBLOCK)
+                self._up.send(encode_batch(batch), zmq.NOBLOCK)
             except zmq.Again:
                 return  # the head is slow: the queue holds the rest (and drops its oldest when full)
-            self._sent.append((time.monotonic(), self._queue.popleft()))
-            self.forwarded += 1
+            now = time.monotonic()
+            self._sent.extend((now, self._queue.popleft()) for _ in batch)
+            self.forwarded += len(batch)
+
+    def _next_batch(self) -> list[list[bytes]]:
+        """The oldest queued messages: BATCH_MESSAGES at most, closed once it holds a megabyte."""
+        batch, size = [], 0
+        for frames in self._queue:
+            batch.append(frames)
+            size += len(frames[1])
+            if len(batch) == BATCH_MESSAGES or size >= MAX_FRAME_BYTES:
+                break
+        return batch
 
     def _read_upstream(self) -> None:
         for _ in range(256):

@@ -20,7 +20,13 @@ MAX_DEPTH = 32
 """Deepest nesting of maps and arrays accepted in a message's free-form fields (`args`, `data`,
 `result`, `strategy_options`); ringtop itself sends at most 4."""
 
-_FREE_FORM_FIELDS = ("args", "data", "result", "strategy_options")
+_FREE_FORM_FIELDS = {cls: tuple(n for n in ("args", "data", "result", "strategy_options") if n in cls.__struct_fields__)
+                     for cls in MESSAGE_TYPES.values()}
+"""Per message type, its free-form fields (most types have none: nothing to walk)."""
+_MP_LEAD = {cls: b"\xa4type" + bytes([0xA0 + len(tag)]) + tag.encode() + b"\xa1v" for tag, cls in MESSAGE_TYPES.items()}
+"""Per message type, how msgspec writes its first keys: the tag, then `v` (first of the envelope)."""
+_MP_MAP_HEADER_BYTES = {0xDE: 3, 0xDF: 5}
+"""A map16 or map32 header's length (a fixmap's is 1)."""
 
 _mp_encoder = msgspec.msgpack.Encoder()
 _mp_decoder = msgspec.msgpack.Decoder(Message)
@@ -46,7 +52,7 @@ def to_json_line(msg: Message) -> bytes:
 
 
 def decode(data: bytes, max_bytes: int = MAX_FRAME_BYTES) -> Message:
-    return _decode(data, max_bytes, _mp_decoder, _mp_header, "MessagePack")
+    return _decode(data, max_bytes, _mp_decoder, _mp_header, "MessagePack", _MP_LEAD)
 
 
 def from_json_line(line: bytes | str, max_bytes: int = MAX_FRAME_BYTES) -> Message:
@@ -55,30 +61,30 @@ def from_json_line(line: bytes | str, max_bytes: int = MAX_FRAME_BYTES) -> Messa
     return _decode(line.rstrip(b"\r\n"), max_bytes, _json_decoder, _json_header, "JSON")
 
 
-def _decode(data: bytes, max_bytes: int, decoder, header_decoder, fmt: str) -> Message:
+def _decode(data: bytes, max_bytes: int, decoder, header_decoder, fmt: str,
+            leads: dict[type, bytes] | None = None) -> Message:
+    """`leads`: per type, the bytes after the map header that show `v` is there (MessagePack only):
+    the decode succeeded, so they are the map's first two keys, and the header decode is spared."""
     if len(data) > max_bytes:
         raise OversizeError(f"message of {len(data)} bytes exceeds the limit of {max_bytes} bytes")
     try:
-        return _decode_checked(data, decoder, header_decoder, fmt)
+        try:
+            msg = decoder.decode(data)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise _diagnose(data, exc, header_decoder, fmt) from None
+        for name in _FREE_FORM_FIELDS[type(msg)]:
+            value = getattr(msg, name)
+            if value and _depth(value) > MAX_DEPTH:
+                raise MalformedError(f"`{name}` nested deeper than {MAX_DEPTH} levels")
+        if msg.v != PROTOCOL_VERSION:
+            raise VersionError(f"protocol version {msg.v!r} is not supported (this side speaks {PROTOCOL_VERSION})")
+        if not (leads is not None and data.startswith(leads[type(msg)], _MP_MAP_HEADER_BYTES.get(data[0], 1))) \
+                and header_decoder.decode(data).v is None:
+            # `v` has a default for senders' convenience; a receiver must not take its absence for 1.
+            raise VersionError(f"message has no protocol version `v` (this side speaks {PROTOCOL_VERSION})")
+        return msg
     except RecursionError:  # msgspec stops cleanly at the interpreter's recursion limit, wherever it is
         raise MalformedError(f"message nested deeper than {MAX_DEPTH} levels") from None
-
-
-def _decode_checked(data: bytes, decoder, header_decoder, fmt: str) -> Message:
-    try:
-        msg = decoder.decode(data)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise _diagnose(data, exc, header_decoder, fmt) from None
-    for name in _FREE_FORM_FIELDS:
-        value = getattr(msg, name, None)
-        if value and _depth(value) > MAX_DEPTH:
-            raise MalformedError(f"`{name}` nested deeper than {MAX_DEPTH} levels")
-    if msg.v != PROTOCOL_VERSION:
-        raise VersionError(f"protocol version {msg.v!r} is not supported (this side speaks {PROTOCOL_VERSION})")
-    if header_decoder.decode(data).v is None:
-        # `v` has a default for senders' convenience; a receiver must not take its absence for 1.
-        raise VersionError(f"message has no protocol version `v` (this side speaks {PROTOCOL_VERSION})")
-    return msg
 
 
 def _depth(value: Any) -> int:

@@ -7,6 +7,7 @@ Then two real nodes: network namespaces joined by a veth pair (root only), torch
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shlex
@@ -19,6 +20,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import pytest
 import zmq
 from background_socket import subscriber
@@ -32,6 +34,7 @@ from ringtop.agent.ports import BindError
 from ringtop.agent.relay import Relay
 from ringtop.agent.telemetry import Telemetry
 from ringtop.protocol import Bye, Event, Hello, Step, curve, decode, encode, free_tcp_port, read_log
+from ringtop.protocol.batch import encode_batch
 from ringtop.protocol.curve import secure_client
 from ringtop.protocol.downlink import Downlink, decode_downlink, encode_downlink
 
@@ -228,6 +231,61 @@ def test_a_node_relay_killed_and_started_again_in_its_place_gets_its_ranks_back(
         assert state["head"].relay.gaps == 0 and successor.address == node.address
     finally:
         successor.stop()
+
+
+def test_the_head_checks_each_message_of_a_batch_and_drops_only_what_is_not_real():
+    """A node relay's key sends batches straight to the head: every message in one is checked as if
+    it came alone (a forged one dropped and counted, its neighbours forwarded in order), a batch that
+    is not one is dropped whole, and a batch sent again is counted as duplicates."""
+    keys = curve.generate(world_size=4, node_relays=1)
+    relay_addr, publish_addr = (f"tcp://127.0.0.1:{free_tcp_port()}" for _ in range(2))
+    head = Head(keys, relay_addr, publish_addr)
+    ui = Seen(subscriber(publish_addr, keys.client))
+    node = zmq.Context.instance().socket(zmq.PUB)
+    node.setsockopt(zmq.LINGER, 0)
+    secure_client(node, keys.for_node(0))
+    node.connect(relay_addr)
+    seqs = itertools.count(1)
+
+    def step(rank: int, seq: int) -> Step:
+        return Step(rank=rank, seq=seq, step=seq, loss=1.0, step_ms=1.0)
+
+    def probe() -> bool:  # PUB/SUB drop what precedes the subscriptions: send until one lands
+        node.send(encode_batch([framed(step(2, next(seqs)))]))
+        return bool(ui.steps(2))
+    try:
+        poll_until(probe, 30, "a batch through the head to the UI")
+        s = next(seqs) + 1_000  # past every probe
+
+        def after_probes() -> list:
+            return [m for m in ui.read() if m.seq >= s]
+        dropped, duplicates = head.relay.dropped, head.relay.duplicates
+        batch = [framed(step(2, s)),
+                 framed(step(0, s)),  # a rank the node relay does not carry
+                 framed(step(3, s)),
+                 [b"step.2", b"\xc1"],  # not a message
+                 [b"bye.3", encode(step(3, s + 1))],  # the topic is not its own
+                 framed(Hello(run_id="another", world_size=4, rank=3)),
+                 framed(step(2, s + 1))]
+        node.send(encode_batch(batch))
+        poll_until(lambda: step(2, s + 1) in after_probes(), 30, "the batch's last real message at the UI")
+        assert after_probes() == [step(2, s), step(3, s), step(2, s + 1)]
+        assert head.relay.dropped == dropped + 4
+        gaps = head.relay.gaps
+
+        for not_a_batch in ([b"\xc1"], [msgspec.msgpack.encode([b"step.2"])], [msgspec.msgpack.encode([1, 2])],
+                            [b"step.2", encode(step(2, s + 2)), b"extra"]):
+            node.send_multipart(not_a_batch)
+        node.send(encode_batch(batch))  # again, as a node relay that lost the head sends again
+        node.send(encode_batch([framed(step(2, s + 3))]))
+        poll_until(lambda: step(2, s + 3) in after_probes(), 30, "the batch after the bad ones")
+        assert after_probes()[3:] == [step(2, s + 3)]
+        assert head.relay.dropped == dropped + 4 + 4 + 4 and head.relay.duplicates == duplicates + 3
+        assert head.relay.gaps == gaps + 1 and head.relay.faults.count == 0  # rank 2's s + 2 never came
+    finally:
+        node.close()
+        ui.sock.close()
+        head.stop()
 
 
 def test_a_full_queue_while_the_head_is_away_counts_what_it_drops(gatekeeper):

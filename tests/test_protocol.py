@@ -59,6 +59,7 @@ from ringtop.protocol import (
     to_json_line,
     validate_command,
 )
+from ringtop.protocol.batch import MAX_BATCH_BYTES, MAX_BATCH_MESSAGES, decode_batch, encode_batch
 from ringtop.protocol.codec import MAX_DEPTH
 from ringtop.protocol.commands import CheckpointArgs, StatusArgs, StopArgs
 from ringtop.protocol.endpoints import is_loopback, with_port
@@ -494,6 +495,25 @@ def test_missing_version_is_rejected():
     err = raises(VersionError, mp(wire), match="version")
     assert "`v`" in err.message
     raises(VersionError, json.dumps(wire), via=from_json_line, match="`v`")
+
+
+@pytest.mark.parametrize("extra", [0, 20])  # a fixmap, a map16
+def test_missing_version_is_rejected_in_msgspecs_key_order_too(extra):
+    """The tag first, then the envelope: the order msgspec writes, where decode looks for `v` at once."""
+    fields = {f"x{i}": i for i in range(extra)}
+    assert decode(mp({"type": "heartbeat", "v": 1, "rank": 1, **fields})) == Heartbeat(rank=1)
+    raises(VersionError, mp({"type": "heartbeat", "rank": 1, **fields}), match="`v`")
+    raises(VersionError, mp({"type": "heartbeat", "x": {"v": 1}, **fields}), match="`v`")
+
+
+def test_a_batch_holds_messages_in_order_and_anything_else_is_no_batch():
+    messages = [[b"step.1", encode(Step(rank=1, step=i, loss=1.0, step_ms=1.0))] for i in range(3)]
+    assert decode_batch(encode_batch(messages)) == [frame for m in messages for frame in m]
+    assert decode_batch(encode_batch([])) == []
+    too_many = [[b"t", b"m"]] * (MAX_BATCH_MESSAGES + 1)
+    for frame in (b"\xc1", mp([b"step.1"]), mp([1, 2]), mp({"a": b"b"}), encode_batch(too_many),
+                  mp([b"t", b"x" * MAX_BATCH_BYTES])):
+        assert decode_batch(frame) is None
 
 
 @pytest.mark.parametrize("type_", ["nope", "STEP", "", 7])
