@@ -13,7 +13,8 @@ from ringtop.tui.view_model import ControlReply, RunningStat, RunView
 def hello(rank, seq=0, ts=1000.0, world_size=2, **kw):
     kw.setdefault("run_id", "run-abc")
     kw.setdefault("pid", 100 + rank)
-    return Hello(rank=rank, seq=seq, ts=ts, world_size=world_size, host=f"node-{rank}",
+    kw.setdefault("host", f"node-{rank}")
+    return Hello(rank=rank, seq=seq, ts=ts, world_size=world_size,
                  backend="gloo", device="cpu", strategy="ddp", model="tiny-gpt", param_count=1_234_567,
                  torch_version="2.13.0", batch_size=8, seq_len=128, steps=100, **kw)
 
@@ -187,9 +188,11 @@ def test_nobody_is_dead_when_the_ui_hears_no_rank_at_all():
 
 
 def test_a_dead_rank_that_speaks_again_is_alive():
+    """Both on one host: a rank alone on its host that falls silent reads as its host cut off, not dead
+    (test_unreachable_node.py)."""
     v = RunView()
     for r in (0, 1):
-        v.apply(hello(r), now=10.0)
+        v.apply(hello(r, host="node-0"), now=10.0)
     v.apply(step(0, 1, seq=1), now=16.0)
     v.tick(16.0)
     assert v.ranks[1].dead

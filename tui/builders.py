@@ -51,11 +51,12 @@ from .memory_tab import (
     memory_rows,
     on_gpu,
 )
-from .nodes import filter_ranks, node_summaries, rank_figures, sort_nodes, sort_ranks
+from .nodes import by_host, filter_ranks, node_summaries, nodes_cut_off, rank_figures, sort_nodes, sort_ranks
 from .overview_nav import OverviewNav, comm_nav, memory_nav
 from .overview_scale import (
     STRIP_MAX_LINES,
     heat_strip,
+    hosts_caption,
     node_cells,
     node_columns,
     rank_outliers,
@@ -172,6 +173,9 @@ class Builders:
         node_cols = None
         if not windowed:
             rows = self._rank_rows(view, view.rows(), replay, outlying_cells(view))
+            hosts = by_host({r.rank: r.host for r in view.ranks.values() if r.host})
+            if len(hosts) > 1:
+                caption = hosts_caption(hosts, {node.host for node in nodes_cut_off(view)})
         else:
             figures, found, summaries, strip, standouts = self._aggregates(view, now, width, strip_lines, replay)
             outlying = {column: frozenset(r for r, _ in hits) for column, hits in found.items()}
@@ -250,7 +254,8 @@ class Builders:
         for row in rows:
             quiet = row.dead or (not replay and not row.ended and row.silent_s > view.stale_after_s)
             key = (id(row), row.version, row.dead, row.ended, fmt.ago(row.silent_s) if quiet else "",
-                   row.slowest and f"{excess:.0f}", tuple(row.rank in ranks for ranks in outlying.values()),
+                   quiet and row.host in view.cut_off_hosts, row.slowest and f"{excess:.0f}",
+                   tuple(row.rank in ranks for ranks in outlying.values()),
                    tuple(outlying), kinds, replay)
             hit = self._cells.get(row.rank)
             if hit is None or hit[0] != key:

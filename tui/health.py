@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from rich.text import Text
 
 from ringtop.metrics.outliers import NAMED
+from ringtop.metrics.rank_sets import ranks_text
 
 from .hang_tab import health_words
+from .nodes import nodes_cut_off
 from .view_model import RunView
 
 STALL_FLOOR_S = 10.0
@@ -77,6 +79,12 @@ def health_line(view: RunView, now: float) -> Text:
     dead = sorted(r.rank for r in view.ranks.values() if r.dead)
     if dead:
         problems.append(("bold red", f"✖ rank{'s' if len(dead) > 1 else ''} {_ranks(dead)} dead"))
+    cut_off = nodes_cut_off(view)
+    for node in cut_off[:3]:
+        problems.append(("bold red", f"✖ node {node.host} unreachable: {ranks_text(node.ranks)} silent "
+                                     f"{node.silent_s:.0f} s (its node relay or the link to it; training there "
+                                     "may go on)"))
+    unheard = {r for node in cut_off for r in node.ranks}
     bad = view.nonfinite_ranks
     skipped = view.last_skipped_step
     if bad:
@@ -96,7 +104,7 @@ def health_line(view: RunView, now: float) -> Text:
         problems.append(("bold yellow", f"⚠ loss spike at step {spike.step:,}: {spike.spike.loss:.3g} against a "
                                         f"median {spike.spike.median:.3g} (z {spike.spike.z:.0f})"))
     # ranks without steps, by the UI's clock: said only when no stall report says more
-    for stall in stalled_ranks(view, now)[:3] if verdict is None else []:
+    for stall in [s for s in stalled_ranks(view, now) if s.rank not in unheard][:3] if verdict is None else []:
         last = f"last {stall.step}" if stall.step >= 0 else "none yet"
         if stall.seen_a_step:
             text = f"⏸ rank {stall.rank}: no step for {stall.seconds:.0f} s ({last})"

@@ -43,6 +43,10 @@ class RankFigures:
     ended: bool
     hung: bool
     """It holds the others up: a culprit of the view's hang verdict (metrics/hang.py)."""
+    silent: bool = False
+    """Live, yet nothing of it (not even a heartbeat) arrived for the view's stale_after_s."""
+    cut_off: bool = False
+    """On a host the UI hears nothing from while it hears others (RunView.cut_off_hosts)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +64,35 @@ class NodeSummary:
     dead: int
     ended: int
     hung: int
+    silent: int = 0
+    unreachable: bool = False
+    """Cut off: the UI hears none of its ranks while it hears other nodes'."""
+
+
+@dataclass(frozen=True, slots=True)
+class CutOff:
+    """A node the UI hears nothing from while it hears the others."""
+
+    host: str
+    ranks: tuple[int, ...]
+    silent_s: float
+    """The shortest silence of its ranks: how long at least the node has been cut off."""
+
+
+def is_silent(view: RunView, r: RankRow) -> bool:
+    return view.watch_liveness and not r.ended and not r.dead and r.silent_s > view.stale_after_s
+
+
+def nodes_cut_off(view: RunView) -> list[CutOff]:
+    """The hosts the view found cut off at its last tick (RunView._hosts_cut_off), with their ranks."""
+    if not view.cut_off_hosts:
+        return []
+    hosts: dict[str, list[RankRow]] = {h: [] for h in view.cut_off_hosts}
+    for r in view.ranks.values():
+        if r.host in hosts and not r.ended and not r.dead:
+            hosts[r.host].append(r)
+    return [CutOff(h, tuple(sorted(r.rank for r in rows)), min(r.silent_s for r in rows))
+            for h, rows in sorted(hosts.items()) if rows]
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +139,8 @@ def rank_figures(view: RunView) -> dict[int, RankFigures]:
             step_ms=r.recent_step_ms() if live else math.nan,
             mem_bytes=r.mem_bytes, idle_pct=r.idle_pct if live else math.nan,
             comm_pct=r.comm_share_pct if live else math.nan,
-            dead=r.dead, ended=r.ended, hung=r.rank in culprits)
+            dead=r.dead, ended=r.ended, hung=r.rank in culprits, silent=is_silent(view, r),
+            cut_off=r.host in view.cut_off_hosts)
     return out
 
 
@@ -130,7 +164,7 @@ def node_summaries(figures: dict[int, RankFigures]) -> list[NodeSummary]:
             idle_median_pct=median(_finite(f.idle_pct for f in fs)),
             comm_median_pct=median(_finite(f.comm_pct for f in fs)),
             dead=sum(f.dead for f in fs), ended=sum(f.ended and not f.dead for f in fs),
-            hung=sum(f.hung for f in fs)))
+            hung=sum(f.hung for f in fs), silent=sum(f.silent for f in fs), unreachable=any(f.cut_off for f in fs)))
     return out
 
 

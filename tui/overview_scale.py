@@ -10,6 +10,7 @@ from rich.text import Text
 
 from ringtop.metrics import fmt
 from ringtop.metrics.outliers import MAD_Z_FLAG, Threshold, mad_outliers, median, top_k
+from ringtop.metrics.rank_sets import ranks_text
 
 from .nodes import SORT_LABELS, NodeSummary, RankFigures
 from .tables import Column, fit_to_width
@@ -57,7 +58,7 @@ def node_cells(n: NodeSummary, slowest_overall: int | None) -> dict[str, Text]:
         "mem_max": Text(fmt.nbytes(n.mem_max_bytes) if n.mem_max_bytes else "-"),
         "idle": Text(fmt.num(n.idle_median_pct, 1)),
         "comm": Text(fmt.num(n.comm_median_pct, 1)),
-        "note": state_note(n.dead, n.ended, n.hung),
+        "note": state_note(n.dead, n.ended, n.hung, n.silent, n.unreachable),
     }
 
 
@@ -169,10 +170,27 @@ def spread_columns(spec: tuple[tuple[str, str, int, bool, int], ...], table_widt
     return [c._replace(width=min(40, c.width + spare)) if c.key == "note" else c for c in kept]
 
 
-def state_note(dead: int, ended: int, hung: int = 0) -> Text:
-    """A node row's note: how many of its ranks are dead, hung, ended."""
-    notes = [f"{count} {what}" for count, what in ((dead, "dead"), (hung, "hung"), (ended, "ended")) if count]
-    return Text(" · ".join(notes), style="bold red" if dead or hung else "dim")
+def state_note(dead: int, ended: int, hung: int = 0, silent: int = 0, unreachable: bool = False) -> Text:
+    """A node row's note: unreachable (none of its ranks heard), or how many are dead, hung, silent, ended."""
+    if unreachable:
+        return Text("unreachable", style="bold red")
+    notes = [f"{count} {what}" for count, what in ((dead, "dead"), (hung, "hung"), (silent, "silent"),
+                                                   (ended, "ended")) if count]
+    return Text(" · ".join(notes), style="bold red" if dead or hung else "yellow" if silent else "dim")
+
+
+def hosts_caption(hosts: dict[str, list[int]], cut_off: set[str]) -> Text:
+    """A small run on several nodes: which ranks each holds (its table rows are in rank order)."""
+    t = Text(no_wrap=True, overflow="ellipsis")
+    t.append(f"{len(hosts)} nodes: ", style="bold")
+    for i, (host, ranks) in enumerate(hosts.items()):
+        if i:
+            t.append(" · ", style="dim")
+        t.append(host, style="bold")
+        t.append(f" {ranks_text(ranks)}")
+        if host in cut_off:
+            t.append(" ✖ unreachable", style="bold red")
+    return t
 
 
 def table_caption(level: str, *, nodes: int, ranks: int, shown: int, first: int, total: int, sort: str,

@@ -157,7 +157,9 @@ def row_cells(view: RunView, row: RankRow, replay: bool,
     elif row.ended:
         note, note_style = f"ended: {row.bye_reason}", ("" if row.bye_ok else "red")
     elif not replay and row.silent_s > view.stale_after_s:
-        note, note_style = f"silent {fmt.ago(row.silent_s)}", "yellow"
+        cut_off = row.host in view.cut_off_hosts
+        note = f"{'node unreachable: ' if cut_off else ''}silent {fmt.ago(row.silent_s)}"
+        note_style = "bold red" if cut_off else "yellow"
     elif slow:
         note, note_style = f"slowest +{excess:.0f}%", "bold yellow"
     cells = {

@@ -327,6 +327,8 @@ class RunView:
     def __init__(self, stale_after_s: float = 3.0, history_points: int = HISTORY_POINTS,
                  max_events: int = MAX_EVENTS, watch_liveness: bool = True) -> None:
         self.stale_after_s = stale_after_s
+        self.cut_off_hosts: frozenset[str] = frozenset()
+        """As of the last tick: hosts the UI hears nothing from while it hears others (_hosts_cut_off)."""
         self.watch_liveness = watch_liveness
         """Mark silent ranks dead (live runs; a replay has no clock to be silent against)."""
         self.history_points = history_points
@@ -511,6 +513,7 @@ class RunView:
         """Update connection state (and per-rank silence) as of `now`; returns the state."""
         for row in self.ranks.values():
             row.silent_s = 0.0 if row.last_seen is None or row.ended else max(0.0, now - row.last_seen)
+        self.cut_off_hosts = self._hosts_cut_off()
         if self.watch_liveness:
             self._find_dead(now)
         self._ensure_slowest()
@@ -548,12 +551,29 @@ class RunView:
             return f"rank {first.rank} died at step {first.step} (no message for {DEAD_AFTER_S:.0f} s)"
         return f"rank {first.rank}: {first.bye_reason}"
 
+    def _hosts_cut_off(self) -> frozenset[str]:
+        """Hosts none of whose live ranks was heard for the silence limit while a rank of another
+        host was: their node relay gone or the link to the head cut. Their ranks may well train on,
+        so they are not declared dead; a node that did die leaves its peers waiting in a collective,
+        and the peers' stall reports say so. Only a live view: a replay's arrival times say nothing."""
+        if not self.watch_liveness:
+            return frozenset()
+        limit = min(self.stale_after_s, DEAD_AFTER_S)
+        heard: set[str] = set()
+        quiet: set[str] = set()
+        for r in self.ranks.values():
+            if r.host and not (r.ended or r.dead or r.last_seen is None):
+                (quiet if r.silent_s > limit else heard).add(r.host)
+        return frozenset(quiet - heard) if heard else frozenset()
+
     def _find_dead(self, now: float) -> None:
         heard = [r for r in self.ranks.values() if r.last_seen is not None and now - r.last_seen <= DEAD_AFTER_S]
         others_ended = any(r.ended for r in self.ranks.values())
         for row in self.ranks.values():
             if row.ended or row.dead or row.last_seen is None or now - row.last_seen <= DEAD_AFTER_S:
                 continue
+            if row.host in self.cut_off_hosts:
+                continue  # unreachable, not known dead
             if not heard and not others_ended:
                 continue  # everyone is silent: the UI lost the run, not a rank
             row.dead, row.ended_at = True, row.last_seen
