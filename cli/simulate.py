@@ -170,6 +170,8 @@ class SimResult:
     refused: int
     lost: int = 0
     """Messages the node relays dropped from a full queue (0 unless the head fell far behind)."""
+    gaps: int = 0
+    """Messages the head relay found missing from a rank's `seq` (0 in a correct simulation)."""
     procs: int = 1
 
 
@@ -499,7 +501,7 @@ class Simulation:
             return SimResult(run_id=self.run_id, steps=steps, sent=counts["sent"], send_drops=counts["send_drops"],
                              forwarded=self.relay.forwarded, dropped=self.relay.dropped,
                              seconds=time.monotonic() - started, refused=self.gate.refused, lost=counts["lost"],
-                             procs=procs)
+                             gaps=self.relay.gaps, procs=procs)
         finally:
             for worker in self.workers:
                 worker.close()  # its stdin's end: it stops its node relays and exits
