@@ -99,6 +99,10 @@ WORKER_READY_S = 300.0
 handshakes on a loaded machine)."""
 WORKER_EXIT_S = 15.0
 REPORT_EVERY_S = 0.1
+SWITCH_INTERVAL_S = 0.05
+"""A worker's GIL hand-over interval (Python's default 5 ms): its node relays' and gatekeepers'
+threads, hundreds at thousands of ranks, each forcing the publishing thread to yield at every
+wake-up leave it a fraction of the CPU; they only move a few frames each time."""
 """A worker's counters reach the parent at most this often (and once at the end)."""
 
 
@@ -795,6 +799,7 @@ def worker_main() -> None:
     from ringtop.agent.lifecycle import exit_with_parent
 
     exit_with_parent(signal.SIGKILL)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     out = os.fdopen(os.dup(1), "w")
