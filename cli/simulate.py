@@ -587,6 +587,8 @@ class Simulation:
         slices_per_s = max(1, round(1.0 / slice_s))
         t0 = self._t0
         self._end = t0 + cfg.seconds + 0.5 * period if cfg.seconds else math.inf  # the last step is due at S
+        last_step = math.floor(cfg.seconds * cfg.hz + 0.5) if cfg.seconds else math.inf
+        """No process steps past it, one whose parent's word comes late included."""
         hang_step = math.ceil(HANG_AFTER_S * cfg.hz - 1e-9) if cfg.hang is not None else None
         """The first step not taken: the first due HANG_AFTER_S or more after the start."""
         parts = [[(r, sock) for r, sock in socks.items() if r % slices_per_s == part] for part in range(slices_per_s)]
@@ -597,9 +599,10 @@ class Simulation:
                 self.hung_at = t0 + hang_step * period
                 next_stall = self.hung_at + STALL_THRESHOLD_S
             final = self._final_step()
-            if final is not None and (self.step >= final or self.hung_at is not None):
+            if final is not None and (self.step >= min(final, last_step) or self.hung_at is not None):
                 break
-            next_step_at = math.inf if self.hung_at is not None else t0 + (self.step + 1) * period
+            done = self.hung_at is not None or self.step >= last_step
+            next_step_at = math.inf if done else t0 + (self.step + 1) * period
             next_slice_at = t0 + (tick + 1) * slice_s
             now = time.monotonic()
             if final is None:
@@ -608,7 +611,7 @@ class Simulation:
                     self.stop.wait(wake - now)
                     continue
             self._between(socks)
-            if self.hung_at is None and (now >= next_step_at or final is not None):
+            if not done and (now >= next_step_at or final is not None):
                 step = self.step + 1
                 for rank, sock in socks.items():
                     self._send(sock, rank, self._step(rank, step))
