@@ -16,7 +16,7 @@ table drawn once from `--seed`, indexed by (rank, step), so the messages do not 
 
 With `--procs 1` (or `--nodes 1`) one process holds the relay and all N ranks, each straight
 to the head relay (one GIL): at thousands of ranks on a small machine the simulator and its relay,
-not the UI, set the pace. With `--nodes M --procs P` (P > 1, the default on several nodes) the
+not the UI, set the pace. With `--nodes M --procs P` (P > 1; the default is 1 for now) the
 run takes the real multi-node path and spreads over P processes: node 0's ranks stay in this one,
 publishing to the head relay as node 0's ranks do in a real run, and nodes 1..M-1 go to P - 1
 worker processes, each node with a real `NodeRelay` (its node key `RunKeys.for_node`, and the head
@@ -130,8 +130,9 @@ class SimConfig:
     a free port when taken (as `ringtop run` does)."""
     procs: int | None = None
     """Processes the run spreads over, this one included: 1 holds every rank here, straight to the
-    head relay; P > 1 puts nodes 1..M-1, each with its node relay, in P - 1 workers. None: one
-    worker per CPU, at most one per node (`processes`)."""
+    head relay; P > 1 puts nodes 1..M-1, each with its node relay, in P - 1 workers. None: 1 for
+    now: on the 2-vCPU VM a worker's hundreds of node relay and gatekeeper threads (each relay its
+    own) cost more than the processes gain (benchmarks/README.md, UI at scale)."""
 
     def validate(self) -> None:
         if self.ranks < 1:
@@ -152,9 +153,7 @@ class SimConfig:
 
     @property
     def processes(self) -> int:
-        if self.procs is not None:
-            return self.procs
-        return min(self.nodes, (os.cpu_count() or 1) + 1)
+        return self.procs if self.procs is not None else 1
 
 
 @dataclass
@@ -831,8 +830,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default %(default)s)")
     parser.add_argument("--procs", type=int, default=None, metavar="P",
                         help="processes the run spreads over, this one included: nodes 1..M-1, each with a real "
-                             "node relay, go to P-1 workers (default: one worker per CPU, at most one per node; "
-                             "1: every rank in this process, straight to the head relay)")
+                             "node relay, go to P-1 workers (default 1: every rank in this process, straight to the "
+                             "head relay)")
     parser.add_argument("--hz", type=float, default=10.0, help="steps per second, all ranks together "
                         "(default %(default)s)")
     parser.add_argument("--straggler", type=int, default=None, metavar="R", help="rank R's steps take 1.3x longer")
