@@ -106,6 +106,8 @@ def test_a_cpu_run_shows_tflops_and_no_mfu_unless_it_has_a_peak():
 def test_the_tflops_and_mfu_columns_go_by_width_priority_before_the_essential_ones():
     keys = [c.key for c in overview_columns([], 0, 160, peak_known=True)]
     assert keys.index("tflops") + 1 == keys.index("mfu")
-    narrow = [c.key for c in overview_columns([], 0, 90, peak_known=True)]
+    middle = [c.key for c in overview_columns([], 0, 118, peak_known=True)]
+    assert "tflops" not in middle and "mfu" in middle  # TFLOP/s goes first, MFU says more
+    narrow = [c.key for c in overview_columns([], 0, 70, peak_known=True)]
     assert "mfu" not in narrow and "tflops" not in narrow
     assert {"rank", "step_ms", "idle_pct", "note"} <= set(narrow)

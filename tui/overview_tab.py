@@ -49,7 +49,7 @@ RANK_COLUMNS: tuple[RankColumn, ...] = (
     RankColumn("loss", "loss", 6, 3),
     RankColumn("breakdown", "step parts", BREAKDOWN_WIDTH, 8, numeric=False),
     RankColumn("tok_s", "tok/s", 6, 10),
-    RankColumn("tflops", "TFLOP/s", 7, 7),
+    RankColumn("tflops", "TFLOP/s", 7, 13),
     RankColumn("mfu", "MFU", 6, 7),
     RankColumn("mem", "mem", 10, 4),
     RankColumn("comm_mb_s", "comm MB/s", 9, 5),
