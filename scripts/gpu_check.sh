@@ -8,7 +8,8 @@
 # agent runs), and on NCCL the hang tools: a rank hung at a step is reported by its stall watch,
 # `ctl stacks` answers without the training thread, `ctl dump` writes the collective ledger and
 # PyTorch's NCCL Flight Recorder buffer (read back with fr_trace's loader), `ctl stop` ends the stuck
-# run. On a machine without a GPU it says so and exits 0.
+# run; per agent run the device's NVML name, its dense peak from metrics/peaks.py, TFLOP/s and
+# MFU. On a machine without a GPU it says so and exits 0.
 set -u
 cd "$(dirname "$0")/.."
 out_dir=${OUT:-.}
@@ -63,6 +64,10 @@ print(f"steps={len(steps)} last: step_ms={s.step_ms:.2f} fwd={s.forward_ms:.2f} 
 print(f"cuda allocated={s.mem.cuda_allocated_bytes} reserved={s.mem.cuda_reserved_bytes} peak={s.mem.cuda_peak_bytes} "
       f"params={s.mem.params_bytes} grads={s.mem.grads_bytes} optim={s.mem.optimizer_bytes}")
 print(f"comm={[(c.kind, c.count, c.bytes) for c in s.comm]}")
+from ringtop.metrics.flops import mfu
+print(f"accelerator={hello.accelerator!r} peak={hello.peak_tflops} TFLOP/s ({hello.peak_source or 'unknown'}) "
+      f"flops/token={hello.flops_per_token:.3g} ({hello.flops_source}) last tflops={s.tflops:.2f} "
+      f"mfu={mfu(s.tflops, hello.peak_tflops)}")
 # collective time from the CUDA-event path (steps resolve a step or two late: the host runs ahead)
 tail = steps[-10:]
 mean = lambda xs: sum(xs) / max(len(xs), 1)  # noqa: E731
