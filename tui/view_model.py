@@ -18,7 +18,7 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from ringtop.metrics.goodput import Goodput
 from ringtop.metrics.hang import HangVerdict, diagnose
@@ -108,15 +108,20 @@ class RunningStat:
         if not math.isfinite(value):
             return
         weight = fallback_weight
-        if ts is not None and self._last_ts is not None and ts > self._last_ts:
-            weight = ts - self._last_ts
         if ts is not None:
-            self._last_ts = ts if self._last_ts is None else max(ts, self._last_ts)
-        if not (weight > 0 and math.isfinite(weight)):
+            last = self._last_ts
+            if last is None:
+                self._last_ts = ts
+            elif ts > last:
+                weight = ts - last
+                self._last_ts = ts
+        if not 0.0 < weight < math.inf:
             weight = 1.0
         self.count += 1
-        self.min = min(self.min, value)
-        self.max = max(self.max, value)
+        if value < self.min:
+            self.min = value
+        if value > self.max:
+            self.max = value
         self.last = value
         self._wsum += value * weight
         self._w += weight
@@ -200,27 +205,16 @@ class RankRow:
     mem_cuda_reserved_bytes: int = 0
     mem_cuda_peak_bytes: int = 0
     device_mem_total_bytes: int = 0
-    # communication in the latest step
-    comm_bytes: int = 0
-    comm_mb_s: float = math.nan
-    """Sum of CommStat.bytes in the step / step time, in MB/s (1 MB = 1e6 bytes)."""
-    comm_share_pct: float = math.nan
-    """comm_blocked_ms / step_ms, in percent."""
+    # communication in the latest step (the per-step shares and rates are derived: properties below)
     comm_busy_ms: float = 0.0
     """Wall time with a collective in flight in the latest step (Step.comm_busy_ms)."""
-    idle_pct: float = math.nan
-    """idle_ms / step_ms, in percent: the share of the step this rank waited on input or on exposed
-    communication, or in a pipeline on its stage's bubble. From Step.idle_ms when the
-    agent sends it (> 0), else (data_ms + comm_blocked_ms) / step_ms."""
     idle_ms: float = 0.0
     """Step.idle_ms of the latest step (0 when the agent does not send it)."""
     idle_reported: bool = False
     """Whether the latest step carried Step.idle_ms (> 0); False: idle % is data + exposed comm."""
     comm: list = field(default_factory=list)
-    comm_kind_bytes: dict[str, int] = field(default_factory=dict)
-    """Per collective kind, payload bytes in the latest step."""
-    comm_kind_mb_s: dict[str, float] = field(default_factory=dict)
-    """Per collective kind, bytes in the latest step / step time, in MB/s (sums to comm_mb_s)."""
+    """The latest step's CommStats: the message's own list, not a copy (a message is not changed
+    once folded in)."""
     prediction: Prediction | None = None
     """The cost model's figures for this rank, from its Hello (None when the agent sent none)."""
     # host / device samples
@@ -265,7 +259,8 @@ class RankRow:
     step_ms_history: deque = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
     loss_history: deque = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
     comm_history: deque = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
-    """This rank's `CommStep` per step, oldest first (for the Comm tab's window and chart)."""
+    """This rank's timed Steps, oldest first (for the Comm tab's window and chart): the messages
+    themselves; `reducers.comm.rank_step` makes a CommStep of one when a window reads it."""
 
     @property
     def drops(self) -> int:
@@ -277,6 +272,48 @@ class RankRow:
         also covers the time before; the larger of the two is the best single figure.
         """
         return max(self.agent_drops, self.seq_lost)
+
+    # Derived from the latest step's fields when a screen reads them, not at every message: at 1024
+    # ranks x 10 Hz the fold runs 10k times a second, the repaint reads the rows it shows 4 times.
+
+    @property
+    def comm_bytes(self) -> int:
+        """Sum of CommStat.bytes in the latest step."""
+        return sum(c.bytes for c in self.comm)
+
+    @property
+    def comm_kind_bytes(self) -> dict[str, int]:
+        """Per collective kind, payload bytes in the latest step."""
+        kinds: dict[str, int] = {}
+        for c in self.comm:
+            kinds[c.kind] = kinds.get(c.kind, 0) + c.bytes
+        return kinds
+
+    @property
+    def comm_mb_s(self) -> float:
+        """comm_bytes / step time, in MB/s (1 MB = 1e6 bytes); NaN without a step time."""
+        return self.comm_bytes / (self.step_ms / 1000.0) / 1e6 if self.step_ms > 0 else math.nan
+
+    @property
+    def comm_kind_mb_s(self) -> dict[str, float]:
+        """Per collective kind, bytes in the latest step / step time, in MB/s (sums to comm_mb_s)."""
+        if not self.step_ms > 0:
+            return dict.fromkeys(self.comm_kind_bytes, math.nan)
+        step_s = self.step_ms / 1000.0
+        return {k: b / step_s / 1e6 for k, b in self.comm_kind_bytes.items()}
+
+    @property
+    def comm_share_pct(self) -> float:
+        """comm_blocked_ms / step_ms, in percent."""
+        return share_pct(self.comm_blocked_ms, self.step_ms)
+
+    @property
+    def idle_pct(self) -> float:
+        """idle_ms / step_ms, in percent: the share of the step this rank waited on input or on exposed
+        communication, or in a pipeline on its stage's bubble. From Step.idle_ms when the
+        agent sends it (> 0), else (data_ms + comm_blocked_ms) / step_ms."""
+        idle = self.idle_ms if self.idle_reported else self.data_ms + self.comm_blocked_ms
+        return share_pct(idle, self.step_ms)
 
     @property
     def mem_bytes(self) -> int:
@@ -383,23 +420,56 @@ class RunView:
     def apply(self, msg: Any, now: float | None = None) -> None:
         """Fold one message into the view: any `ringtop.protocol` message, or a `ControlReply`
         (a reply from the UI's own control socket). `now`: the caller's monotonic clock."""
+        parts = self._fold(msg, time.monotonic() if now is None else now)
+        if parts:
+            self._move_on(parts)
+
+    def apply_batch(self, msgs: Iterable[Any], now: float | None = None,
+                    on_error: Callable[[Any, Exception], None] | None = None) -> None:
+        """Fold messages in as `apply` does each, the parts' versions moved on once for the batch
+        (a screen reads them only between batches). `on_error(msg, exc)`: a message whose fold
+        raised (its parts are not moved on for it); without it the exception propagates."""
         now = time.monotonic() if now is None else now
+        moved: set[tuple[str, ...]] = set()
+        last: tuple[str, ...] | None = None
+        fold = self._fold
+        for m in msgs:
+            try:
+                parts = fold(m, now)
+            except Exception as exc:
+                if on_error is None:
+                    raise
+                on_error(m, exc)
+                continue
+            if parts is not last and parts:
+                moved.add(parts)
+                last = parts
+        for parts in moved:
+            self._move_on(parts)
+
+    def _move_on(self, parts: tuple[str, ...]) -> None:
+        versions = self.versions
+        for p in parts:
+            versions[p] += 1
+
+    def _fold(self, msg: Any, now: float) -> tuple[str, ...] | None:
+        """`apply` without moving the versions on: the parts that may have changed (None: none)."""
         self.messages_total += 1
         route = ROUTES.get(type(msg))
         if route is None:
             self.goodput.add(msg)  # a Stall counts there; a Command (another client's, echoed) does not
-            return
+            return None
         self._last_rx = now
         handler, parts, per_rank = route
         if per_rank:
             row = self._sender(msg, now)
             if row is None:
-                return
+                return None
             handler(self, row, msg, now)
         else:
             handler(self, msg, now)
         self.goodput.add(msg)  # after the handler: a new run's Hello has reset the view
-        self.versions.update(parts)
+        return parts
 
     def _sender(self, msg: Any, now: float) -> RankRow | None:
         """The row of the rank that sent `msg` (made on its first message), with its liveness
@@ -480,9 +550,7 @@ class RunView:
             self.event_log.add(msg.level, msg.rank, self._event_text(msg), msg.ts, kind=msg.kind)
 
     def apply_many(self, msgs: Iterable[Any], now: float | None = None) -> None:
-        now = time.monotonic() if now is None else now
-        for m in msgs:
-            self.apply(m, now)
+        self.apply_batch(msgs, now)
 
     def note_rejected(self, error_text: str, now: float | None = None) -> None:
         """A telemetry frame that did not decode: counted, and reported (rate-limited) as an event."""
@@ -865,10 +933,13 @@ class RunView:
         row.step_seen = now
         if self.hang.stalled and self.hang.on_step(msg.rank, msg.step):
             self.versions["hang"] += 1
-        loss = math.nan if msg.loss is None else msg.loss  # null: the loss was not finite
-        row.step = max(row.step, msg.step)
+        loss = msg.loss
+        if loss is None:
+            loss = math.nan  # null: the loss was not finite
+        if msg.step > row.step:
+            row.step = msg.step
         row.loss = loss
-        row.step_ms = msg.step_ms
+        step_ms = row.step_ms = msg.step_ms
         row.data_ms = msg.data_ms
         row.forward_ms = msg.forward_ms
         row.backward_ms = msg.backward_ms
@@ -876,8 +947,9 @@ class RunView:
         row.comm_blocked_ms = msg.comm_blocked_ms
         # Step.idle_ms defaults to 0: an agent that does not send it (older) reads as 0, and a rank
         # never waits exactly 0 ms, so 0 means "not sent" and idle falls back to data + exposed comm.
-        row.idle_reported = math.isfinite(msg.idle_ms) and msg.idle_ms > 0
-        row.idle_ms = msg.idle_ms if row.idle_reported else 0.0
+        idle_ms = msg.idle_ms
+        reported = row.idle_reported = 0.0 < idle_ms < math.inf
+        row.idle_ms = idle_ms if reported else 0.0
         row.tokens_per_s = msg.tokens_per_s
         m = msg.mem
         row.mem_params_bytes = m.params_bytes
@@ -888,36 +960,22 @@ class RunView:
         row.mem_cuda_bytes = m.cuda_allocated_bytes
         row.mem_cuda_reserved_bytes = m.cuda_reserved_bytes
         row.mem_cuda_peak_bytes = m.cuda_peak_bytes
-        row.comm = list(msg.comm)
-        row.comm_bytes = sum(c.bytes for c in msg.comm)
-        kinds: dict[str, int] = {}
-        for c in msg.comm:
-            kinds[c.kind] = kinds.get(c.kind, 0) + c.bytes
-        row.comm_kind_bytes = kinds
+        row.comm = msg.comm
         row.comm_busy_ms = msg.comm_busy_ms
-        if msg.step_ms > 0:
-            step_s = msg.step_ms / 1000.0
-            row.comm_mb_s = row.comm_bytes / step_s / 1e6
-            row.comm_kind_mb_s = {k: b / step_s / 1e6 for k, b in kinds.items()}
-            row.comm_share_pct = share_pct(msg.comm_blocked_ms, msg.step_ms)
-            idle = msg.idle_ms if row.idle_reported else msg.data_ms + msg.comm_blocked_ms
-            row.idle_pct = share_pct(idle, msg.step_ms)
-        else:
-            row.comm_mb_s = math.nan
-            row.comm_kind_mb_s = {k: math.nan for k in kinds}
-            row.comm_share_pct = math.nan
-            row.idle_pct = math.nan
-        own = self.comm_ledger.collect(msg)
-        if own is not None:
-            row.comm_history.append(own)
+        if self.comm_ledger.collect(msg):
+            row.comm_history.append(msg)
         if msg.cpu_percent:
             row.cpu_percent = msg.cpu_percent
-        row.agent_drops = max(row.agent_drops, msg.drops)
-        if math.isfinite(msg.step_ms):
-            row.step_ms_stat.update(msg.step_ms, msg.ts or None, fallback_weight=max(msg.step_ms, 0.0) / 1000.0)
-            row.step_ms_history.append(msg.step_ms)
+        if msg.drops > row.agent_drops:
+            row.agent_drops = msg.drops
+        if math.isfinite(step_ms):
+            row.step_ms_stat.update(step_ms, msg.ts or None, fallback_weight=max(step_ms, 0.0) / 1000.0)
+            row.step_ms_history.append(step_ms)
         row.loss_history.append(loss)
-        row.grad_norm = math.nan if msg.grad_norm is None else msg.grad_norm
+        grad_norm = msg.grad_norm
+        if grad_norm is None:
+            grad_norm = math.nan
+        row.grad_norm = grad_norm
         if msg.skipped and (self.last_skipped_step is None or msg.step > self.last_skipped_step):
             self.last_skipped_step = msg.step  # every rank skips the same step: count it once
             self.skipped_steps += 1
@@ -925,7 +983,7 @@ class RunView:
             first = self.first_nonfinite
             if first is None or (msg.step, msg.rank) < (first.step, first.rank):
                 self.first_nonfinite = NonFinite(step=msg.step, rank=msg.rank)
-        self.step_history.collect(msg.step, msg.rank, msg.step_ms, loss, self._live, row.grad_norm)
+        self.step_history.collect(msg.step, msg.rank, step_ms, loss, self._live, grad_norm)
         self._slowest_dirty = True
 
     def _agent_link_peak(self, gbps: float, source: str) -> None:

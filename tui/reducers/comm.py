@@ -36,14 +36,42 @@ class CommStep:
         self.data_ms += other.data_ms
         self.blocked_ms += other.blocked_ms
         self.busy_ms += other.busy_ms
-        for c in other.kinds.values():
-            self.add_comm(c)
+        kinds = self.kinds
+        for key, c in other.kinds.items():
+            acc = kinds.get(key)
+            if acc is None:
+                acc = kinds[key] = CommStat(kind=c.kind, group_size=c.group_size)
+            acc.add(c)
 
     def add_comm(self, c: CommStat) -> None:
         acc = self.kinds.get((c.kind, c.group_size))
         if acc is None:
             acc = self.kinds[(c.kind, c.group_size)] = CommStat(kind=c.kind, group_size=c.group_size)
         acc.add(c)
+
+
+def timed(msg: Step) -> bool:
+    """A step with a measured time (finite, > 0): only those count in the communication windows."""
+    return 0.0 < msg.step_ms < math.inf
+
+
+def step_times(msg: Step) -> tuple[float, float, float]:
+    """(data_ms, comm_blocked_ms, comm_busy_ms) of a step as the windows sum them: a time that is
+    not finite counts as none (`finite_or_0`)."""
+    data, blocked, busy = msg.data_ms, msg.comm_blocked_ms, msg.comm_busy_ms
+    return (data if type(data) is float and data - data == 0.0 else finite_or_0(data),
+            blocked if type(blocked) is float and blocked - blocked == 0.0 else finite_or_0(blocked),
+            busy if type(busy) is float and busy - busy == 0.0 else finite_or_0(busy))
+
+
+def rank_step(msg: Step) -> CommStep:
+    """One rank's CommStep from its timed Step (`RankRow.comm_history` keeps the Steps themselves;
+    this is built only when a window or chart of that rank is read)."""
+    data, blocked, busy = step_times(msg)
+    cs = CommStep(step=msg.step, ranks=1, step_ms=msg.step_ms, data_ms=data, blocked_ms=blocked, busy_ms=busy)
+    for c in msg.comm:
+        cs.add_comm(c)
+    return cs
 
 
 class CommLedger:
@@ -59,24 +87,36 @@ class CommLedger:
         known = [k for k in COMM_KIND_ORDER if k in self.kinds_seen]
         return known + sorted(self.kinds_seen.difference(COMM_KIND_ORDER))
 
-    def collect(self, msg: Step) -> CommStep | None:
-        """Fold one rank's step in; returns that rank's own CommStep (None for a step without time)."""
-        self.kinds_seen.update(c.kind for c in msg.comm)
-        if not (math.isfinite(msg.step_ms) and msg.step_ms > 0):
-            return None
-        cs = CommStep(step=msg.step, ranks=1, step_ms=msg.step_ms, data_ms=finite_or_0(msg.data_ms),
-                      blocked_ms=finite_or_0(msg.comm_blocked_ms), busy_ms=finite_or_0(msg.comm_busy_ms))
-        for c in msg.comm:
-            cs.add_comm(c)
-        agg = self.steps.get(msg.step)
+    def collect(self, msg: Step) -> bool:
+        """Fold one rank's step into its step number's sums; False for a step without time (then
+        it is no part of any window, `timed`)."""
+        comm = msg.comm
+        seen = self.kinds_seen
+        for c in comm:
+            seen.add(c.kind)
+        if not timed(msg):
+            return False
+        steps = self.steps
+        agg = steps.get(msg.step)
         if agg is None:
-            if len(self.steps) >= self._points and msg.step < min(self.steps):
-                return cs  # older than everything kept
-            agg = self.steps[msg.step] = CommStep(step=msg.step)
-            if len(self.steps) > self._points:
-                del self.steps[min(self.steps)]
-        agg.add(cs)
-        return cs
+            if len(steps) >= self._points and msg.step < min(steps):
+                return True  # older than everything kept
+            agg = steps[msg.step] = CommStep(step=msg.step)
+            if len(steps) > self._points:
+                del steps[min(steps)]
+        data, blocked, busy = step_times(msg)
+        agg.ranks += 1
+        agg.step_ms += msg.step_ms
+        agg.data_ms += data
+        agg.blocked_ms += blocked
+        agg.busy_ms += busy
+        kinds = agg.kinds
+        for c in comm:
+            acc = kinds.get((c.kind, c.group_size))
+            if acc is None:
+                acc = kinds[(c.kind, c.group_size)] = CommStat(kind=c.kind, group_size=c.group_size)
+            acc.add(c)
+        return True
 
     def clear(self) -> None:
         """A new strategy: the window and chart start again, in other collectives."""
