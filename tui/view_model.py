@@ -444,10 +444,10 @@ class RunView:
             if parts is not last and parts:
                 moved.add(parts)
                 last = parts
-        for parts in moved:
-            self._move_on(parts)
+        if moved:
+            self._move_on(set().union(*moved))
 
-    def _move_on(self, parts: tuple[str, ...]) -> None:
+    def _move_on(self, parts: Iterable[str]) -> None:
         versions = self.versions
         for p in parts:
             versions[p] += 1
