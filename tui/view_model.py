@@ -193,28 +193,12 @@ class RankRow:
     backward_ms: float = 0.0
     optimizer_ms: float = 0.0
     comm_blocked_ms: float = 0.0
-    grad_norm: float = math.nan
-    """Step.grad_norm of the latest step: global, before clipping; NaN when not finite or not sent."""
-    tokens_per_s: float = 0.0
-    # memory, bytes
-    mem_params_bytes: int = 0
-    mem_grads_bytes: int = 0
-    mem_optimizer_bytes: int = 0
+    latest: Step | None = None
+    """The latest Step folded in (the last to arrive): the figures only a Step carries are read
+    from it (properties below), not copied at every message."""
     mem_rss_bytes: int = 0
-    mem_cuda_bytes: int = 0
-    mem_cuda_reserved_bytes: int = 0
-    mem_cuda_peak_bytes: int = 0
+    """From the latest Step or Sample that carried one."""
     device_mem_total_bytes: int = 0
-    # communication in the latest step (the per-step shares and rates are derived: properties below)
-    comm_busy_ms: float = 0.0
-    """Wall time with a collective in flight in the latest step (Step.comm_busy_ms)."""
-    idle_ms: float = 0.0
-    """Step.idle_ms of the latest step (0 when the agent does not send it)."""
-    idle_reported: bool = False
-    """Whether the latest step carried Step.idle_ms (> 0); False: idle % is data + exposed comm."""
-    comm: list = field(default_factory=list)
-    """The latest step's CommStats: the message's own list, not a copy (a message is not changed
-    once folded in)."""
     prediction: Prediction | None = None
     """The cost model's figures for this rank, from its Hello (None when the agent sent none)."""
     # host / device samples
@@ -259,8 +243,8 @@ class RankRow:
     step_ms_history: deque = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
     loss_history: deque = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
     comm_history: deque = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
-    """This rank's timed Steps, oldest first (for the Comm tab's window and chart): the messages
-    themselves; `reducers.comm.rank_step` makes a CommStep of one when a window reads it."""
+    """This rank's timed steps (`reducers.comm.TimedStep`), oldest first (for the Comm tab's window
+    and chart); `reducers.comm.rank_step` makes a CommStep of one when a window reads it."""
 
     @property
     def drops(self) -> int:
@@ -273,8 +257,64 @@ class RankRow:
         """
         return max(self.agent_drops, self.seq_lost)
 
-    # Derived from the latest step's fields when a screen reads them, not at every message: at 1024
-    # ranks x 10 Hz the fold runs 10k times a second, the repaint reads the rows it shows 4 times.
+    # Read from the latest step when a screen reads them, not at every message: at 1024 ranks x
+    # 10 Hz the fold runs 10k times a second, a repaint reads the rows it shows 4 times.
+
+    @property
+    def grad_norm(self) -> float:
+        """Step.grad_norm of the latest step: global, before clipping; NaN when not finite or not sent."""
+        g = None if self.latest is None else self.latest.grad_norm
+        return math.nan if g is None else g
+
+    @property
+    def tokens_per_s(self) -> float:
+        return 0.0 if self.latest is None else self.latest.tokens_per_s
+
+    @property
+    def mem_params_bytes(self) -> int:
+        return 0 if self.latest is None else self.latest.mem.params_bytes
+
+    @property
+    def mem_grads_bytes(self) -> int:
+        return 0 if self.latest is None else self.latest.mem.grads_bytes
+
+    @property
+    def mem_optimizer_bytes(self) -> int:
+        return 0 if self.latest is None else self.latest.mem.optimizer_bytes
+
+    @property
+    def mem_cuda_bytes(self) -> int:
+        return 0 if self.latest is None else self.latest.mem.cuda_allocated_bytes
+
+    @property
+    def mem_cuda_reserved_bytes(self) -> int:
+        return 0 if self.latest is None else self.latest.mem.cuda_reserved_bytes
+
+    @property
+    def mem_cuda_peak_bytes(self) -> int:
+        return 0 if self.latest is None else self.latest.mem.cuda_peak_bytes
+
+    @property
+    def comm(self) -> list:
+        """The latest step's CommStats (the message's own list)."""
+        return [] if self.latest is None else self.latest.comm
+
+    @property
+    def comm_busy_ms(self) -> float:
+        """Wall time with a collective in flight in the latest step (Step.comm_busy_ms)."""
+        return 0.0 if self.latest is None else self.latest.comm_busy_ms
+
+    @property
+    def idle_reported(self) -> bool:
+        """Whether the latest step carried Step.idle_ms (> 0); False: idle % is data + exposed comm.
+        Step.idle_ms defaults to 0: an agent that does not send it (older) reads as 0, and a rank
+        never waits exactly 0 ms, so 0 means "not sent"."""
+        return self.latest is not None and 0.0 < self.latest.idle_ms < math.inf
+
+    @property
+    def idle_ms(self) -> float:
+        """Step.idle_ms of the latest step (0 when the agent does not send it)."""
+        return self.latest.idle_ms if self.idle_reported else 0.0
 
     @property
     def comm_bytes(self) -> int:
@@ -478,11 +518,13 @@ class RunView:
             if isinstance(msg, Event):
                 self.event_log.add(msg.level, None, msg.text or msg.kind, msg.ts, kind=msg.kind)
             return None
-        if msg.rank not in self.ranks and not self._may_add_row(msg.rank):
-            self.note_rejected(f"{msg.__struct_config__.tag} from rank {msg.rank}, outside the run's "
-                               f"{self.facts.world_size or MAX_RANKS_BEFORE_HELLO} ranks", now)
-            return None
-        row = self._row(msg.rank)
+        row = self.ranks.get(msg.rank)
+        if row is None:
+            if not self._may_add_row(msg.rank):
+                self.note_rejected(f"{msg.__struct_config__.tag} from rank {msg.rank}, outside the run's "
+                                   f"{self.facts.world_size or MAX_RANKS_BEFORE_HELLO} ranks", now)
+                return None
+            row = self._row(msg.rank)
         if row.dead:
             row.dead, row.ended_at = False, None
             self._live.add(row.rank)
@@ -493,7 +535,8 @@ class RunView:
         row.last_seen = now
         if row.heard_since is None:
             row.heard_since = now
-        row.last_ts = max(row.last_ts, msg.ts)
+        if msg.ts > row.last_ts:
+            row.last_ts = msg.ts
         if msg.ts > self.latest_ts:
             self.latest_ts = msg.ts
         row.silent_s = 0.0
@@ -945,37 +988,24 @@ class RunView:
         row.backward_ms = msg.backward_ms
         row.optimizer_ms = msg.optimizer_ms
         row.comm_blocked_ms = msg.comm_blocked_ms
-        # Step.idle_ms defaults to 0: an agent that does not send it (older) reads as 0, and a rank
-        # never waits exactly 0 ms, so 0 means "not sent" and idle falls back to data + exposed comm.
-        idle_ms = msg.idle_ms
-        reported = row.idle_reported = 0.0 < idle_ms < math.inf
-        row.idle_ms = idle_ms if reported else 0.0
-        row.tokens_per_s = msg.tokens_per_s
-        m = msg.mem
-        row.mem_params_bytes = m.params_bytes
-        row.mem_grads_bytes = m.grads_bytes
-        row.mem_optimizer_bytes = m.optimizer_bytes
-        if m.rss_bytes:
-            row.mem_rss_bytes = m.rss_bytes
-        row.mem_cuda_bytes = m.cuda_allocated_bytes
-        row.mem_cuda_reserved_bytes = m.cuda_reserved_bytes
-        row.mem_cuda_peak_bytes = m.cuda_peak_bytes
-        row.comm = msg.comm
-        row.comm_busy_ms = msg.comm_busy_ms
-        if self.comm_ledger.collect(msg):
-            row.comm_history.append(msg)
+        row.latest = msg
+        rss = msg.mem.rss_bytes
+        if rss:
+            row.mem_rss_bytes = rss
+        own = self.comm_ledger.collect(msg)
+        if own is not None:
+            row.comm_history.append(own)
         if msg.cpu_percent:
             row.cpu_percent = msg.cpu_percent
         if msg.drops > row.agent_drops:
             row.agent_drops = msg.drops
         if math.isfinite(step_ms):
-            row.step_ms_stat.update(step_ms, msg.ts or None, fallback_weight=max(step_ms, 0.0) / 1000.0)
+            row.step_ms_stat.update(step_ms, msg.ts or None, (step_ms if step_ms > 0.0 else 0.0) / 1000.0)
             row.step_ms_history.append(step_ms)
         row.loss_history.append(loss)
         grad_norm = msg.grad_norm
         if grad_norm is None:
             grad_norm = math.nan
-        row.grad_norm = grad_norm
         if msg.skipped and (self.last_skipped_step is None or msg.step > self.last_skipped_step):
             self.last_skipped_step = msg.step  # every rank skips the same step: count it once
             self.skipped_steps += 1

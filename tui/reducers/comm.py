@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import msgspec
+
 from ringtop.metrics.timing import finite_or_0
 from ringtop.protocol import CommStat, Step
 
@@ -50,12 +52,25 @@ class CommStep:
         acc.add(c)
 
 
+class TimedStep(msgspec.Struct, frozen=True, gc=False):
+    """What a rank's history (`RankRow.comm_history`) keeps of a timed Step: its communication
+    fields, named as in Step, and the message's own CommStats (a third of a Step's memory, which at
+    1024 ranks x HISTORY_POINTS steps is ~90 MB)."""
+
+    step: int
+    step_ms: float
+    data_ms: float
+    comm_blocked_ms: float
+    comm_busy_ms: float
+    comm: list[CommStat]
+
+
 def timed(msg: Step) -> bool:
     """A step with a measured time (finite, > 0): only those count in the communication windows."""
     return 0.0 < msg.step_ms < math.inf
 
 
-def step_times(msg: Step) -> tuple[float, float, float]:
+def step_times(msg: Step | TimedStep) -> tuple[float, float, float]:
     """(data_ms, comm_blocked_ms, comm_busy_ms) of a step as the windows sum them: a time that is
     not finite counts as none (`finite_or_0`)."""
     data, blocked, busy = msg.data_ms, msg.comm_blocked_ms, msg.comm_busy_ms
@@ -64,9 +79,9 @@ def step_times(msg: Step) -> tuple[float, float, float]:
             busy if type(busy) is float and busy - busy == 0.0 else finite_or_0(busy))
 
 
-def rank_step(msg: Step) -> CommStep:
-    """One rank's CommStep from its timed Step (`RankRow.comm_history` keeps the Steps themselves;
-    this is built only when a window or chart of that rank is read)."""
+def rank_step(msg: Step | TimedStep) -> CommStep:
+    """One rank's CommStep from its timed step, built only when a window or chart of that rank is
+    read."""
     data, blocked, busy = step_times(msg)
     cs = CommStep(step=msg.step, ranks=1, step_ms=msg.step_ms, data_ms=data, blocked_ms=blocked, busy_ms=busy)
     for c in msg.comm:
@@ -87,20 +102,22 @@ class CommLedger:
         known = [k for k in COMM_KIND_ORDER if k in self.kinds_seen]
         return known + sorted(self.kinds_seen.difference(COMM_KIND_ORDER))
 
-    def collect(self, msg: Step) -> bool:
-        """Fold one rank's step into its step number's sums; False for a step without time (then
-        it is no part of any window, `timed`)."""
+    def collect(self, msg: Step) -> TimedStep | None:
+        """Fold one rank's step into its step number's sums; returns what the rank's history keeps
+        of it (None for a step without time: no part of any window, `timed`)."""
         comm = msg.comm
         seen = self.kinds_seen
-        for c in comm:
-            seen.add(c.kind)
         if not timed(msg):
-            return False
+            for c in comm:
+                seen.add(c.kind)
+            return None
+        own = TimedStep(msg.step, msg.step_ms, msg.data_ms, msg.comm_blocked_ms, msg.comm_busy_ms, comm)
         steps = self.steps
         agg = steps.get(msg.step)
         if agg is None:
             if len(steps) >= self._points and msg.step < min(steps):
-                return True  # older than everything kept
+                seen.update(c.kind for c in comm)
+                return own  # older than everything kept
             agg = steps[msg.step] = CommStep(step=msg.step)
             if len(steps) > self._points:
                 del steps[min(steps)]
@@ -112,11 +129,12 @@ class CommLedger:
         agg.busy_ms += busy
         kinds = agg.kinds
         for c in comm:
+            seen.add(c.kind)
             acc = kinds.get((c.kind, c.group_size))
             if acc is None:
                 acc = kinds[(c.kind, c.group_size)] = CommStat(kind=c.kind, group_size=c.group_size)
             acc.add(c)
-        return True
+        return own
 
     def clear(self) -> None:
         """A new strategy: the window and chart start again, in other collectives."""
