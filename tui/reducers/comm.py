@@ -54,8 +54,9 @@ class CommStep:
 
 class TimedStep(msgspec.Struct, frozen=True, gc=False):
     """What a rank's history (`RankRow.comm_history`) keeps of a timed Step: its communication
-    fields, named as in Step, and the message's own CommStats (a third of a Step's memory, which at
-    1024 ranks x HISTORY_POINTS steps is ~90 MB)."""
+    fields, named as in Step, and the message's own CommStats. Whole Steps would hold 2.3x the
+    memory (1024 ranks x 260 steps: 230 MB held by the view, 76 MB with these, 141 with the
+    CommSteps made per message before)."""
 
     step: int
     step_ms: float
