@@ -177,7 +177,7 @@ class NonFinite:
     rank: int
 
 
-@dataclass
+@dataclass(slots=True)
 class RankRow:
     rank: int
     host: str = ""

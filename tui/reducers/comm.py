@@ -116,12 +116,13 @@ class CommLedger:
         steps = self.steps
         agg = steps.get(msg.step)
         if agg is None:
-            if len(steps) >= self._points and msg.step < min(steps):
-                seen.update(c.kind for c in comm)
-                return own  # older than everything kept
+            if len(steps) >= self._points:
+                oldest = min(steps)
+                if msg.step < oldest:
+                    seen.update(c.kind for c in comm)
+                    return own  # older than everything kept
+                del steps[oldest]
             agg = steps[msg.step] = CommStep(step=msg.step)
-            if len(steps) > self._points:
-                del steps[min(steps)]
         data, blocked, busy = step_times(msg)
         agg.ranks += 1
         agg.step_ms += msg.step_ms

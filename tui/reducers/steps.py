@@ -8,6 +8,7 @@ import math
 import statistics
 from collections import deque
 from dataclasses import dataclass
+from itertools import islice
 
 from ringtop.metrics.numerics import SPIKE_WINDOW, Spike, loss_spike
 
@@ -108,7 +109,7 @@ class StepHistory:
             return
         max_rank = max(times, key=times.__getitem__)
         loss = sum(losses) / len(losses) if losses else math.nan
-        recent = [p.loss for p in list(self.points)[-SPIKE_WINDOW:]]
+        recent = [p.loss for p in islice(reversed(self.points), SPIKE_WINDOW)][::-1]
         spike = loss_spike(recent, loss)
         if spike is not None:
             self.last_spike = LossSpike(step, spike)
