@@ -241,6 +241,10 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     link_gbps: Annotated[float, Option(
         TELEMETRY, "the link's peak for the diagnosis: nvlink3|nvlink4|pcie4|pcie5|ib-hdr|ib-ndr or GB/s per "
         "direction", flag="--link", metavar="LINK", parse=_link_peak_gbps, default_text="unknown")] = 0.0
+    peak_tflops: Annotated[float, Option(
+        TELEMETRY, "the device's dense peak TFLOP/s MFU is measured against (a GPU the table does not know, a CPU)",
+        metavar="TFLOPS", ge=0, bound_note="0 = from ringtop's table of known accelerators",
+        default_text="the table's figure for the detected device and dtype; none: MFU n/a")] = 0.0
 
     inject_slow_rank: Annotated[tuple[int, float] | None, Option(
         FAULTS, "rank R computes MS longer every step", metavar="R:MS", parse=_slow_rank, default_text="none")] = None

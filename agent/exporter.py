@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from ringtop.metrics.flops import mfu
 from ringtop.metrics.goodput import CAUSES, Goodput
 from ringtop.protocol import Bye, Event, Hello, MemorySample, Stall, Step
 
@@ -47,8 +48,8 @@ def _finite(x: float) -> float:
 class _Rank:
     """What the exporter knows of one rank: the latest figures and the running totals."""
 
-    __slots__ = ("host", "up", "step", "step_s", "tokens_per_s", "mem", "comm_bytes", "exposed_s",
-                 "last_step_ts", "stalled", "stall_running_s", "stall_seen")
+    __slots__ = ("host", "up", "step", "step_s", "tokens_per_s", "tflops", "peak_tflops", "mem", "comm_bytes",
+                 "exposed_s", "last_step_ts", "stalled", "stall_running_s", "stall_seen")
 
     def __init__(self) -> None:
         self.host = ""
@@ -56,6 +57,9 @@ class _Rank:
         self.step: int | None = None
         self.step_s = 0.0
         self.tokens_per_s = 0.0
+        self.tflops = 0.0
+        self.peak_tflops = 0.0
+        """From the rank's Hello; 0: not known, and no ringtop_mfu_ratio for it."""
         self.mem: MemorySample | None = None
         """The latest step's (the protocol's struct, kept as it came: no copy per message)."""
         self.comm_bytes: dict[str, int] = {}
@@ -103,6 +107,7 @@ class RunMetrics:
     def _on_hello(self, row: _Rank, msg: Hello) -> None:
         row.host = _label(msg.host)
         row.up = True
+        row.peak_tflops = msg.peak_tflops
         if msg.rank == 0:
             self._run = {"run_id": _label(msg.run_id), "strategy": _label(msg.strategy),
                          "world_size": str(msg.world_size)}
@@ -111,6 +116,7 @@ class RunMetrics:
         row.step = msg.step
         row.step_s = msg.step_ms / 1e3
         row.tokens_per_s = msg.tokens_per_s
+        row.tflops = msg.tflops
         row.last_step_ts = msg.ts
         row.mem = msg.mem
         kinds = row.comm_bytes
@@ -161,7 +167,8 @@ class RunMetrics:
             good = self._goodput.result()
             verdicts = len(self._verdicts)
             run = dict(self._run)
-            rows = [(rank, r.host, r.up, r.step, r.step_s, r.tokens_per_s, r.mem, dict(r.comm_bytes),
+            rows = [(rank, r.host, r.up, r.step, r.step_s, r.tokens_per_s, (r.tflops, r.peak_tflops), r.mem,
+                     dict(r.comm_bytes),
                      r.exposed_s, r.last_step_ts, r.stalled,
                      r.stall_running_s + max(0.0, now - r.stall_seen) if r.stalled else 0.0) for rank, r in ranks]
         labels = ["rank", "host"]
@@ -173,6 +180,10 @@ class RunMetrics:
         step = gauge("ringtop_step", "The rank's latest finished optimizer step")
         step_s = gauge("ringtop_step_seconds", "Wall time of the rank's latest step")
         tokens = gauge("ringtop_tokens_per_second", "Tokens per second of the rank's latest step")
+        tflops = gauge("ringtop_tflops", "Achieved model TFLOP/s of the rank's latest step (model FLOPs per token "
+                       "x tokens / step time)")
+        mfu_ratio = gauge("ringtop_mfu_ratio", "The rank's TFLOP/s over its device's dense peak (0..1); only for "
+                          "ranks whose peak is known")
         last = gauge("ringtop_last_step_timestamp_seconds",
                      "Unix time of the rank's latest Step (alert on time() - this)")
         memory = {name: gauge(f"ringtop_memory_{name}_bytes", f"Bytes of {name.replace('_', ' ')} memory the rank "
@@ -183,7 +194,8 @@ class RunMetrics:
                                       "Seconds the rank's training thread was blocked on communication", labels=labels)
         stalled = gauge("ringtop_stalled", "1 while the rank is reported stalled (its step runs far too long)")
         stall_s = gauge("ringtop_stall_seconds", "How long the rank's stalled phase has run; 0 when not stalled")
-        for rank, host, r_up, r_step, r_step_s, r_tokens, r_mem, r_comm, r_exposed, r_last, r_stalled, r_age in rows:
+        for (rank, host, r_up, r_step, r_step_s, r_tokens, (r_tflops, r_peak), r_mem, r_comm, r_exposed, r_last,
+             r_stalled, r_age) in rows:
             key = [str(rank), host]
             up.add_metric(key, 1.0 if r_up else 0.0)
             stalled.add_metric(key, 1.0 if r_stalled else 0.0)
@@ -196,10 +208,16 @@ class RunMetrics:
             step.add_metric(key, float(r_step))
             step_s.add_metric(key, r_step_s)
             tokens.add_metric(key, r_tokens)
+            if r_tflops > 0:  # 0: the rank's FLOPs are not known, not a stopped device
+                tflops.add_metric(key, r_tflops)
+                ratio = mfu(r_tflops, r_peak)
+                if ratio is not None:
+                    mfu_ratio.add_metric(key, ratio)
             last.add_metric(key, r_last)
             for name in MEMORY_FIELDS if r_mem is not None else ():
                 memory[name].add_metric(key, float(getattr(r_mem, f"{name}_bytes")))
-        yield from (up, step, step_s, tokens, last, *memory.values(), comm, exposed, stalled, stall_s)
+        yield from (up, step, step_s, tokens, tflops, mfu_ratio, last, *memory.values(), comm, exposed, stalled,
+                    stall_s)
         yield GaugeMetricFamily("ringtop_verdicts", "Active verdicts of rank 0's diagnosis", value=float(verdicts))
         if run:
             info = GaugeMetricFamily("ringtop_run_info", "The run: id, strategy, world size",

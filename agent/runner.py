@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -20,7 +21,9 @@ import msgspec
 import torch
 import torch.distributed as dist
 
+from ringtop.metrics.flops import achieved_tflops
 from ringtop.metrics.fmt import nbytes
+from ringtop.metrics.peaks import Peak, compute_dtype, resolve_peak
 from ringtop.protocol import (
     Bye,
     Command,
@@ -52,12 +55,13 @@ from .data import synthetic_batches
 from .diagnosis_exchange import Diagnostician
 from .factories import BuildContext, batch_to, batch_tokens, call_model, user_data, user_model
 from .faults import desynchronised_broadcast, hang_before_collectives, hang_in_forward, inner_module
+from .flop_count import FlopsPerToken, counted_flops_per_token, meta_copy, tiny_gpt_flops_per_token
 from .gatekeeper import Gatekeeper, node_user
 from .hang_watch import HangWatch
 from .instruments.comm_tracer import CommSummary, CommTracer
-from .instruments.sampler import SystemSampler
+from .instruments.sampler import SystemSampler, device_name
 from .instruments.step_clock import StepClock, StepTiming, apply_device_phases, device_phases_ready
-from .model import MODEL_SIZES, build_tiny_gpt, count_params
+from .model import MODEL_SIZES, TinyGPT, build_tiny_gpt, count_params
 from .node_relay import NodeLayout, NodeRelay
 from .peers import Peers
 from .prediction import predict, predict_pipeline_stage
@@ -194,6 +198,11 @@ class Runner:
         self.run_id = self._agree_on_run_id()
         self.strategy: Strategy = build_strategy(cfg.strategy, cfg.strategy_options(), ctx.device)
         self._pending: list[_PendingStep] = []
+        self._data = None
+        self.flops = FlopsPerToken(0.0, "not counted: no telemetry")
+        """Model FLOPs per training token, found once at start: each Step's TFLOP/s is one multiply."""
+        self.peak = Peak(0.0, "")
+        self.accelerator = ""
 
     # ------------------------------------------------------------------ set-up
 
@@ -241,6 +250,35 @@ class Runner:
         if hang is not None and hang[0] == self.ctx.rank and hang[2] == "forward":
             hang_in_forward(inner_module(model), lambda: self.step + 1 == hang[1])
         return model
+
+    def _flops_before_setup(self, model: torch.nn.Module) -> torch.nn.Module | None:
+        """The built-in model's FLOPs per token by the formula; for another module, its meta copy to
+        count once a batch is at hand. Before the strategy wraps it: a shard's parameter count or a
+        wrapper's hooks (an FSDP all-gather) would be wrong to count or to run."""
+        if isinstance(model, TinyGPT):
+            self.flops = tiny_gpt_flops_per_token(model, self.cfg.seq_len)
+            return None
+        try:
+            return meta_copy(model)
+        except Exception as exc:  # a module deepcopy cannot copy
+            self.flops = FlopsPerToken(0.0, f"not counted: no meta copy ({type(exc).__name__}: {exc})"[:200])
+            return None
+
+    def _count_flops(self, meta_model: torch.nn.Module) -> None:
+        """Counts the meta copy on the first batch, which stays the first the loop trains on."""
+        first = next(self._data, None)
+        if first is None:
+            self.flops = FlopsPerToken(0.0, "not counted: the data gave no batch")
+            return
+        self._data = itertools.chain([first], self._data)
+        self.flops = counted_flops_per_token(meta_model, first)
+
+    def _find_peak(self) -> None:
+        """The accelerator's name (NVML, read once) and the dense peak MFU is measured against."""
+        if self.ctx.device.type == "cuda":
+            self.accelerator = device_name(self.ctx.device.index or 0)
+        tf32 = self.ctx.device.type == "cuda" and torch.get_float32_matmul_precision() != "highest"
+        self.peak = resolve_peak(self.accelerator, compute_dtype(self.cfg.dtype, tf32), self.cfg.peak_tflops)
 
     def _build_data(self):
         if self.cfg.data == BUILTIN_DATA:
@@ -563,7 +601,9 @@ class Runner:
             torch_version=str(torch.__version__),
             ringtop_version=RINGTOP_VERSION, batch_size=self.cfg.batch_size, seq_len=self.cfg.seq_len,
             steps=self.cfg.steps, start_step=self.start_step, lr=self.cfg.lr, seed=self.cfg.seed,
-            device_mem_total_bytes=mem_total, process_started_ts=_process_started_ts(),
+            device_mem_total_bytes=mem_total, accelerator=self.accelerator, flops_per_token=self.flops.flops,
+            flops_source=self.flops.source, peak_tflops=self.peak.tflops, peak_source=self.peak.source,
+            process_started_ts=_process_started_ts(),
             publish=self.endpoints.publish, control=self.endpoints.control,
         )
 
@@ -576,6 +616,7 @@ class Runner:
         try:
             model = self._build_model()
             self.param_count, self.param_tensors = count_params(model), len(unique_parameters(model))
+            flops_model = self._flops_before_setup(model) if self.cfg.telemetry else None
             resumed = self._read_resume(model) if self.cfg.resume else None
             if resumed is not None:
                 model_state, optim_state, resumed_from = resumed
@@ -589,6 +630,11 @@ class Runner:
             if self.cfg.telemetry:
                 self._start_telemetry()
                 self.strategy.attach_comm_recorder(self.tracer)
+                if flops_model is not None:  # a user module: counted on the first batch
+                    self._data = self._build_data()
+                    self._count_flops(flops_model)
+                    del flops_model
+                self._find_peak()
                 self.telemetry.emit(self._hello())
                 self.telemetry.step = self.step
                 self.sampler.start()
@@ -600,7 +646,8 @@ class Runner:
             if resumed is not None:
                 self._event("info", "resume", f"resumed from {resumed_from} at step {self.step}",
                             {"path": str(resumed_from), "samples_seen": self.samples_seen})
-            self._data = self._build_data()
+            if self._data is None:
+                self._data = self._build_data()
             self._loop()
             bye.reason = self.stop_reason or f"completed {self.step} steps"
             bye.ok = not self.stopped_nonfinite
@@ -863,7 +910,8 @@ class Runner:
             forward_ms=ph.get("forward", 0.0), backward_ms=ph.get("backward", 0.0),
             optimizer_ms=ph.get("optimizer", 0.0), comm_blocked_ms=p.comm.blocked_ms,
             comm_busy_ms=p.comm.busy_ms, tokens=p.tokens,
-            tokens_per_s=p.tokens / (timing.step_ms / 1e3) if timing.step_ms > 0 else 0.0, mem=mem,
+            tokens_per_s=p.tokens / (timing.step_ms / 1e3) if timing.step_ms > 0 else 0.0,
+            tflops=achieved_tflops(self.flops.flops, p.tokens, timing.step_ms), mem=mem,
             comm=p.comm.kinds, collectives=p.comm.collectives,
             cpu_percent=self.sampler.latest.cpu_percent, drops=self.telemetry.drops, idle_ms=idle_ms,
         ))

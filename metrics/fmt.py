@@ -52,6 +52,13 @@ def num(x: float | None, digits: int = 1) -> str:
     return f"{x:,.{digits}f}"
 
 
+def tflops(x: float | None) -> str:
+    """Three significant figures, whole numbers from 100 (`0.129`, `12.3`, `989`); `-` for 0: not known."""
+    if not _finite(x) or x <= 0:
+        return "-"
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
 def loss(x: float | None) -> str:
     if not _finite(x):
         return "-" if x is None else str(x)  # 'nan' / 'inf' is worth seeing

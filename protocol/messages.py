@@ -96,6 +96,17 @@ class Hello(Envelope, tag="hello", kw_only=True):
     lr: Real = 0.0
     seed: Count = 0
     device_mem_total_bytes: Count = 0
+    accelerator: str = ""
+    """The device's name as NVML gives it ("NVIDIA H100 80GB HBM3"); "" on CPU."""
+    flops_per_token: Real = 0.0
+    """Model FLOPs of one training token, forward and backward (ringtop.metrics.flops); 0 = not known."""
+    flops_source: str = ""
+    """How flops_per_token was found (`formula 6N+12LHS`, `counted`), or why it was not."""
+    peak_tflops: Real = 0.0
+    """Dense peak TFLOP/s MFU is measured against (ringtop.metrics.peaks, or --peak-tflops); 0 = not
+    known: MFU n/a, never a guessed peak."""
+    peak_source: str = ""
+    """Where peak_tflops is from, or why there is none ("unknown device …")."""
     process_started_ts: Real = 0.0
     """When this rank's process started (Unix s): start-up before the Hello (imports, process
     group, model build, wrapping) counts against goodput too. 0 = not known."""
@@ -192,6 +203,9 @@ class Step(Envelope, tag="step", kw_only=True):
     not blocked was overlapped with compute."""
     tokens: Count = 0
     tokens_per_s: Real = 0.0
+    tflops: Real = 0.0
+    """Achieved model TFLOP/s of this step on this rank: Hello.flops_per_token × tokens / step time
+    (ringtop.metrics.flops); 0 = not known."""
     mem: MemorySample = msgspec.field(default_factory=MemorySample)
     comm: list[CommStat] = []
     cpu_percent: Real = 0.0

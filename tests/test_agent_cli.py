@@ -66,7 +66,7 @@ AGENT_FLAGS = {
     "--print-every", "--link", "--stall-factor", "--stall-floor", "--inject-hang", "--inject-desync",
     "--inject-slow-rank", "--inject-comm-delay", "--inject-save-delay", "--inject-nan", "--inject-node-relay-death",
     "--inject-fail-setup", "--checkpoint-dir", "--resume", "--checkpoint-every", "--checkpoint-kind", "--keep",
-    "--metrics",
+    "--metrics", "--peak-tflops",
 }
 """The flags the README, the tests and users' scripts spell: none may go or be renamed."""
 
@@ -99,6 +99,7 @@ def test_every_field_but_the_derived_ones_is_an_option_and_its_help_says_its_def
     (["--inject-hang", "1:5:before-collective"], "inject_hang", (1, 5, "before-collective")),
     (["--inject-desync", "2:7"], "inject_desync", (2, 7)),
     (["--stall-floor", "1.5"], "stall_floor_s", 1.5),
+    (["--peak-tflops", "312"], "peak_tflops", 312.0),
 ])
 def test_an_option_spelled_unlike_its_field_sets_that_field(argv, field, value):
     assert getattr(parse_agent_args(argv), field) == value
@@ -111,6 +112,7 @@ def test_an_option_spelled_unlike_its_field_sets_that_field(argv, field, value):
     (["--inject-hang", "1:4:sideways"], "the place is one of forward, before-collective"),
     (["--inject-desync", "1:4:forward"], "expected R:STEP"),
     (["--stall-factor", "0.5"], "--stall-factor"),
+    (["--peak-tflops", "-1"], "--peak-tflops must be >= 0"),
 ])
 def test_a_bad_fault_or_stall_option_is_refused_with_what_to_write(argv, message):
     with pytest.raises(ConfigError, match=message):

@@ -192,3 +192,16 @@ def test_a_run_whose_metrics_port_is_taken_fails_at_start_and_says_why(launch_ag
     assert code != 0
     assert f"error: --metrics 127.0.0.1:{port}: cannot listen there: Address already in use" in run.output()
     assert "Traceback" not in run.output()
+
+
+def test_tflops_per_rank_and_mfu_only_for_a_rank_whose_peak_is_known():
+    metrics = RunMetrics(clock=Clock())
+    metrics.observe(Hello(rank=0, ts=T0, run_id="r1", world_size=3, host="h", peak_tflops=989.0))
+    metrics.observe(Hello(rank=1, ts=T0, run_id="r1", world_size=3, host="h", peak_source="unknown device X"))
+    metrics.observe(hello(2))
+    metrics.observe(Step(rank=0, ts=T0 + 1, step=1, loss=1.0, step_ms=100.0, tflops=400.0))
+    metrics.observe(Step(rank=1, ts=T0 + 1, step=1, loss=1.0, step_ms=100.0, tflops=300.0))
+    metrics.observe(Step(rank=2, ts=T0 + 1, step=1, loss=1.0, step_ms=100.0))  # FLOPs not known
+    got = samples(metrics)
+    assert got["ringtop_tflops"] == {rank_labels(0, "h"): 400.0, rank_labels(1, "h"): 300.0}
+    assert got["ringtop_mfu_ratio"] == {rank_labels(0, "h"): pytest.approx(400.0 / 989.0)}

@@ -85,6 +85,8 @@ HELLO = Hello(
         comm_sent_bytes=87_500_000, note="ceil(P/N) shards"),
     model="tiny-gpt", param_count=25_000_000, torch_version="2.13.0", ringtop_version="0.1.0", batch_size=16,
     seq_len=512, steps=1000, start_step=200, lr=3e-4, seed=17, device_mem_total_bytes=80 << 30,
+    accelerator="NVIDIA H100 80GB HBM3", flops_per_token=1.5e8, flops_source="formula 6N+12LHS",
+    peak_tflops=989.0, peak_source="H100 SXM bf16 dense",
     process_started_ts=1767225590.5, publish="tcp://127.0.0.1:5555", control="tcp://127.0.0.1:5557",
 )
 HELLO_WIRE = {
@@ -102,7 +104,9 @@ HELLO_WIRE = {
     "model": "tiny-gpt",
     "param_count": 25000000, "torch_version": "2.13.0", "ringtop_version": "0.1.0",
     "batch_size": 16, "seq_len": 512, "steps": 1000, "start_step": 200, "lr": 0.0003, "seed": 17,
-    "device_mem_total_bytes": 85899345920, "process_started_ts": 1767225590.5,
+    "device_mem_total_bytes": 85899345920, "accelerator": "NVIDIA H100 80GB HBM3",
+    "flops_per_token": 1.5e8, "flops_source": "formula 6N+12LHS", "peak_tflops": 989.0,
+    "peak_source": "H100 SXM bf16 dense", "process_started_ts": 1767225590.5,
     "publish": "tcp://127.0.0.1:5555", "control": "tcp://127.0.0.1:5557",
 }
 
@@ -110,7 +114,7 @@ STEP = Step(
     rank=3, seq=41, ts=1767225600.125,
     step=1204, loss=2.91, step_ms=212.4, grad_norm=0.75, data_ms=1.5, forward_ms=60.25, backward_ms=120.5,
     optimizer_ms=9.75, comm_blocked_ms=18.5, comm_busy_ms=30.25, tokens=8192, tokens_per_s=41200.0,
-    mem=MemorySample(params_bytes=100, grads_bytes=200, optimizer_bytes=400, rss_bytes=5000,
+    tflops=5.79, mem=MemorySample(params_bytes=100, grads_bytes=200, optimizer_bytes=400, rss_bytes=5000,
                      cuda_allocated_bytes=6000, cuda_reserved_bytes=7000, cuda_peak_bytes=6500,
                      cuda_peak_reserved_bytes=7500, cuda_alloc_retries=3, cuda_ooms=1),
     comm=[CommStat(kind="all_reduce", count=4, bytes=1 << 20, busy_ms=12.5, group_size=8),
@@ -122,7 +126,7 @@ STEP_WIRE = {
     **ENV, "type": "step",
     "step": 1204, "loss": 2.91, "step_ms": 212.4, "grad_norm": 0.75, "data_ms": 1.5, "forward_ms": 60.25,
     "backward_ms": 120.5, "optimizer_ms": 9.75, "comm_blocked_ms": 18.5, "comm_busy_ms": 30.25,
-    "tokens": 8192, "tokens_per_s": 41200.0,
+    "tokens": 8192, "tokens_per_s": 41200.0, "tflops": 5.79,
     "mem": {"params_bytes": 100, "grads_bytes": 200, "optimizer_bytes": 400, "rss_bytes": 5000,
             "cuda_allocated_bytes": 6000, "cuda_reserved_bytes": 7000, "cuda_peak_bytes": 6500,
             "cuda_peak_reserved_bytes": 7500, "cuda_alloc_retries": 3, "cuda_ooms": 1},
@@ -309,6 +313,7 @@ def test_defaults_fill_omitted_fields():
     assert (msg.rank, msg.seq, msg.ts) == (0, 0, 0.0)
     assert msg.mem == MemorySample(params_bytes=0, grads_bytes=0, optimizer_bytes=0)
     assert msg.comm == [] and msg.drops == 0
+    assert msg.tflops == 0.0  # an older agent's Step: no TFLOP/s known
     ev = decode(mp(base("event")))
     assert (ev.level, ev.kind, ev.text, ev.step, ev.data) == ("info", "", "", -1, {})
     bye = decode(mp(base("bye")))
@@ -320,6 +325,7 @@ def test_defaults_fill_omitted_fields():
     assert hello.strategy_options == {}
     assert (hello.dtype, hello.optimizer_bytes_per_param, hello.grad_clip) == ("fp32", 8, 0.0)
     assert hello.prediction is None
+    assert (hello.flops_per_token, hello.peak_tflops, hello.accelerator) == (0.0, 0.0, "")
     pred = decode(mp(base("hello", run_id="r", world_size=2, prediction={}))).prediction
     assert pred == Prediction(params_bytes=0, grads_bytes=0, optimizer_bytes=0, comm_payload_bytes={},
                               comm_sent_bytes=0, note="")

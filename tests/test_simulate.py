@@ -15,11 +15,13 @@ import sys
 import threading
 import time
 
+import psutil
 import pytest
 import zmq
 from conftest import poll_until
 
 from ringtop.agent.lifecycle import exit_with_parent
+from ringtop.cli import simulate as simulate_module
 from ringtop.cli.main import main as ringtop_main
 from ringtop.cli.simulate import STRAGGLER_FACTOR, SimConfig, Simulation
 from ringtop.metrics.hang import diagnose
@@ -105,15 +107,21 @@ def simulate(cfg: SimConfig, until=None, timeout_s: float = 30.0):
             s.close()
 
 
-def test_every_rank_says_hello_steps_together_and_nothing_is_dropped():
-    cfg = SimConfig(ranks=16, nodes=2, hz=10, seconds=3, seed=1)
+@pytest.mark.parametrize("nodes, procs", [(2, 1), (2, None), (4, 3)])
+def test_every_rank_says_hello_steps_together_and_nothing_is_dropped(nodes, procs):
+    """One process (--procs 1), and the real multi-node path: nodes 1.. in workers, each node's
+    ranks through its own node relay (4 nodes in 2 workers)."""
+    cfg = SimConfig(ranks=16, nodes=nodes, hz=10, seconds=3, seed=1, procs=procs)
     result, sub = simulate(cfg)
+    assert result.procs == cfg.processes and (procs != 3 or result.procs == 3)
     assert result.dropped == 0 and result.send_drops == 0 and result.refused == 0
+    assert result.gaps == 0 and result.lost == 0
     assert result.forwarded >= result.sent  # and rank 0's replies/events, if any
+    per_node = 16 // nodes
     for rank in range(16):
         hello = sub.of(Hello, rank)
         assert hello, f"rank {rank} said no hello"
-        assert hello[0].host == f"node-{rank // 8:03d}" and hello[0].local_rank == rank % 8
+        assert hello[0].host == f"node-{rank // per_node:03d}" and hello[0].local_rank == rank % per_node
         assert hello[0].world_size == 16 and hello[0].strategy == "ddp" and hello[0].run_id == result.run_id
         steps = [m.step for m in sub.of(Step, rank)]
         assert steps == sorted(set(steps)) and len(steps) >= 20, steps
@@ -126,20 +134,23 @@ def test_every_rank_says_hello_steps_together_and_nothing_is_dropped():
     assert losses[-1] < losses[0]
 
 
-def test_straggler_steps_take_longer_by_the_rule():
-    """Rank 3's median step time / the others' median: the rule's 1.3, within 5 %. Noise is 3 %
-    per step, so over >= 30 steps each median is within ~0.7 % (1.25 x 3 % / sqrt(30)): 5 % is
-    about 6 standard deviations of the ratio, and the run is deterministic for its seed anyway."""
-    cfg = SimConfig(ranks=8, nodes=2, hz=20, seconds=2, straggler=3, seed=2)
+@pytest.mark.parametrize("nodes, procs, straggler", [(2, 1, 3), (4, 3, 5)])
+def test_straggler_steps_take_longer_by_the_rule(nodes, procs, straggler):
+    """The straggler's median step time / the others' median: the rule's 1.3, within 5 %. Noise is
+    3 % per step, so over >= 30 steps each median is within ~0.7 % (1.25 x 3 % / sqrt(30)): 5 % is
+    about 6 standard deviations of the ratio, and the run is deterministic for its seed anyway.
+    Also for a rank of a worker's node (rank 5: node 2 of 4, in the second worker)."""
+    cfg = SimConfig(ranks=8, nodes=nodes, hz=20, seconds=2, straggler=straggler, seed=2, procs=procs)
     _, sub = simulate(cfg)
     medians = {r: statistics.median(m.step_ms for m in sub.of(Step, r)) for r in range(8)}
     assert all(len(sub.of(Step, r)) >= 30 for r in range(8))
-    others = statistics.median(v for r, v in medians.items() if r != 3)
-    assert STRAGGLER_FACTOR * 0.95 <= medians[3] / others <= STRAGGLER_FACTOR * 1.05, medians
+    others = statistics.median(v for r, v in medians.items() if r != straggler)
+    assert STRAGGLER_FACTOR * 0.95 <= medians[straggler] / others <= STRAGGLER_FACTOR * 1.05, medians
 
 
 def test_hang_is_read_as_the_hung_rank_not_entering_the_collective():
-    cfg = SimConfig(ranks=8, nodes=2, hz=10, hang=5, seed=3)
+    """Rank 5 is on node 1, in the worker: every process stops at the same step."""
+    cfg = SimConfig(ranks=8, nodes=2, hz=10, hang=5, seed=3, procs=2)
     result, sub = simulate(cfg, until=lambda s: {m.rank for m in s.of(Stall)} == set(range(8)))
     reports = {}
     for m in sub.of(Stall):
@@ -173,6 +184,8 @@ def test_the_simulation_leaves_no_thread_behind():
     (["--ranks", "4", "--straggler", "4"], "--straggler: rank 4 is not in this run of 4 ranks"),
     (["--ranks", "4", "--hang", "-1"], "--hang: rank -1 is not in this run of 4 ranks"),
     (["--seconds", "-1"], "--seconds must be >= 0"),
+    (["--ranks", "8", "--nodes", "4", "--procs", "0"], "--procs must be between 1 and --nodes (4)"),
+    (["--ranks", "8", "--nodes", "4", "--procs", "5"], "--procs must be between 1 and --nodes (4)"),
 ])
 def test_bad_arguments_fail_with_the_reason(argv, message, capsys):
     assert ringtop_main(["simulate", *argv]) == 2
@@ -206,6 +219,77 @@ def test_ctrl_c_ends_the_command_with_every_ranks_bye():
     finally:
         if sub is not None:
             sub.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+
+
+def test_the_workers_get_their_keys_on_a_pipe_and_end_with_the_run(monkeypatch):
+    """No secret in a worker's argv or environment (other users of the node can read those), and
+    no worker left once `run()` returns."""
+    made = []
+    generate = simulate_module.curve.generate
+    monkeypatch.setattr(simulate_module.curve, "generate", lambda *a: made.append(generate(*a)) or made[-1])
+    me = psutil.Process()
+    seen: dict = {}
+
+    def look(sub) -> bool:
+        for child in me.children(recursive=True):
+            try:
+                seen[child.pid] = (child.cmdline(), child.environ())
+            except psutil.Error:
+                pass
+        return len(seen) >= 2 and {m.rank for m in sub.of(Step)} == set(range(16))
+    try:
+        result, _ = simulate(SimConfig(ranks=16, nodes=4, hz=10, procs=3, seed=4), until=look)
+        assert result.procs == 3 and len(seen) == 2, seen
+        secrets = [*made[0].rank_secret, *made[0].node_secret, made[0].server_secret]
+        for cmdline, environ in seen.values():
+            text = " ".join(cmdline) + " ".join(f"{k}={v}" for k, v in environ.items())
+            assert not any(secret in text for secret in secrets), "a secret in a worker's argv or environment"
+        poll_until(lambda: not me.children(recursive=True), 5, "the workers to end")
+    finally:
+        _kill_children(me)
+
+
+def _kill_children(proc: psutil.Process) -> None:
+    """Whatever a failed test left: no process outlives it."""
+    for child in proc.children(recursive=True):
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+
+
+def test_ctrl_c_ends_every_worker_with_every_ranks_bye():
+    """16 ranks on 4 nodes in 2 workers, stopped with Ctrl-C (SIGINT to the command, as a
+    terminal sends it to the whole process group): every worker ends, every rank's Bye arrives."""
+    ports = [f"--{name}=tcp://127.0.0.1:{free_tcp_port()}" for name in ("relay", "publish", "control")]
+    proc = subprocess.Popen([sys.executable, "-m", "ringtop.cli.main", "simulate", "--ranks", "16", "--nodes", "4",
+                             "--procs", "3", "--run-id", f"ctrlc{os.getpid()}", *ports],
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"),
+                            preexec_fn=exit_with_parent, start_new_session=True)
+    sub = None
+    command = psutil.Process(proc.pid)
+    try:
+        path = connection_file.file_for(f"ctrlc{os.getpid()}")
+        info = poll_until(lambda: _readable(path) if path.exists() else None, 30, "the simulator's connection file")
+        sub = Subscriber(info)
+        poll_until(lambda: {m.rank for m in sub.of(Step)} == set(range(16)), 30, "every rank's steps")
+        workers = command.children(recursive=True)
+        assert len(workers) == 2, workers
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(30) == 0, proc.stderr.read()
+        poll_until(lambda: {m.rank for m in sub.of(Bye)} == set(range(16)), 5, "every rank's Bye")
+        poll_until(lambda: not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers), 5,
+                   "the workers to end")
+        assert not path.exists(), "the connection file outlived the run"
+        assert "node relays lost 0" in proc.stderr.read()
+    finally:
+        if sub is not None:
+            sub.close()
+        if command.is_running():
+            _kill_children(command)
         if proc.poll() is None:
             proc.kill()
             proc.wait(5)

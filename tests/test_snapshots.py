@@ -17,6 +17,7 @@ import hang_scenario
 import pytest
 import scale_scenario
 from test_pipeline_view import gpipe_equal, pp_hello, pp_step, timeline
+from textual.widgets import TabbedContent
 
 from ringtop.protocol import CommStat, Event, Hello, MemorySample, Prediction, Sharding, Step
 from ringtop.tui import view_model
@@ -99,15 +100,23 @@ def pipeline_run(steps: int = 12) -> list:
 
 
 def loaded(tab_key: str):
+    """Replayed, the tab shown and laid out at the terminal's size, then drawn once more: what a
+    panel fits (a large run's rows and heat-strip lines) is read from its size, so a picture taken
+    before the layout settled would be of a different screen."""
     async def run_before(pilot) -> None:
         app = pilot.app
         deadline = time.monotonic() + 20
         while not app.replay_loaded and time.monotonic() < deadline:
             await pilot.pause(0.05)
         await pilot.press(tab_key)
-        await pilot.pause(0.1)
+        pane = app.query_one(TabbedContent).active_pane
+        while not (pane is not None and pane.size.height > 0 and all(w.size.height > 0 for w in pane.children)) \
+                and time.monotonic() < deadline:
+            await pilot.pause(0.05)
         app.refresh_view()
-        await pilot.pause(0.1)
+        await pilot.pause()
+        app.refresh_view()  # what the first drawing's layout changed (a row or line shown) is drawn
+        await pilot.pause()
     return run_before
 
 

@@ -201,7 +201,8 @@ class Builders:
             self._kinds, self._kinds_width = kinds, 0
         if node_cols is None:
             self._kinds_width = max([self._kinds_width] + [len(cells["comm_kinds"].plain) for _, cells in rows])
-        columns = node_cols or overview_columns(kinds, self._kinds_width, width)
+        columns = node_cols or overview_columns(kinds, self._kinds_width, width,
+                                                peak_known=view.facts.peak_tflops > 0)
         steps = view.steps
         span = (steps[0].step, steps[-1].step) if steps else None
         window, series, ref = self.comm.data(view, None)

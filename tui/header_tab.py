@@ -56,6 +56,13 @@ def facts_text(v: RunView, *, replay: bool, source: str, refused: str = "", widt
     item(0, ("  step ", ""), (f"{step:,}" if step >= 0 else "-", "bold"), (f"/{f.steps:,}" if f.steps else "", "dim"))
     if v.tokens_per_s:
         item(5, (f"  {fmt.count(v.tokens_per_s)} tok/s", ""))
+    if v.tflops:
+        item(5, (f"  {fmt.tflops(v.tflops)} TFLOP/s", ""))
+    ratio = v.mfu
+    if ratio is not None:
+        item(2, ("  MFU ", ""), (fmt.fraction_pct(ratio), "bold"))
+    elif f.accelerator:  # a GPU without a known peak; a CPU has none to speak of (--peak-tflops gives one)
+        item(5, ("  MFU n/a", "yellow"), (f" ({f.peak_source or 'peak unknown'})", "dim"))
     good = v.goodput.result()
     if good.known:  # one item: a narrow header drops it whole, after the model's name
         item(4, ("  goodput ", ""), (f"{fmt.pct(100 * good.goodput)}%", "bold"))

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from rich.text import Text
 
 from ringtop.metrics import fmt
+from ringtop.metrics.flops import mfu
 from ringtop.metrics.fmt import mb_compact
 from ringtop.metrics.outliers import CELL_MEMORY, CELL_SHARE, CELL_TIME, NAMED, TABLE_MARK, Threshold, outliers
 
@@ -37,7 +38,8 @@ class RankColumn:
 
 
 # Widths fixed so in-place updates never reflow the table. The per-kind communication column
-# ("comm_kinds") goes after "comm_mb_s" once the run's collectives are known; "note" takes the
+# ("comm_kinds") goes after "comm_mb_s" once the run's collectives are known, "mfu" once a rank's
+# device peak is (a Hello's peak_tflops, else it would be a column of "n/a"); "note" takes the
 # width that is left (at least NOTE_MIN_WIDTH), so its text is not cut while there is room.
 RANK_COLUMNS: tuple[RankColumn, ...] = (
     RankColumn("rank", "rank", 4, 0),
@@ -47,6 +49,8 @@ RANK_COLUMNS: tuple[RankColumn, ...] = (
     RankColumn("loss", "loss", 6, 3),
     RankColumn("breakdown", "step parts", BREAKDOWN_WIDTH, 8, numeric=False),
     RankColumn("tok_s", "tok/s", 6, 10),
+    RankColumn("tflops", "TFLOP/s", 7, 13),
+    RankColumn("mfu", "MFU", 6, 7),
     RankColumn("mem", "mem", 10, 4),
     RankColumn("comm_mb_s", "comm MB/s", 9, 5),
     RankColumn("comm_kinds", "", 0, 9),
@@ -67,7 +71,7 @@ def kind_abbr(kind: str) -> str:
 
 
 def overview_columns(kinds: list[str], kinds_cell_width: int = 0, table_width: int = DEFAULT_TABLE_WIDTH,
-                     breakdown: bool = True) -> list[Column]:
+                     breakdown: bool = True, peak_known: bool = False) -> list[Column]:
     """The rank table's columns for a table `table_width` cells wide: the lowest-priority columns
     are dropped until the rest fit, the note takes what is left. With collective kinds, one more
     after "comm MB/s": per kind MB/s, e.g. "RS/AG MB/s" holding "12.5/25.0", as wide as its
@@ -75,7 +79,8 @@ def overview_columns(kinds: list[str], kinds_cell_width: int = 0, table_width: i
     kinds_label = "/".join(kind_abbr(k) for k in kinds) + " MB/s" if kinds else ""
     cols, priority = [], {}
     for c in RANK_COLUMNS:
-        if (c.key == "comm_kinds" and not kinds) or (c.key == "breakdown" and not breakdown):
+        if ((c.key == "comm_kinds" and not kinds) or (c.key == "breakdown" and not breakdown)
+                or (c.key == "mfu" and not peak_known)):
             continue
         width = c.width
         if c.key == "comm_kinds":
@@ -171,6 +176,8 @@ def row_cells(view: RunView, row: RankRow, replay: bool,
         "loss": (fmt.loss(row.loss) if row.step_seen is not None else "-",
                  "bold red" if row.step_seen is not None and not math.isfinite(row.loss) else ""),
         "tok_s": (fmt.count(row.tokens_per_s) if row.tokens_per_s else "-", ""),
+        "tflops": (fmt.tflops(row.tflops), ""),
+        "mfu": mfu_cell(row),
         "mem": (mem, ""),
         "comm_mb_s": (fmt.num(row.comm_mb_s, 1) if math.isfinite(row.comm_mb_s) else "-", ""),
         "comm_kinds": ("/".join(mb_compact(row.comm_kind_mb_s[k]) if k in row.comm_kind_mb_s else "-"
@@ -186,6 +193,14 @@ def row_cells(view: RunView, row: RankRow, replay: bool,
     out = {key: Text(text, style=" ".join(s for s in (style, dim) if s)) for key, (text, style) in cells.items()}
     out["breakdown"] = breakdown_bar(row)
     return out
+
+
+def mfu_cell(row: RankRow) -> tuple[str, str]:
+    """`38.2%`; `n/a` on a rank whose device peak is not known; `-` before its TFLOP/s are."""
+    if row.peak_tflops <= 0:
+        return "n/a", "dim"
+    ratio = mfu(row.tflops, row.peak_tflops) if row.tflops > 0 else None
+    return (fmt.fraction_pct(ratio) if ratio is not None else "-"), ""
 
 
 MIN_CHART_POINTS = 2

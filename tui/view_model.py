@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, Callable, Iterable
 
+from ringtop.metrics.flops import mfu
 from ringtop.metrics.goodput import Goodput
 from ringtop.metrics.hang import HangVerdict, diagnose
 from ringtop.metrics.outliers import slowest
@@ -153,6 +154,11 @@ class RunFacts:
     steps: int = 0
     start_step: int = 0
     device_mem_total_bytes: int = 0
+    accelerator: str = ""
+    flops_per_token: float = 0.0
+    peak_tflops: float = 0.0
+    """Rank 0's Hello.peak_tflops: 0 = not known (MFU n/a)."""
+    peak_source: str = ""
 
     @property
     def strategy_name(self) -> str:
@@ -196,6 +202,8 @@ class RankRow:
     latest: Step | None = None
     """The latest Step folded in (the last to arrive): the figures only a Step carries are read
     from it (properties below), not copied at every message."""
+    peak_tflops: float = 0.0
+    """From the rank's Hello: its device's dense peak; 0 = not known."""
     mem_rss_bytes: int = 0
     """From the latest Step or Sample that carried one."""
     device_mem_total_bytes: int = 0
@@ -269,6 +277,12 @@ class RankRow:
     @property
     def tokens_per_s(self) -> float:
         return 0.0 if self.latest is None else self.latest.tokens_per_s
+
+    @property
+    def tflops(self) -> float:
+        """Step.tflops of the latest step: 0 when the agent does not know its model's FLOPs."""
+        t = 0.0 if self.latest is None else self.latest.tflops
+        return t if 0.0 < t < math.inf else 0.0
 
     @property
     def mem_params_bytes(self) -> int:
@@ -732,6 +746,21 @@ class RunView:
         return sum(r.tokens_per_s for r in rows)
 
     @property
+    def tflops(self) -> float:
+        """The run's achieved TFLOP/s: its ranks' latest steps summed."""
+        rows = self.live_rows() or self.rows()
+        return sum(r.tflops for r in rows)
+
+    @property
+    def mfu(self) -> float | None:
+        """The run's MFU: its TFLOP/s over its ranks' summed peaks; None (n/a) unless every rank
+        that reports TFLOP/s has a known peak."""
+        rows = [r for r in (self.live_rows() or self.rows()) if r.tflops > 0]
+        if not rows or any(r.peak_tflops <= 0 for r in rows):
+            return None
+        return mfu(sum(r.tflops for r in rows), sum(r.peak_tflops for r in rows))
+
+    @property
     def step_ms_max_history(self) -> list[float]:
         return [p.max_ms for p in self.step_history.points]
 
@@ -924,6 +953,9 @@ class RunView:
             f.steps = msg.steps or f.steps
             f.start_step = msg.start_step or f.start_step
             f.device_mem_total_bytes = msg.device_mem_total_bytes or f.device_mem_total_bytes
+            f.accelerator = msg.accelerator or f.accelerator
+            f.flops_per_token = msg.flops_per_token
+            f.peak_tflops, f.peak_source = msg.peak_tflops, msg.peak_source
         row = self._row(msg.rank)
         first = not row.said_hello
         # The relay re-sends its cached Hello (and Bye) of every rank whenever a UI subscribes, so
@@ -956,6 +988,7 @@ class RunView:
         row.local_rank = msg.local_rank
         row.device = msg.device or row.device
         row.prediction = msg.prediction
+        row.peak_tflops = msg.peak_tflops
         peak = getattr(msg, "link_peak_gbps", 0.0)  # hook: a Hello that states the link's peak
         if peak:
             self._agent_link_peak(peak, f"rank {msg.rank}")

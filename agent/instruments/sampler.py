@@ -29,6 +29,31 @@ def open_nvml(device_index: int):
         return None, None
 
 
+def _text(name: Any) -> str:
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def device_name(device_index: int, nvml: Any = None, handle: Any = None,
+                torch_name: Callable[[int], str] | None = None) -> str:
+    """The accelerator's name as NVML gives it ("NVIDIA H100 80GB HBM3"), read once at start for
+    the peak table; torch's name where NVML is not there (ROCm, no pynvml); "" when neither says."""
+    if nvml is None:
+        nvml, handle = open_nvml(device_index)
+    if nvml is not None:
+        try:
+            return _text(nvml.nvmlDeviceGetName(handle)).strip()
+        except Exception:
+            pass
+    if torch_name is None:
+        import torch
+
+        torch_name = torch.cuda.get_device_name
+    try:
+        return str(torch_name(device_index)).strip()
+    except Exception:
+        return ""
+
+
 class GpuReader:
     """Reads one GPU through an NVML module (`pynvml`, or a stand-in in tests)."""
 
@@ -66,7 +91,7 @@ class GpuReader:
         except Exception:
             return None
         sample = GpuSample(
-            index=self.index, name=name.decode() if isinstance(name, bytes) else str(name),
+            index=self.index, name=_text(name),
             util_percent=float(util.gpu), mem_used_bytes=int(mem.used), mem_total_bytes=int(mem.total),
             power_w=self._call(lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0, 0.0),
             temperature_c=float(self._call(
