@@ -68,6 +68,10 @@ class GoodputResult:
         return self.steps > 0 and self.wall_s > 0
 
 
+_TAGS: dict[type, str] = {}
+"""Protocol tag per message type, as `_tag` found it."""
+
+
 def _tag(msg: Any) -> str:
     config = getattr(type(msg), "__struct_config__", None)
     return getattr(config, "tag", "") or ""
@@ -118,9 +122,20 @@ class Goodput:
     # ------------------------------------------------------------------ input
 
     def add(self, msg: Any) -> None:
-        tag = _tag(msg)
+        cls = type(msg)
+        tag = _TAGS.get(cls)
+        if tag is None:
+            tag = _TAGS[cls] = _tag(msg)
         rank = getattr(msg, "rank", -1)
-        ts = _real(getattr(msg, "ts", None))
+        ts = getattr(msg, "ts", None)
+        if tag == "step" and rank != 0 and type(ts) is float and type(rank) is int:
+            # most messages of a large run: a Step of another rank only moves the wall's end
+            if self.first_ts is None or rank < 0 or not ts - ts == 0.0 or (self.world_size and rank >= self.world_size):
+                return
+            if ts > self.last_ts:
+                self.last_ts = ts
+            return
+        ts = _real(ts)
         if tag == "hello":
             self._hello(msg, ts)
             return

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from itertools import islice
 from typing import Iterable, Mapping
 
 from ringtop.metrics import outliers
@@ -27,7 +28,7 @@ from ringtop.metrics.busbw import busbw_factor_or_nan, rate_gbps
 from ringtop.metrics.timing import compute_ms, overlap_pct, share_pct
 from ringtop.protocol import CommStat
 
-from .reducers.comm import COMM_KIND_ORDER, CommStep
+from .reducers.comm import COMM_KIND_ORDER, CommStep, rank_step
 from .view_model import RankRow, RunView
 
 COMM_WINDOW = 20
@@ -164,7 +165,7 @@ def rank_window(view: RunView, rank: int, window: int = COMM_WINDOW) -> CommWind
     row = view.ranks.get(rank)
     if row is None:
         return summarize((), rank=rank, world_size=view.facts.world_size, predicted=None)
-    samples = list(row.comm_history)[-window:]
+    samples = [rank_step(m) for m in islice(reversed(row.comm_history), window)][::-1]
     w = summarize(samples, rank=rank, world_size=view.facts.world_size, predicted=_predictions([row]))
     return _with_ranks(w, 1 if samples else 0)
 
@@ -230,7 +231,7 @@ def busbw_series(view: RunView, rank: int | None = None) -> list[float]:
         samples = [view.comm_steps[s] for s in sorted(view.comm_steps)]
     else:
         row = view.ranks.get(rank)
-        samples = list(row.comm_history) if row is not None else []
+        samples = [rank_step(m) for m in row.comm_history] if row is not None else []
     out = []
     for s in samples:
         x = step_busbw_gbps(s, view.facts.world_size)

@@ -19,6 +19,7 @@ from ringtop.metrics.timing import compute_ms, share_pct
 from .comm import COMM_WINDOW
 from .nodes import UNKNOWN_HOST, Spread, by_host, ranks_by, spread
 from .overview_scale import TIME_FLOOR, TOP_K, spread_columns, standouts, state_note
+from .reducers.comm import step_times
 from .tables import Column
 from .view_model import RunView
 
@@ -62,17 +63,20 @@ def rank_comm(view: RunView, window: int = COMM_WINDOW,
         samples.reverse()  # summed oldest first, as rank_window does
         step = data = blocked = busy = nbytes = bus = kind_busy = 0.0
         for s in samples:
+            d, b, u = step_times(s)
             step += s.step_ms
-            data += s.data_ms
-            blocked += s.blocked_ms
-            busy += s.busy_ms
-            for key, c in s.kinds.items():
+            data += d
+            blocked += b
+            busy += u
+            for c in s.comm:
+                key = (c.kind, c.group_size)
                 f = factors.get(key)
                 if f is None:
                     f = factors[key] = busbw_factor_or_nan(key[0], key[1] or world)
                 nbytes += c.bytes
                 bus += c.bytes * f
-                kind_busy += c.busy_ms
+                if math.isfinite(c.busy_ms):  # as CommStat.add sums it
+                    kind_busy += c.busy_ms
         n = len(samples)
         if not n:
             out[r.rank] = RankComm(r.rank, r.host or UNKNOWN_HOST, *(math.nan,) * 6, dead=r.dead, ended=r.ended,

@@ -44,9 +44,7 @@ class Feeds:
     async def _load_replay(self) -> None:
         msgs = self._replay_messages
         for i in range(0, len(msgs), REPLAY_CHUNK):
-            now = time.monotonic()
-            for m in msgs[i : i + REPLAY_CHUNK]:
-                self._apply_one(m, now)
+            self.view.apply_batch(msgs[i : i + REPLAY_CHUNK], time.monotonic(), self._not_shown)
             self.replay_applied = min(len(msgs), i + REPLAY_CHUNK)
             await asyncio.sleep(0)
         self.replay_applied = len(msgs)
@@ -61,16 +59,13 @@ class Feeds:
 
     def on_telemetry_batch(self, batch: TelemetryBatch) -> None:
         now = time.monotonic()
-        for m in batch.messages:
-            self._apply_one(m, now)
+        self.view.apply_batch(batch.messages, now, self._not_shown)
         for err in batch.rejected:
             self.view.note_rejected(err, now)
 
-    def _apply_one(self, msg: Any, now: float) -> None:
-        try:
-            self.view.apply(msg, now)
-        except Exception as exc:  # a view bug must not take the UI down
-            self.view.note(f"could not show a {type(msg).__name__} message: {exc!r}", level="error", kind="ui")
+    def _not_shown(self, msg: Any, exc: Exception) -> None:
+        """A view bug must not take the UI down: the message is left out, and said so."""
+        self.view.note(f"could not show a {type(msg).__name__} message: {exc!r}", level="error", kind="ui")
 
     def _replay_pct(self) -> float:
         n = len(self._replay_messages)

@@ -18,7 +18,7 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from ringtop.metrics.flops import mfu
 from ringtop.metrics.goodput import Goodput
@@ -109,15 +109,20 @@ class RunningStat:
         if not math.isfinite(value):
             return
         weight = fallback_weight
-        if ts is not None and self._last_ts is not None and ts > self._last_ts:
-            weight = ts - self._last_ts
         if ts is not None:
-            self._last_ts = ts if self._last_ts is None else max(ts, self._last_ts)
-        if not (weight > 0 and math.isfinite(weight)):
+            last = self._last_ts
+            if last is None:
+                self._last_ts = ts
+            elif ts > last:
+                weight = ts - last
+                self._last_ts = ts
+        if not 0.0 < weight < math.inf:
             weight = 1.0
         self.count += 1
-        self.min = min(self.min, value)
-        self.max = max(self.max, value)
+        if value < self.min:
+            self.min = value
+        if value > self.max:
+            self.max = value
         self.last = value
         self._wsum += value * weight
         self._w += weight
@@ -178,7 +183,7 @@ class NonFinite:
     rank: int
 
 
-@dataclass
+@dataclass(slots=True)
 class RankRow:
     rank: int
     host: str = ""
@@ -194,43 +199,14 @@ class RankRow:
     backward_ms: float = 0.0
     optimizer_ms: float = 0.0
     comm_blocked_ms: float = 0.0
-    grad_norm: float = math.nan
-    """Step.grad_norm of the latest step: global, before clipping; NaN when not finite or not sent."""
-    tokens_per_s: float = 0.0
-    tflops: float = 0.0
-    """Step.tflops of the latest step: 0 when the agent does not know its model's FLOPs."""
+    latest: Step | None = None
+    """The latest Step folded in (the last to arrive): the figures only a Step carries are read
+    from it (properties below), not copied at every message."""
     peak_tflops: float = 0.0
     """From the rank's Hello: its device's dense peak; 0 = not known."""
-    # memory, bytes
-    mem_params_bytes: int = 0
-    mem_grads_bytes: int = 0
-    mem_optimizer_bytes: int = 0
     mem_rss_bytes: int = 0
-    mem_cuda_bytes: int = 0
-    mem_cuda_reserved_bytes: int = 0
-    mem_cuda_peak_bytes: int = 0
+    """From the latest Step or Sample that carried one."""
     device_mem_total_bytes: int = 0
-    # communication in the latest step
-    comm_bytes: int = 0
-    comm_mb_s: float = math.nan
-    """Sum of CommStat.bytes in the step / step time, in MB/s (1 MB = 1e6 bytes)."""
-    comm_share_pct: float = math.nan
-    """comm_blocked_ms / step_ms, in percent."""
-    comm_busy_ms: float = 0.0
-    """Wall time with a collective in flight in the latest step (Step.comm_busy_ms)."""
-    idle_pct: float = math.nan
-    """idle_ms / step_ms, in percent: the share of the step this rank waited on input or on exposed
-    communication, or in a pipeline on its stage's bubble. From Step.idle_ms when the
-    agent sends it (> 0), else (data_ms + comm_blocked_ms) / step_ms."""
-    idle_ms: float = 0.0
-    """Step.idle_ms of the latest step (0 when the agent does not send it)."""
-    idle_reported: bool = False
-    """Whether the latest step carried Step.idle_ms (> 0); False: idle % is data + exposed comm."""
-    comm: list = field(default_factory=list)
-    comm_kind_bytes: dict[str, int] = field(default_factory=dict)
-    """Per collective kind, payload bytes in the latest step."""
-    comm_kind_mb_s: dict[str, float] = field(default_factory=dict)
-    """Per collective kind, bytes in the latest step / step time, in MB/s (sums to comm_mb_s)."""
     prediction: Prediction | None = None
     """The cost model's figures for this rank, from its Hello (None when the agent sent none)."""
     # host / device samples
@@ -275,7 +251,8 @@ class RankRow:
     step_ms_history: deque = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
     loss_history: deque = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
     comm_history: deque = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
-    """This rank's `CommStep` per step, oldest first (for the Comm tab's window and chart)."""
+    """This rank's timed steps (`reducers.comm.TimedStep`), oldest first (for the Comm tab's window
+    and chart); `reducers.comm.rank_step` makes a CommStep of one when a window reads it."""
 
     @property
     def drops(self) -> int:
@@ -287,6 +264,110 @@ class RankRow:
         also covers the time before; the larger of the two is the best single figure.
         """
         return max(self.agent_drops, self.seq_lost)
+
+    # Read from the latest step when a screen reads them, not at every message: at 1024 ranks x
+    # 10 Hz the fold runs 10k times a second, a repaint reads the rows it shows 4 times.
+
+    @property
+    def grad_norm(self) -> float:
+        """Step.grad_norm of the latest step: global, before clipping; NaN when not finite or not sent."""
+        g = None if self.latest is None else self.latest.grad_norm
+        return math.nan if g is None else g
+
+    @property
+    def tokens_per_s(self) -> float:
+        return 0.0 if self.latest is None else self.latest.tokens_per_s
+
+    @property
+    def tflops(self) -> float:
+        """Step.tflops of the latest step: 0 when the agent does not know its model's FLOPs."""
+        t = 0.0 if self.latest is None else self.latest.tflops
+        return t if 0.0 < t < math.inf else 0.0
+
+    @property
+    def mem_params_bytes(self) -> int:
+        return 0 if self.latest is None else self.latest.mem.params_bytes
+
+    @property
+    def mem_grads_bytes(self) -> int:
+        return 0 if self.latest is None else self.latest.mem.grads_bytes
+
+    @property
+    def mem_optimizer_bytes(self) -> int:
+        return 0 if self.latest is None else self.latest.mem.optimizer_bytes
+
+    @property
+    def mem_cuda_bytes(self) -> int:
+        return 0 if self.latest is None else self.latest.mem.cuda_allocated_bytes
+
+    @property
+    def mem_cuda_reserved_bytes(self) -> int:
+        return 0 if self.latest is None else self.latest.mem.cuda_reserved_bytes
+
+    @property
+    def mem_cuda_peak_bytes(self) -> int:
+        return 0 if self.latest is None else self.latest.mem.cuda_peak_bytes
+
+    @property
+    def comm(self) -> list:
+        """The latest step's CommStats (the message's own list)."""
+        return [] if self.latest is None else self.latest.comm
+
+    @property
+    def comm_busy_ms(self) -> float:
+        """Wall time with a collective in flight in the latest step (Step.comm_busy_ms)."""
+        return 0.0 if self.latest is None else self.latest.comm_busy_ms
+
+    @property
+    def idle_reported(self) -> bool:
+        """Whether the latest step carried Step.idle_ms (> 0); False: idle % is data + exposed comm.
+        Step.idle_ms defaults to 0: an agent that does not send it (older) reads as 0, and a rank
+        never waits exactly 0 ms, so 0 means "not sent"."""
+        return self.latest is not None and 0.0 < self.latest.idle_ms < math.inf
+
+    @property
+    def idle_ms(self) -> float:
+        """Step.idle_ms of the latest step (0 when the agent does not send it)."""
+        return self.latest.idle_ms if self.idle_reported else 0.0
+
+    @property
+    def comm_bytes(self) -> int:
+        """Sum of CommStat.bytes in the latest step."""
+        return sum(c.bytes for c in self.comm)
+
+    @property
+    def comm_kind_bytes(self) -> dict[str, int]:
+        """Per collective kind, payload bytes in the latest step."""
+        kinds: dict[str, int] = {}
+        for c in self.comm:
+            kinds[c.kind] = kinds.get(c.kind, 0) + c.bytes
+        return kinds
+
+    @property
+    def comm_mb_s(self) -> float:
+        """comm_bytes / step time, in MB/s (1 MB = 1e6 bytes); NaN without a step time."""
+        return self.comm_bytes / (self.step_ms / 1000.0) / 1e6 if self.step_ms > 0 else math.nan
+
+    @property
+    def comm_kind_mb_s(self) -> dict[str, float]:
+        """Per collective kind, bytes in the latest step / step time, in MB/s (sums to comm_mb_s)."""
+        if not self.step_ms > 0:
+            return dict.fromkeys(self.comm_kind_bytes, math.nan)
+        step_s = self.step_ms / 1000.0
+        return {k: b / step_s / 1e6 for k, b in self.comm_kind_bytes.items()}
+
+    @property
+    def comm_share_pct(self) -> float:
+        """comm_blocked_ms / step_ms, in percent."""
+        return share_pct(self.comm_blocked_ms, self.step_ms)
+
+    @property
+    def idle_pct(self) -> float:
+        """idle_ms / step_ms, in percent: the share of the step this rank waited on input or on exposed
+        communication, or in a pipeline on its stage's bubble. From Step.idle_ms when the
+        agent sends it (> 0), else (data_ms + comm_blocked_ms) / step_ms."""
+        idle = self.idle_ms if self.idle_reported else self.data_ms + self.comm_blocked_ms
+        return share_pct(idle, self.step_ms)
 
     @property
     def mem_bytes(self) -> int:
@@ -393,23 +474,56 @@ class RunView:
     def apply(self, msg: Any, now: float | None = None) -> None:
         """Fold one message into the view: any `ringtop.protocol` message, or a `ControlReply`
         (a reply from the UI's own control socket). `now`: the caller's monotonic clock."""
+        parts = self._fold(msg, time.monotonic() if now is None else now)
+        if parts:
+            self._move_on(parts)
+
+    def apply_batch(self, msgs: Iterable[Any], now: float | None = None,
+                    on_error: Callable[[Any, Exception], None] | None = None) -> None:
+        """Fold messages in as `apply` does each, the parts' versions moved on once for the batch
+        (a screen reads them only between batches). `on_error(msg, exc)`: a message whose fold
+        raised (its parts are not moved on for it); without it the exception propagates."""
         now = time.monotonic() if now is None else now
+        moved: set[tuple[str, ...]] = set()
+        last: tuple[str, ...] | None = None
+        fold = self._fold
+        for m in msgs:
+            try:
+                parts = fold(m, now)
+            except Exception as exc:
+                if on_error is None:
+                    raise
+                on_error(m, exc)
+                continue
+            if parts is not last and parts:
+                moved.add(parts)
+                last = parts
+        if moved:
+            self._move_on(set().union(*moved))
+
+    def _move_on(self, parts: Iterable[str]) -> None:
+        versions = self.versions
+        for p in parts:
+            versions[p] += 1
+
+    def _fold(self, msg: Any, now: float) -> tuple[str, ...] | None:
+        """`apply` without moving the versions on: the parts that may have changed (None: none)."""
         self.messages_total += 1
         route = ROUTES.get(type(msg))
         if route is None:
             self.goodput.add(msg)  # a Stall counts there; a Command (another client's, echoed) does not
-            return
+            return None
         self._last_rx = now
         handler, parts, per_rank = route
         if per_rank:
             row = self._sender(msg, now)
             if row is None:
-                return
+                return None
             handler(self, row, msg, now)
         else:
             handler(self, msg, now)
         self.goodput.add(msg)  # after the handler: a new run's Hello has reset the view
-        self.versions.update(parts)
+        return parts
 
     def _sender(self, msg: Any, now: float) -> RankRow | None:
         """The row of the rank that sent `msg` (made on its first message), with its liveness
@@ -418,11 +532,13 @@ class RunView:
             if isinstance(msg, Event):
                 self.event_log.add(msg.level, None, msg.text or msg.kind, msg.ts, kind=msg.kind)
             return None
-        if msg.rank not in self.ranks and not self._may_add_row(msg.rank):
-            self.note_rejected(f"{msg.__struct_config__.tag} from rank {msg.rank}, outside the run's "
-                               f"{self.facts.world_size or MAX_RANKS_BEFORE_HELLO} ranks", now)
-            return None
-        row = self._row(msg.rank)
+        row = self.ranks.get(msg.rank)
+        if row is None:
+            if not self._may_add_row(msg.rank):
+                self.note_rejected(f"{msg.__struct_config__.tag} from rank {msg.rank}, outside the run's "
+                                   f"{self.facts.world_size or MAX_RANKS_BEFORE_HELLO} ranks", now)
+                return None
+            row = self._row(msg.rank)
         if row.dead:
             row.dead, row.ended_at = False, None
             self._live.add(row.rank)
@@ -433,7 +549,8 @@ class RunView:
         row.last_seen = now
         if row.heard_since is None:
             row.heard_since = now
-        row.last_ts = max(row.last_ts, msg.ts)
+        if msg.ts > row.last_ts:
+            row.last_ts = msg.ts
         if msg.ts > self.latest_ts:
             self.latest_ts = msg.ts
         row.silent_s = 0.0
@@ -490,9 +607,7 @@ class RunView:
             self.event_log.add(msg.level, msg.rank, self._event_text(msg), msg.ts, kind=msg.kind)
 
     def apply_many(self, msgs: Iterable[Any], now: float | None = None) -> None:
-        now = time.monotonic() if now is None else now
-        for m in msgs:
-            self.apply(m, now)
+        self.apply_batch(msgs, now)
 
     def note_rejected(self, error_text: str, now: float | None = None) -> None:
         """A telemetry frame that did not decode: counted, and reported (rate-limited) as an event."""
@@ -894,60 +1009,36 @@ class RunView:
         row.step_seen = now
         if self.hang.stalled and self.hang.on_step(msg.rank, msg.step):
             self.versions["hang"] += 1
-        loss = math.nan if msg.loss is None else msg.loss  # null: the loss was not finite
-        row.step = max(row.step, msg.step)
+        loss = msg.loss
+        if loss is None:
+            loss = math.nan  # null: the loss was not finite
+        if msg.step > row.step:
+            row.step = msg.step
         row.loss = loss
-        row.step_ms = msg.step_ms
+        step_ms = row.step_ms = msg.step_ms
         row.data_ms = msg.data_ms
         row.forward_ms = msg.forward_ms
         row.backward_ms = msg.backward_ms
         row.optimizer_ms = msg.optimizer_ms
         row.comm_blocked_ms = msg.comm_blocked_ms
-        # Step.idle_ms defaults to 0: an agent that does not send it (older) reads as 0, and a rank
-        # never waits exactly 0 ms, so 0 means "not sent" and idle falls back to data + exposed comm.
-        row.idle_reported = math.isfinite(msg.idle_ms) and msg.idle_ms > 0
-        row.idle_ms = msg.idle_ms if row.idle_reported else 0.0
-        row.tokens_per_s = msg.tokens_per_s
-        row.tflops = msg.tflops if math.isfinite(msg.tflops) and msg.tflops > 0 else 0.0
-        m = msg.mem
-        row.mem_params_bytes = m.params_bytes
-        row.mem_grads_bytes = m.grads_bytes
-        row.mem_optimizer_bytes = m.optimizer_bytes
-        if m.rss_bytes:
-            row.mem_rss_bytes = m.rss_bytes
-        row.mem_cuda_bytes = m.cuda_allocated_bytes
-        row.mem_cuda_reserved_bytes = m.cuda_reserved_bytes
-        row.mem_cuda_peak_bytes = m.cuda_peak_bytes
-        row.comm = list(msg.comm)
-        row.comm_bytes = sum(c.bytes for c in msg.comm)
-        kinds: dict[str, int] = {}
-        for c in msg.comm:
-            kinds[c.kind] = kinds.get(c.kind, 0) + c.bytes
-        row.comm_kind_bytes = kinds
-        row.comm_busy_ms = msg.comm_busy_ms
-        if msg.step_ms > 0:
-            step_s = msg.step_ms / 1000.0
-            row.comm_mb_s = row.comm_bytes / step_s / 1e6
-            row.comm_kind_mb_s = {k: b / step_s / 1e6 for k, b in kinds.items()}
-            row.comm_share_pct = share_pct(msg.comm_blocked_ms, msg.step_ms)
-            idle = msg.idle_ms if row.idle_reported else msg.data_ms + msg.comm_blocked_ms
-            row.idle_pct = share_pct(idle, msg.step_ms)
-        else:
-            row.comm_mb_s = math.nan
-            row.comm_kind_mb_s = {k: math.nan for k in kinds}
-            row.comm_share_pct = math.nan
-            row.idle_pct = math.nan
+        row.latest = msg
+        rss = msg.mem.rss_bytes
+        if rss:
+            row.mem_rss_bytes = rss
         own = self.comm_ledger.collect(msg)
         if own is not None:
             row.comm_history.append(own)
         if msg.cpu_percent:
             row.cpu_percent = msg.cpu_percent
-        row.agent_drops = max(row.agent_drops, msg.drops)
-        if math.isfinite(msg.step_ms):
-            row.step_ms_stat.update(msg.step_ms, msg.ts or None, fallback_weight=max(msg.step_ms, 0.0) / 1000.0)
-            row.step_ms_history.append(msg.step_ms)
+        if msg.drops > row.agent_drops:
+            row.agent_drops = msg.drops
+        if math.isfinite(step_ms):
+            row.step_ms_stat.update(step_ms, msg.ts or None, (step_ms if step_ms > 0.0 else 0.0) / 1000.0)
+            row.step_ms_history.append(step_ms)
         row.loss_history.append(loss)
-        row.grad_norm = math.nan if msg.grad_norm is None else msg.grad_norm
+        grad_norm = msg.grad_norm
+        if grad_norm is None:
+            grad_norm = math.nan
         if msg.skipped and (self.last_skipped_step is None or msg.step > self.last_skipped_step):
             self.last_skipped_step = msg.step  # every rank skips the same step: count it once
             self.skipped_steps += 1
@@ -955,7 +1046,7 @@ class RunView:
             first = self.first_nonfinite
             if first is None or (msg.step, msg.rank) < (first.step, first.rank):
                 self.first_nonfinite = NonFinite(step=msg.step, rank=msg.rank)
-        self.step_history.collect(msg.step, msg.rank, msg.step_ms, loss, self._live, row.grad_norm)
+        self.step_history.collect(msg.step, msg.rank, step_ms, loss, self._live, grad_norm)
         self._slowest_dirty = True
 
     def _agent_link_peak(self, gbps: float, source: str) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import msgspec
+
 from ringtop.metrics.timing import finite_or_0
 from ringtop.protocol import CommStat, Step
 
@@ -36,14 +38,56 @@ class CommStep:
         self.data_ms += other.data_ms
         self.blocked_ms += other.blocked_ms
         self.busy_ms += other.busy_ms
-        for c in other.kinds.values():
-            self.add_comm(c)
+        kinds = self.kinds
+        for key, c in other.kinds.items():
+            acc = kinds.get(key)
+            if acc is None:
+                acc = kinds[key] = CommStat(kind=c.kind, group_size=c.group_size)
+            acc.add(c)
 
     def add_comm(self, c: CommStat) -> None:
         acc = self.kinds.get((c.kind, c.group_size))
         if acc is None:
             acc = self.kinds[(c.kind, c.group_size)] = CommStat(kind=c.kind, group_size=c.group_size)
         acc.add(c)
+
+
+class TimedStep(msgspec.Struct, frozen=True, gc=False):
+    """What a rank's history (`RankRow.comm_history`) keeps of a timed Step: its communication
+    fields, named as in Step, and the message's own CommStats. Whole Steps would hold 2.3x the
+    memory (1024 ranks x 260 steps: 230 MB held by the view, 76 MB with these, 141 with the
+    CommSteps made per message before)."""
+
+    step: int
+    step_ms: float
+    data_ms: float
+    comm_blocked_ms: float
+    comm_busy_ms: float
+    comm: list[CommStat]
+
+
+def timed(msg: Step) -> bool:
+    """A step with a measured time (finite, > 0): only those count in the communication windows."""
+    return 0.0 < msg.step_ms < math.inf
+
+
+def step_times(msg: Step | TimedStep) -> tuple[float, float, float]:
+    """(data_ms, comm_blocked_ms, comm_busy_ms) of a step as the windows sum them: a time that is
+    not finite counts as none (`finite_or_0`)."""
+    data, blocked, busy = msg.data_ms, msg.comm_blocked_ms, msg.comm_busy_ms
+    return (data if type(data) is float and data - data == 0.0 else finite_or_0(data),
+            blocked if type(blocked) is float and blocked - blocked == 0.0 else finite_or_0(blocked),
+            busy if type(busy) is float and busy - busy == 0.0 else finite_or_0(busy))
+
+
+def rank_step(msg: Step | TimedStep) -> CommStep:
+    """One rank's CommStep from its timed step, built only when a window or chart of that rank is
+    read."""
+    data, blocked, busy = step_times(msg)
+    cs = CommStep(step=msg.step, ranks=1, step_ms=msg.step_ms, data_ms=data, blocked_ms=blocked, busy_ms=busy)
+    for c in msg.comm:
+        cs.add_comm(c)
+    return cs
 
 
 class CommLedger:
@@ -59,24 +103,40 @@ class CommLedger:
         known = [k for k in COMM_KIND_ORDER if k in self.kinds_seen]
         return known + sorted(self.kinds_seen.difference(COMM_KIND_ORDER))
 
-    def collect(self, msg: Step) -> CommStep | None:
-        """Fold one rank's step in; returns that rank's own CommStep (None for a step without time)."""
-        self.kinds_seen.update(c.kind for c in msg.comm)
-        if not (math.isfinite(msg.step_ms) and msg.step_ms > 0):
+    def collect(self, msg: Step) -> TimedStep | None:
+        """Fold one rank's step into its step number's sums; returns what the rank's history keeps
+        of it (None for a step without time: no part of any window, `timed`)."""
+        comm = msg.comm
+        seen = self.kinds_seen
+        if not timed(msg):
+            for c in comm:
+                seen.add(c.kind)
             return None
-        cs = CommStep(step=msg.step, ranks=1, step_ms=msg.step_ms, data_ms=finite_or_0(msg.data_ms),
-                      blocked_ms=finite_or_0(msg.comm_blocked_ms), busy_ms=finite_or_0(msg.comm_busy_ms))
-        for c in msg.comm:
-            cs.add_comm(c)
-        agg = self.steps.get(msg.step)
+        own = TimedStep(msg.step, msg.step_ms, msg.data_ms, msg.comm_blocked_ms, msg.comm_busy_ms, comm)
+        steps = self.steps
+        agg = steps.get(msg.step)
         if agg is None:
-            if len(self.steps) >= self._points and msg.step < min(self.steps):
-                return cs  # older than everything kept
-            agg = self.steps[msg.step] = CommStep(step=msg.step)
-            if len(self.steps) > self._points:
-                del self.steps[min(self.steps)]
-        agg.add(cs)
-        return cs
+            if len(steps) >= self._points:
+                oldest = min(steps)
+                if msg.step < oldest:
+                    seen.update(c.kind for c in comm)
+                    return own  # older than everything kept
+                del steps[oldest]
+            agg = steps[msg.step] = CommStep(step=msg.step)
+        data, blocked, busy = step_times(msg)
+        agg.ranks += 1
+        agg.step_ms += msg.step_ms
+        agg.data_ms += data
+        agg.blocked_ms += blocked
+        agg.busy_ms += busy
+        kinds = agg.kinds
+        for c in comm:
+            seen.add(c.kind)
+            acc = kinds.get((c.kind, c.group_size))
+            if acc is None:
+                acc = kinds[(c.kind, c.group_size)] = CommStat(kind=c.kind, group_size=c.group_size)
+            acc.add(c)
+        return own
 
     def clear(self) -> None:
         """A new strategy: the window and chart start again, in other collectives."""

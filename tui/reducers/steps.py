@@ -8,6 +8,7 @@ import math
 import statistics
 from collections import deque
 from dataclasses import dataclass
+from itertools import islice
 
 from ringtop.metrics.numerics import SPIKE_WINDOW, Spike, loss_spike
 
@@ -52,19 +53,38 @@ class StepHistory:
         """The latest step whose mean loss was a spike against the steps before it."""
         self._pending: dict[int, dict[int, tuple[float, float, float]]] = {}
         self._newest_step = -1
+        self._oldest: int | None = None
+        """The oldest pending step, as of the last close."""
+        self._live_at_close = -1
+        """Live ranks at the last close (-1: look again at the next message)."""
 
     def collect(self, step: int, rank: int, step_ms: float, loss: float, live: set[int],
                 grad_norm: float = math.nan) -> None:
-        if self.points and step <= self.points[-1].step:
+        points = self.points
+        if points and step <= points[-1].step:
             return  # already closed (a late rank); its own row still shows it
-        self._pending.setdefault(step, {})[rank] = (step_ms, loss, grad_norm)
-        self._newest_step = max(self._newest_step, step)
+        got = self._pending.get(step)
+        if got is None:
+            self._pending[step] = {rank: (step_ms, loss, grad_norm)}
+        else:
+            got[rank] = (step_ms, loss, grad_norm)
+            if self._live_at_close == len(live) and (step != self._oldest or len(got) < len(live)):
+                # another rank of a pending step: the newest step, the pending steps and who is live
+                # are as at the last close, so only the oldest step can close, once it can be complete
+                return
+        if step > self._newest_step:
+            self._newest_step = step
+        self._close_ready(live)
+
+    def _close_ready(self, live: set[int]) -> None:
         for s in sorted(self._pending):  # a few steps at most (STEP_LAG)
             got = self._pending[s]
             if s <= self._newest_step - STEP_LAG or len(self._pending) > MAX_PENDING_STEPS or _complete(got, live):
                 self._close(s, self._pending.pop(s))
             else:
                 break
+        self._oldest = min(self._pending, default=None)
+        self._live_at_close = len(live)
 
     def close_complete(self, live: set[int]) -> None:
         """A rank that left must not hold open the cross-rank chart."""
@@ -73,10 +93,13 @@ class StepHistory:
                 self._close(s, self._pending.pop(s))
             else:
                 break
+        self._oldest = min(self._pending, default=None)
+        self._live_at_close = -1
 
     def forget_rank(self, rank: int) -> None:
         for points in self._pending.values():
             points.pop(rank, None)
+        self._live_at_close = -1
 
     def _close(self, step: int, got: dict[int, tuple[float, float, float]]) -> None:
         times = {r: ms for r, (ms, _, _) in got.items() if math.isfinite(ms)}
@@ -86,7 +109,7 @@ class StepHistory:
             return
         max_rank = max(times, key=times.__getitem__)
         loss = sum(losses) / len(losses) if losses else math.nan
-        recent = [p.loss for p in list(self.points)[-SPIKE_WINDOW:]]
+        recent = [p.loss for p in islice(reversed(self.points), SPIKE_WINDOW)][::-1]
         spike = loss_spike(recent, loss)
         if spike is not None:
             self.last_spike = LossSpike(step, spike)
