@@ -79,6 +79,12 @@ class AgentRun:
         poll_until(reached, timeout_s, f"step {step}", interval_s=0.1, detail=lambda: self.output()[-3000:])
 
 
+SUITE_ALL = os.environ.get("RINGTOP_SUITE_ALL") == "1"
+further = pytest.mark.skipif(not SUITE_ALL, reason="a further variant, left out for the suite's time: "
+                                                    "RINGTOP_SUITE_ALL=1")
+"""A variant whose code path another test of the default suite already runs (tests/README.md)."""
+
+
 def poll_until(condition, timeout_s: float, what: str, interval_s: float = 0.05, detail=None):
     """Wait for a state, not for a time: `condition()` until it is truthy (returned) or
     `timeout_s` passes (AssertionError naming `what`, then `detail()` if given: e.g. a run's output)."""

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import agent_env, poll_until
+from conftest import agent_env, further, poll_until
 
 from ringtop.cli.launch import descendants, kill_all
 from ringtop.protocol import Bye, Step, free_tcp_port, read_log
@@ -71,7 +71,8 @@ def wait_gone(pids: list[int], timeout_s: float) -> list[int]:
     return alive(pids)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+@pytest.mark.parametrize("sig", [pytest.param(signal.SIGTERM, marks=further), signal.SIGHUP],
+                         ids=["SIGTERM", "SIGHUP"])  # one handler for both in cli/launch.py
 def test_a_stop_signal_to_ringtop_run_stops_every_rank_cleanly(tmp_path, sig):
     with training_cli(tmp_path) as (proc, log_dir, family):
         assert len(family) >= 3, "a launcher and two ranks"

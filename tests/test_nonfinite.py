@@ -9,6 +9,7 @@ import re
 
 import pytest
 import torch
+from conftest import further
 from test_tui_app import make_hello, make_step
 
 from ringtop.agent.checkpoint_format import checkpoint_name, load_full_files, read_meta, resolve
@@ -167,7 +168,7 @@ def test_without_skipping_the_poisoned_step_reaches_the_weights_and_is_named_onc
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("mode", ["stop", "checkpoint-and-stop"])
+@pytest.mark.parametrize("mode", [pytest.param("stop", marks=further), "checkpoint-and-stop"])  # the latter stops too
 def test_a_stopping_mode_ends_the_run_at_the_poisoned_step_naming_rank_and_step(launch_agents, mode):
     run = launch_agents(2, "--steps", "8", *COMMON, "--inject-nan", "1:3", "--on-nonfinite", mode)
     code = run.wait(120)

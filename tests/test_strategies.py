@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-from conftest import start_agents, stop_process_group
+from conftest import further, start_agents, stop_process_group
 from numerics import GRAD_NORM_RTOL, LOSS_RTOL, assert_series_close, assert_trains_like_the_reference, mean_losses
 from reference import reference_run
 
@@ -22,7 +22,7 @@ STRATEGIES = [
     pytest.param(("--strategy", "ddp"), id="ddp"),
     pytest.param(("--strategy", "fsdp", "--fsdp-sharding", "full"), id="fsdp-full"),
     pytest.param(("--strategy", "fsdp", "--fsdp-sharding", "grad-op"), id="fsdp-grad-op"),
-    pytest.param(("--strategy", "fsdp", "--fsdp-sharding", "no-shard"), id="fsdp-no-shard"),
+    pytest.param(("--strategy", "fsdp", "--fsdp-sharding", "no-shard"), id="fsdp-no-shard", marks=further),
     pytest.param(("--strategy", "zero1"), id="zero1", marks=needs_deepspeed),
     pytest.param(("--strategy", "zero2"), id="zero2", marks=needs_deepspeed),
     pytest.param(("--strategy", "zero3"), id="zero3", marks=needs_deepspeed),
