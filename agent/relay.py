@@ -25,7 +25,8 @@ from typing import Callable, Collection, Mapping
 
 import zmq
 
-from ringtop.protocol import Hello, Message, ProtocolError, decode
+from ringtop.metrics.goodput import Goodput
+from ringtop.protocol import UI_RANK, GoodputSoFar, Hello, Message, ProtocolError, decode, encode
 from ringtop.protocol.batch import decode_batch
 from ringtop.protocol.curve import CLIENT_DOMAIN, RELAY_DOMAIN, close_monitored
 from ringtop.protocol.guard import LoopFaults
@@ -45,12 +46,14 @@ class Relay(threading.Thread):
     def __init__(self, relay_address: str, publish_address: str, context: zmq.Context | None = None,
                  run_id: str | None = None, world_size: int | None = None, gate: Gatekeeper | None = None,
                  movable: Collection[str] = (), observers: Collection[Callable[[Message], None]] = (),
-                 carriers: Mapping[str, Collection[int]] | None = None):
+                 carriers: Mapping[str, Collection[int]] | None = None, count_goodput: bool = True):
         """`gate`: both sockets authenticate through it (None: plain sockets, --insecure).
         `carriers`: the ranks each node relay's connection (by its ZAP user id) may carry.
         `movable`: which of "relay" and "publish" are defaults, which move to free ports when taken.
         `observers`: called on the relay's thread with each message it forwards (already validated),
-        e.g. the hang watch and the Prometheus exporter; one that raises is counted, never fatal."""
+        e.g. the hang watch and the Prometheus exporter; one that raises is counted, never fatal.
+        `count_goodput`: fold every message into the run's goodput, which each new subscriber gets
+        after the replayed Hellos (metrics/goodput.py: a UI attaching mid-run)."""
         super().__init__(name="ringtop-relay", daemon=True)
         self.run_id = run_id
         """Hellos of another run are dropped (None: not checked)."""
@@ -92,6 +95,9 @@ class Relay(threading.Thread):
         """Each rank's latest `seq`: a rank's messages come in order (one connection, or one node relay's)."""
         self.duplicates = 0
         self.observers = list(observers)
+        self.goodput = Goodput() if count_goodput else None
+        if self.goodput is not None:
+            self.observers.append(self.goodput.add)
         self._downlink: collections.deque[bytes] = collections.deque(maxlen=64)
 
     def stop(self, timeout_s: float = 2.0) -> None:
@@ -216,6 +222,21 @@ class Relay(threading.Thread):
         if new_subscriber:
             for frames in sorted(self._cache.values(), key=lambda f: not f[0].startswith(b"hello.")):
                 self._frontend.send_multipart(frames)
+            so_far = self._goodput_so_far()
+            if so_far is not None:
+                self._frontend.send_multipart([b"goodput.-1", encode(so_far)])
+
+    def _goodput_so_far(self) -> GoodputSoFar | None:
+        state = self.goodput.state() if self.goodput is not None else None
+        if state is None or not state.run_id:
+            return None
+        return GoodputSoFar(
+            rank=UI_RANK, ts=state.as_of_ts, run_id=state.run_id, world_size=state.world_size or self.world_size or 0,
+            started_ts=state.started_ts, as_of_ts=state.as_of_ts, first_step_start_ts=state.first_step_start_ts,
+            step_end_ts=state.step_end_ts, steps=state.steps, productive_s=state.productive_s,
+            checkpoint_s=state.checkpoint_s, switch_s=state.switch_s, skipped_s=state.skipped_s,
+            stall_closed_s=state.stall_closed_s, startup_s=state.startup_s, open_stalls=list(state.open_stalls),
+            recent_steps=list(state.recent_steps), recent_stalls=list(state.recent_stalls))
 
 
 def real_message(frames: list[bytes], sender: Collection[int] | None, run_id: str | None,
@@ -234,8 +255,8 @@ def real(topic: bytes, body: bytes, sender: Collection[int] | None, run_id: str 
         return None
     if topic != f"{_TAGS[type(msg)]}.{msg.rank}".encode():
         return None
-    if sender is not None and msg.rank not in sender:
-        return None
+    if isinstance(msg, GoodputSoFar) or (sender is not None and msg.rank not in sender):
+        return None  # the relay's own count, never a rank's
     if world_size is not None and not 0 <= msg.rank < world_size:
         return None
     if isinstance(msg, Hello) and ((run_id is not None and msg.run_id != run_id)

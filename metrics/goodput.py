@@ -24,6 +24,13 @@ How ranks are combined: rank 0's view. Steps, checkpoints and switches are rank 
 steps in lockstep; switch events are repeated by every rank); the wall spans every rank's
 messages; stalls of any rank count.
 
+A UI that attaches mid-run has missed the run's earlier steps; the wall its replayed Hello gives it
+reaches back to the start all the same. Rank 0's relay therefore folds every message it forwards
+into a Goodput of its own and sends its `state()` (a `goodput` message) to each new subscriber
+right after the replayed Hellos; `add` takes such a message as the whole count up to its `ts`,
+and the messages that follow it go on from there. What a checkpoint or switch reported after it
+overlapped before it is clipped at the hand-over (the steps it overlapped are not carried).
+
 Stdlib only, like the rest of `ringtop.metrics`: messages are recognised by their protocol type
 tag (`hello`, `step`, ...), duck-typed, so this module imports neither msgspec nor the protocol.
 """
@@ -44,6 +51,40 @@ STEP_HISTORY = 4096
 STALL_HISTORY = 256
 """Finished stalls kept apart (older ones are folded into a total, as no later step reaches back
 to them)."""
+
+
+@dataclass(frozen=True)
+class GoodputState:
+    """Everything `Goodput` needs to go on counting from `as_of_ts` (protocol: GoodputSoFar)."""
+
+    run_id: str
+    world_size: int
+    started_ts: float
+    as_of_ts: float
+    first_step_start_ts: float | None
+    step_end_ts: float | None
+    steps: int
+    productive_s: float
+    checkpoint_s: float
+    switch_s: float
+    skipped_s: float
+    stall_closed_s: float
+    """Seconds of stalls that had ended, merged across ranks."""
+    startup_s: float | None
+    """Start-up's lost seconds, once the first step has begun (fixed from then on)."""
+    open_stalls: tuple[tuple[int, float], ...]
+    """(rank, start) of each stall in progress."""
+    recent_steps: tuple[tuple[float, float], ...] = ()
+    """Rank 0's latest steps, (start, end): what a later checkpoint overlapped."""
+    recent_stalls: tuple[tuple[float, float], ...] = ()
+    """The latest ended stalls (within stall_closed_s): what a later, long step overlapped."""
+
+
+MAX_OPEN_STALLS = 1 << 16
+"""A state reporting more stalls in progress than this is not believed."""
+HANDED_STEPS = 256
+HANDED_STALLS = 64
+"""How many of the latest steps and ended stalls a state carries."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +125,21 @@ def _real(x: Any) -> float | None:
     return x if math.isfinite(x) else None
 
 
+def _intervals(items: Any, lo: float, hi: float, most: int) -> list[tuple[float, float]] | None:
+    """(start, end) pairs inside [lo, hi], in time order and not overlapping; None if they are not."""
+    if not isinstance(items, (list, tuple)) or len(items) > most:
+        return None
+    found: list[tuple[float, float]] = []
+    for item in items:
+        if not isinstance(item, (list, tuple)) or len(item) != 2:
+            return None
+        s, e = _real(item[0]), _real(item[1])
+        if s is None or e is None or not lo <= s <= e <= hi or (found and s < found[-1][1]):
+            return None
+        found.append((s, e))
+    return found
+
+
 def _covered(a: float, b: float, pieces: Iterable[tuple[float, float]]) -> float:
     """Seconds of [a, b] inside the union of `pieces`."""
     clipped = sorted((max(a, s), min(b, e)) for s, e in pieces if e > a and s < b)
@@ -118,6 +174,12 @@ class Goodput:
         self._stalls: list[tuple[float, float]] = []
         """Finished stalls, merged where they overlap, in time order."""
         self._folded_stall_s = 0.0
+        self._handed_over_ts: float | None = None
+        """Where a restored state ends: an event's interval is clipped there."""
+        self._startup_s: float | None = None
+        """Start-up's seconds as a restored state counted them."""
+        self._restored_stall_s = 0.0
+        """A restored state's ended stalls, all before the first step when it had none."""
 
     # ------------------------------------------------------------------ input
 
@@ -138,6 +200,9 @@ class Goodput:
         ts = _real(ts)
         if tag == "hello":
             self._hello(msg, ts)
+            return
+        if tag == "goodput":
+            self._restore(msg)
             return
         if self.first_ts is None or ts is None or not isinstance(rank, int) or rank < 0:
             return  # before the run's first Hello, or the UI's own
@@ -203,7 +268,9 @@ class Goodput:
         seconds = _real(data.get("seconds")) if isinstance(data, dict) else None
         if seconds is None or seconds <= 0:
             return
-        a = max(ts - seconds, self.first_ts)
+        a = max(ts - seconds, self.first_ts, self._handed_over_ts or self.first_ts)
+        if ts <= a:
+            return
         pieces = [*self._recent_steps(a), *self._stall_pieces(a, ts)]
         self._lost[kind] += max(0.0, (ts - a) - _covered(a, ts, pieces))
 
@@ -238,6 +305,79 @@ class Goodput:
             s, e = stalls.pop(0)
             self._folded_stall_s += e - s
 
+    # ------------------------------------------------------------------ hand-over
+
+    def state(self) -> GoodputState | None:
+        """The count so far, for a counter that starts now (None before the run's first Hello)."""
+        if self.first_ts is None:
+            return None
+        closed = self._folded_stall_s + sum(e - s for s, e in self._stalls)
+        startup = self.result().lost_s["startup"] if self.first_step_start is not None else None
+        return GoodputState(
+            run_id=self.run_id, world_size=self.world_size, started_ts=self.first_ts, as_of_ts=self.last_ts,
+            first_step_start_ts=self.first_step_start, step_end_ts=self._step_end, steps=self._step_count,
+            productive_s=self.productive_s, checkpoint_s=self._lost["checkpoint"], switch_s=self._lost["switch"],
+            skipped_s=self._lost["skipped"], stall_closed_s=closed, startup_s=startup,
+            open_stalls=tuple(sorted(self._open.items()))[:MAX_OPEN_STALLS],
+            recent_steps=tuple(self._steps)[-HANDED_STEPS:], recent_stalls=tuple(self._stalls[-HANDED_STALLS:]))
+
+    def _restore(self, msg: Any) -> None:
+        """Take a `goodput` message (fields as GoodputState) as the count up to its `as_of_ts`,
+        if it is of this run and adds up; otherwise ignore it."""
+        run_id = getattr(msg, "run_id", "")
+        if self.run_id and run_id != self.run_id:
+            return
+        started, as_of = _real(getattr(msg, "started_ts", None)), _real(getattr(msg, "as_of_ts", None))
+        seconds = [_real(getattr(msg, k, None)) for k in
+                   ("productive_s", "checkpoint_s", "switch_s", "skipped_s", "stall_closed_s")]
+        steps, world = getattr(msg, "steps", None), getattr(msg, "world_size", 0)
+        if started is None or as_of is None or not 0 <= as_of - started < 10 * MAX_STARTUP_S:
+            return
+        if any(v is None or v < 0 for v in seconds) or type(steps) is not int or steps < 0:
+            return
+        productive, checkpoint, switch, skipped, stalled = seconds
+        wall = as_of - started
+        if productive + skipped > wall * (1 + 1e-9) + 1e-6 or stalled > wall * (1 + 1e-9) + 1e-6:
+            return
+        first_step = _real(getattr(msg, "first_step_start_ts", None))
+        startup = _real(getattr(msg, "startup_s", None))
+        if startup is not None and not 0 <= startup <= wall * (1 + 1e-9) + 1e-6:
+            return
+        step_end = _real(getattr(msg, "step_end_ts", None))
+        if first_step is not None and not started <= first_step <= as_of:
+            return
+        if step_end is not None and not started <= step_end <= as_of:
+            return
+        open_stalls = getattr(msg, "open_stalls", ())
+        if not isinstance(open_stalls, (list, tuple)) or len(open_stalls) > MAX_OPEN_STALLS:
+            return
+        opened: dict[int, float] = {}
+        for item in open_stalls:
+            if not isinstance(item, (list, tuple)) or len(item) != 2:
+                return
+            rank, start = item[0], _real(item[1])
+            if type(rank) is not int or rank < 0 or start is None or not started <= start <= as_of:
+                return
+            opened[rank] = start
+        steps_kept = _intervals(getattr(msg, "recent_steps", ()), started, as_of, HANDED_STEPS)
+        stalls_kept = _intervals(getattr(msg, "recent_stalls", ()), started, as_of, HANDED_STALLS)
+        if steps_kept is None or stalls_kept is None or sum(e - s for s, e in stalls_kept) > stalled + 1e-6:
+            return
+        self._reset(run_id or self.run_id)
+        if type(world) is int and world > 0:
+            self.world_size = world
+        self.first_ts, self.last_ts = started, as_of
+        self.first_step_start, self._step_end, self._step_count = first_step, step_end, steps
+        self.productive_s = productive
+        self._lost.update(checkpoint=checkpoint, switch=switch, skipped=skipped)
+        self._steps.extend(steps_kept)
+        self._stalls = stalls_kept
+        self._folded_stall_s = stalled - sum(e - s for s, e in stalls_kept)
+        self._open = opened
+        self._handed_over_ts = steps_kept[0][0] if steps_kept else as_of
+        self._startup_s = startup if first_step is not None else None
+        self._restored_stall_s = self._folded_stall_s if first_step is None else 0.0
+
     # ------------------------------------------------------------------ queries
 
     def _stall_pieces(self, a: float, b: float) -> list[tuple[float, float]]:
@@ -271,7 +411,10 @@ class Goodput:
         stalls = [*self._stalls, *((s, t1) for s in self._open.values())]
         lost["stall"] = self._folded_stall_s + _covered(t0, t1, stalls)
         startup_end = self.first_step_start if self.first_step_start is not None else t1
-        lost["startup"] = max(0.0, (startup_end - t0) - _covered(t0, startup_end, stalls))
+        if self._startup_s is not None:
+            lost["startup"] = self._startup_s
+        else:
+            lost["startup"] = max(0.0, (startup_end - t0) - _covered(t0, startup_end, stalls) - self._restored_stall_s)
         accounted = self.productive_s + sum(v for k, v in lost.items() if k != "other")
         lost["other"] = max(0.0, wall - accounted)
         return GoodputResult(productive_s=self.productive_s, wall_s=wall, lost_s=lost, steps=self._step_count)

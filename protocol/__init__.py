@@ -29,6 +29,7 @@ from .messages import (
     Command,
     CommStat,
     Event,
+    GoodputSoFar,
     GpuSample,
     GroupCursor,
     Heartbeat,

@@ -331,6 +331,34 @@ class Stall(Envelope, tag="stall", kw_only=True):
     """Ranks on this host whose process has ended."""
 
 
+NonNegative = Annotated[float, msgspec.Meta(ge=0, le=MAX_REAL)]
+MAX_OPEN_STALLS = 1 << 16
+
+
+class GoodputSoFar(Envelope, tag="goodput", kw_only=True):
+    """Rank 0's relay's goodput count up to `as_of_ts` (metrics/goodput.GoodputState), sent to each
+    new subscriber after the replayed Hellos: a UI that attaches mid-run goes on from the run's
+    count instead of from the steps it happened to see. `rank` is UI_RANK: no rank sends it, and
+    the relay drops one that comes from a rank."""
+
+    run_id: Annotated[str, msgspec.Meta(max_length=MAX_ID_CHARS)] = ""
+    world_size: Count = 0
+    started_ts: Real
+    as_of_ts: Real
+    first_step_start_ts: Real | None = None
+    step_end_ts: Real | None = None
+    steps: Count = 0
+    productive_s: NonNegative = 0.0
+    checkpoint_s: NonNegative = 0.0
+    switch_s: NonNegative = 0.0
+    skipped_s: NonNegative = 0.0
+    stall_closed_s: NonNegative = 0.0
+    startup_s: NonNegative | None = None
+    open_stalls: Annotated[list[tuple[Rank, Real]], msgspec.Meta(max_length=MAX_OPEN_STALLS)] = []
+    recent_steps: Annotated[list[tuple[Real, Real]], msgspec.Meta(max_length=1024)] = []
+    recent_stalls: Annotated[list[tuple[Real, Real]], msgspec.Meta(max_length=1024)] = []
+
+
 # ---------------------------------------------------------------- control (UI -> rank 0 -> UI)
 
 
@@ -354,10 +382,10 @@ class Reply(Envelope, tag="reply", kw_only=True):
     code: str = ""
 
 
-Telemetry = Union[Hello, Step, Sample, Timeline, Heartbeat, Event, Stall, Bye]
-Message = Union[Hello, Step, Sample, Timeline, Heartbeat, Event, Stall, Bye, Command, Reply]
+Telemetry = Union[Hello, Step, Sample, Timeline, Heartbeat, Event, Stall, Bye, GoodputSoFar]
+Message = Union[Hello, Step, Sample, Timeline, Heartbeat, Event, Stall, Bye, GoodputSoFar, Command, Reply]
 
 MESSAGE_TYPES: dict[str, type] = {
     cls.__struct_config__.tag: cls
-    for cls in (Hello, Step, Sample, Timeline, Heartbeat, Event, Stall, Bye, Command, Reply)
+    for cls in (Hello, Step, Sample, Timeline, Heartbeat, Event, Stall, Bye, GoodputSoFar, Command, Reply)
 }

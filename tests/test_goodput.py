@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ringtop.metrics.goodput import CAUSES, Goodput, goodput_of
-from ringtop.protocol import Bye, Event, Hello, Stall, Step
+from ringtop.protocol import Bye, Event, GoodputSoFar, Hello, ProtocolError, Stall, Step, decode, encode
 
 T0 = 1_780_000_000.0
 """Unix time, as messages carry it: float64 resolves it to ~0.24 µs, so sums of steps agree to µs."""
@@ -245,3 +245,84 @@ def test_ringtop_summary_prints_the_goodput_and_its_breakdown(tmp_path, capsys):
     assert main(["summary", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "goodput 50.0% of 2 s wall: productive 1 s; lost: startup 0.5 s, checkpoint 0.5 s\n" in out
+
+
+def ops_to_messages(ops) -> list:
+    msgs, t = [hello(0, 0.0)], 0.0
+    for n, (kind, rank, dt, amount) in enumerate(ops):
+        t += dt
+        if kind == "step":
+            msgs.append(step(n, t, amount * 1e3, rank))
+        elif kind == "skip":
+            msgs.append(step(n, t, amount * 1e3, rank, skipped=True))
+        elif kind in ("checkpoint", "switch"):
+            msgs.append(event(kind, t, amount, rank))
+        elif kind in ("stalled", "recovered"):
+            msgs.append(stall(rank, t, kind, amount))
+        elif kind == "bye":
+            msgs.append(bye(rank, t))
+        else:
+            msgs.append(hello(rank, t))
+    return msgs
+
+
+def handed_over(prefix: list) -> GoodputSoFar:
+    """What rank 0's relay sends a new subscriber after `prefix`, through the wire format."""
+    from ringtop.agent.relay import Relay
+
+    relay = Relay.__new__(Relay)  # only its message builder: no sockets
+    relay.goodput = Goodput()
+    for m in prefix:
+        relay.goodput.add(m)
+    return decode(encode(relay._goodput_so_far()))
+
+
+@settings(max_examples=200, deadline=None)
+@given(events_st, st.integers(0, 60))
+def test_a_count_handed_over_mid_run_goes_on_as_if_every_message_had_been_seen(ops, split):
+    msgs = ops_to_messages([op for op in ops if op[0] not in ("checkpoint", "switch")])
+    split = min(split, len(msgs) - 1) + 1
+    whole = goodput_of(msgs)
+    late = Goodput()
+    late.add(msgs[0])  # the replayed Hello, then the relay's count, then what follows
+    late.add(handed_over(msgs[:split]))
+    for m in msgs[split:]:
+        late.add(m)
+    r = late.result()
+    assert r.wall_s == approx(whole.wall_s) and r.productive_s == approx(whole.productive_s)
+    assert r.steps == whole.steps
+    for cause in CAUSES:
+        assert r.lost_s[cause] == approx(whole.lost_s[cause]), cause
+
+
+def test_a_checkpoint_reaching_back_before_the_hand_over_is_clipped_there():
+    before = [hello(0, 0.0), *steps_from(0.5, 1, 5)]  # steps end at 1.0 s
+    after = [event("checkpoint", 1.4, 0.6), *steps_from(1.4, 6, 5)]  # reaches back to 0.8 s
+    late = Goodput()
+    late.add(before[0])
+    late.add(handed_over(before))
+    for m in after:
+        late.add(m)
+    assert late.result().lost_s["checkpoint"] == approx(0.4)  # 1.0 -> 1.4; 0.8 -> 1.0 overlapped steps anyway
+    assert goodput_of(before + after).lost_s["checkpoint"] == approx(0.4)
+
+
+@pytest.mark.parametrize("change", [
+    {"run_id": "another"}, {"productive_s": 100.0}, {"stall_closed_s": 100.0}, {"as_of_ts": T0 - 1.0},
+    {"first_step_start_ts": T0 + 50.0}, {"open_stalls": [(1, T0 + 50.0)]}, {"startup_s": 100.0},
+])
+def test_a_hand_over_that_does_not_add_up_or_is_of_another_run_is_ignored(change):
+    run = checkpointed_run()
+    so_far = msgspec.structs.replace(handed_over(run[:8]), **change)
+    g = Goodput()
+    for m in run[:8]:
+        g.add(m)
+    kept = g.result()
+    g.add(so_far)
+    assert g.result() == kept
+
+
+def test_a_hand_over_with_negative_seconds_does_not_decode():
+    good = handed_over(checkpointed_run()[:8])
+    with pytest.raises(ProtocolError):
+        decode(encode(msgspec.structs.replace(good, productive_s=-1.0)))

@@ -1,0 +1,120 @@
+"""A UI that attaches mid-run gets the run's goodput, not the share of the wall it happened to see:
+rank 0's real relay (CURVE, real sockets) hands each new subscriber its count (GoodputSoFar), and
+the subscriber's Goodput goes on from there. The expected numbers are the fold of every message
+the test sent (`goodput_of`), which the relay and the subscribers never see as a whole."""
+
+from __future__ import annotations
+
+import pytest
+import zmq
+from background_socket import subscriber
+from conftest import poll_until
+
+from ringtop.agent.relay import Relay
+from ringtop.metrics.goodput import CAUSES, Goodput, goodput_of
+from ringtop.protocol import Bye, Event, GoodputSoFar, Hello, Stall, Step, decode, encode, free_tcp_port
+from ringtop.protocol.curve import secure_client
+
+pytestmark = pytest.mark.timeout(60)
+
+T0 = 1_780_000_000.0
+
+
+def framed(msg) -> list[bytes]:
+    return [f"{msg.__struct_config__.tag}.{msg.rank}".encode(), encode(msg)]
+
+
+def the_run() -> tuple[list, list]:
+    """(before the late attach, after it): 2 s of start-up from the process start, 300 steps of
+    100 ms with a 1.5 s checkpoint and a 2 s stall of rank 1 in the first half, 300 more steps."""
+    hellos = [Hello(rank=r, ts=T0 + 2.0, run_id="run", world_size=2, process_started_ts=T0) for r in (0, 1)]
+    t, first = 2.0, []
+    for n in range(1, 151):
+        t += 0.1
+        first.append(Step(rank=0, ts=T0 + t, step=n, loss=1.0, step_ms=100.0))
+    first.append(Event(rank=0, ts=T0 + t + 1.5, kind="checkpoint", data={"seconds": 1.5}))
+    t += 1.5
+    first += [Stall(rank=1, ts=T0 + t + 1.0, state="stalled", running_s=1.0),
+              Stall(rank=1, ts=T0 + t + 2.0, state="recovered")]
+    t += 2.0
+    for n in range(151, 301):
+        t += 0.1
+        first.append(Step(rank=0, ts=T0 + t, step=n, loss=1.0, step_ms=100.0))
+    later = []
+    for n in range(301, 601):
+        t += 0.1
+        later.append(Step(rank=0, ts=T0 + t, step=n, loss=1.0, step_ms=100.0))
+    later += [Bye(rank=1, ts=T0 + t + 0.01), Bye(rank=0, ts=T0 + t + 0.02)]
+    return hellos + first, later
+
+
+def drain(sock: zmq.Socket, into: list, until) -> None:
+    def got() -> bool:
+        while sock.poll(0):
+            into.append(decode(sock.recv_multipart()[1]))
+        return until(into)
+    poll_until(got, 20, "the subscriber's messages", interval_s=0.01)
+
+
+def test_a_ui_attaching_mid_run_gets_the_runs_goodput_from_the_relay(gatekeeper):
+    gate, keys = gatekeeper
+    relay_addr, publish_addr = (f"tcp://127.0.0.1:{free_tcp_port()}" for _ in range(2))
+    relay = Relay(relay_addr, publish_addr, run_id="run", world_size=2, gate=gate)
+    gate.start()
+    relay.start()
+    ctx = zmq.Context.instance()
+    pubs = []
+    for rank in (0, 1):
+        sock = ctx.socket(zmq.PUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 0)
+        secure_client(sock, keys.for_rank(rank))
+        sock.connect(relay_addr)
+        pubs.append(sock)
+    early = subscriber(publish_addr, keys.client)
+    late = None
+    before, after = the_run()
+    try:
+        seen_early: list = []
+
+        def probe_arrived(got: list) -> bool:
+            if not got:
+                pubs[0].send_multipart(framed(before[0]))  # PUB/SUB: resend until the subscription is up
+            return bool(got)
+        drain(early, seen_early, probe_arrived)
+        for msg in before[1:]:
+            pubs[msg.rank].send_multipart(framed(msg))
+        drain(early, seen_early, lambda got: any(isinstance(m, Stall) and m.state == "recovered" for m in got)
+              and any(isinstance(m, Step) and m.step == 300 for m in got))
+
+        late = subscriber(publish_addr, keys.client)
+        seen_late: list = []
+        drain(late, seen_late, lambda got: any(isinstance(m, GoodputSoFar) for m in got))
+        for msg in after:
+            pubs[msg.rank].send_multipart(framed(msg))
+        ended = lambda got: any(isinstance(m, Bye) and m.rank == 0 for m in got)  # noqa: E731
+        drain(late, seen_late, ended)
+        drain(early, seen_early, ended)
+    finally:
+        for sock in (*pubs, early, *([late] if late is not None else [])):
+            sock.close(0)
+        relay.stop()
+
+    truth = goodput_of([*before, *after])
+    assert truth.lost_s["checkpoint"] > 1.0 and truth.lost_s["stall"] > 1.0 and truth.lost_s["startup"] > 1.0
+    for seen in (seen_early, seen_late):
+        g = Goodput()
+        for m in seen:
+            g.add(m)
+        r = g.result()
+        assert r.wall_s == pytest.approx(truth.wall_s, abs=1e-6)
+        assert r.productive_s == pytest.approx(truth.productive_s, abs=1e-6)
+        assert r.steps == truth.steps == 600
+        for cause in CAUSES:
+            assert r.lost_s[cause] == pytest.approx(truth.lost_s[cause], abs=1e-6), cause
+
+    # The late subscriber saw the replayed Hellos and the second half only: without the relay's
+    # count its goodput is the second half's productive time over the whole wall (the defect).
+    assert not any(isinstance(m, Step) and m.step <= 300 for m in seen_late)
+    naive = goodput_of([m for m in seen_late if not isinstance(m, GoodputSoFar)])
+    assert naive.goodput < truth.goodput - 0.3
