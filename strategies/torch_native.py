@@ -4,22 +4,34 @@ written back by each rank copying its own part of it."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-)
-from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.nn.parallel import DistributedDataParallel
 
 from .base import ModelCall, Strategy, StrategyError, optimizer_state_tensors, tensor_bytes, unique_parameters
 
-_FULL_OUT = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+def _is_dtensor(value: Any) -> bool:
+    """Without importing DTensor (a second of every rank's start-up): no module made one if
+    `torch.distributed.tensor` was never imported."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(value, module.DTensor)
+
+
+def _state_dict_api():
+    """torch.distributed.checkpoint.state_dict, imported when a state is first read (it pulls in
+    DTensor and DCP: over a second of start-up a DDP run without a checkpoint never needs)."""
+    from torch.distributed.checkpoint import state_dict
+
+    return state_dict
+
+
+def _full_out():
+    return _state_dict_api().StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 @dataclass
@@ -41,7 +53,7 @@ class TorchNativeStrategy(Strategy):
     def _optimizer_step(self) -> None:
         params = unique_parameters(self.model)
         norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-        if isinstance(norm, DTensor):  # FSDP: a partial sum of the shards' norms until reduced
+        if _is_dtensor(norm):  # FSDP: a partial sum of the shards' norms until reduced
             norm = norm.full_tensor()
         self._grad_norm = norm.detach()
         if self._skip_if_not_finite(norm):
@@ -60,20 +72,22 @@ class TorchNativeStrategy(Strategy):
         return tensor_bytes(optimizer_state_tensors(self.optimizer))
 
     def full_state_dict(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        api, options = _state_dict_api(), _full_out()
         return (
-            get_model_state_dict(self.model, options=_FULL_OUT),
-            get_optimizer_state_dict(self.model, self.optimizer, options=_FULL_OUT),
+            api.get_model_state_dict(self.model, options=options),
+            api.get_optimizer_state_dict(self.model, self.optimizer, options=options),
         )
 
     def sharded_state_dict(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        return get_model_state_dict(self.model), get_optimizer_state_dict(self.model, self.optimizer)
+        api = _state_dict_api()
+        return api.get_model_state_dict(self.model), api.get_optimizer_state_dict(self.model, self.optimizer)
 
     def full_state_dict_on_every_rank(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """Each rank's own state with sharded tensors all-gathered: nothing is sent for replicated
         state (DDP), and nothing is funnelled through rank 0. Replicated tensors are returned as
         they are (no copy); gathered ones land on the CPU when they live on a GPU."""
         def full(value: Any) -> Any:
-            if isinstance(value, DTensor):
+            if _is_dtensor(value):
                 gathered = value.full_tensor()
                 return gathered.cpu() if gathered.is_cuda else gathered
             if isinstance(value, torch.Tensor):
@@ -84,8 +98,9 @@ class TorchNativeStrategy(Strategy):
                 return [full(v) for v in value]
             return value
 
-        return (full(get_model_state_dict(self.model)),
-                full(get_optimizer_state_dict(self.model, self.optimizer)))
+        api = _state_dict_api()
+        return (full(api.get_model_state_dict(self.model)),
+                full(api.get_optimizer_state_dict(self.model, self.optimizer)))
 
     def load_full_state_dict(self, model_state: dict[str, Any], optim_state: dict[str, Any], *,
                              weights_loaded: bool = False) -> None:
@@ -120,14 +135,16 @@ class TorchNativeStrategy(Strategy):
 
 
 def _local_part(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    return tensor.to_local() if _is_dtensor(tensor) else tensor
 
 
 def _laid_out_like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """`full` distributed as `like` is (each rank keeping its own shard, with no communication),
     or `full` itself on `like`'s device when `like` is a plain tensor."""
     full = full.to(like.device)
-    if isinstance(like, DTensor):
+    if _is_dtensor(like):
+        from torch.distributed.tensor import distribute_tensor
+
         return distribute_tensor(full, like.device_mesh, like.placements, src_data_rank=None)
     return full
 
@@ -164,4 +181,5 @@ def _native_optimizer_state(module: nn.Module, optimizer: torch.optim.Optimizer,
 def full_optimizer_template(model: nn.Module, make_optimizer) -> dict[str, Any]:
     """An optimizer state in the full layout, of the right shapes, for a checkpoint to be read into."""
     optimizer = make_optimizer(model.parameters())
-    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
+    api = _state_dict_api()
+    return api.get_optimizer_state_dict(model, optimizer, options=api.StateDictOptions(full_state_dict=True))
