@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import threading
 import time
 import weakref
@@ -351,13 +352,16 @@ def install() -> None:
                 setattr(dist, name, _wrap(name, fn, kind, payload))
         if not getattr(dist.Work.wait, "__ringtop_traced__", False):
             dist.Work.wait = _wrap_wait(dist.Work.wait)
-        _install_pipeline_p2p()
+        if "torch.distributed.pipelining.schedules" in sys.modules:
+            trace_pipeline_p2p()
         _installed = True
 
 
-def _install_pipeline_p2p() -> None:
+def trace_pipeline_p2p() -> None:
     """torch.distributed.pipelining sends activations through its private `_batch_p2p`, which
-    calls `isend`/`irecv` directly for one-way batches: wrap that helper to see them."""
+    calls `isend`/`irecv` directly for one-way batches: wrap that helper to see them. Called by
+    the pipeline strategy when it imports the schedules (importing them here would cost every
+    rank's start-up 1.5 s of dynamo and DTensor), and by `install` if they are already in."""
     try:
         from torch.distributed.pipelining import schedules
     except ImportError:

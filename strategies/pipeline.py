@@ -173,6 +173,10 @@ def _schedule_class(schedule: str, micro_batches: int, stages: int):
     from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
     from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
+    from .collective_hooks import trace_pipeline_p2p
+
+    trace_pipeline_p2p()
+
     if schedule == "gpipe":
         return ScheduleGPipe
     if micro_batches >= stages:
