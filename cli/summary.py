@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ringtop.metrics import fmt
+from ringtop.metrics.flops import mfu
 from ringtop.metrics.goodput import CAUSES, GoodputResult, goodput_of
 from ringtop.metrics.hang import HangVerdict, diagnose
 from ringtop.metrics.rank_sets import ranks_text
@@ -32,6 +33,8 @@ def summarize(log_dir: Path) -> list[dict]:
         if not steps:
             continue
         step_ms = [s.step_ms for s in steps[1:]] or [steps[0].step_ms]
+        tflops = [s.tflops for s in (steps[1:] or steps) if s.tflops > 0]  # the first step warms up, as above
+        median_tflops = statistics.median(tflops) if tflops else 0.0
         comm_bytes = sum(c.bytes for s in steps for c in s.comm)
         rows.append({
             "rank": steps[0].rank,
@@ -42,10 +45,17 @@ def summarize(log_dir: Path) -> list[dict]:
             "median_step_ms": statistics.median(step_ms),
             "comm_mb_per_step": comm_bytes / len(steps) / MB,
             "comm_blocked_pct": share_pct(sum(s.comm_blocked_ms for s in steps), sum(s.step_ms for s in steps)),
+            "median_tflops": median_tflops,
+            "mfu": mfu(median_tflops, hello.peak_tflops) if hello is not None and median_tflops > 0 else None,
             "drops": steps[-1].drops,
             "exit": bye.reason if bye else "no bye (still running or killed)",
         })
     return rows
+
+
+def mfu_text(ratio: float | None) -> str:
+    """The MFU column: `n/a` where the device's peak is not known (never a guessed one)."""
+    return "n/a" if ratio is None else fmt.fraction_pct(ratio)
 
 
 def diagnosis(log_dir: Path) -> Event | None:
@@ -212,11 +222,11 @@ def print_summary(log_dir: Path) -> None:
             print("\n" + "\n".join(hangs))
         return
     print(f"\n{'rank':>4} {'steps':>6} {'loss first→last':>18} {'step ms (median)':>17} "
-          f"{'comm MB/step':>13} {'comm blocked %':>15} {'drops':>6}  exit")
+          f"{'comm MB/step':>13} {'comm blocked %':>15} {'TFLOP/s':>8} {'MFU':>6} {'drops':>6}  exit")
     for r in rows:
         print(f"{r['rank']:>4} {r['steps']:>6} {r['first_loss']:>8.4f} → {r['last_loss']:<7.4f} "
               f"{r['median_step_ms']:>17.1f} {r['comm_mb_per_step']:>13.2f} {r['comm_blocked_pct']:>15.1f} "
-              f"{r['drops']:>6}  {r['exit']}")
+              f"{fmt.tflops(r['median_tflops']):>8} {mfu_text(r['mfu']):>6} {r['drops']:>6}  {r['exit']}")
     good = goodput(log_dir)
     if good.known:
         print("\n" + goodput_line(good))

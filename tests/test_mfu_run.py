@@ -4,9 +4,12 @@ shape (not by the agent's code); on CPU the Hello says no peak is known."""
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 from ringtop.agent.model import MODEL_SIZES, build_tiny_gpt
+from ringtop.cli.summary import print_summary, summarize
 from ringtop.protocol import Bye, Hello, Step
 
 pytestmark = pytest.mark.timeout(150)
@@ -38,10 +41,16 @@ def test_a_two_rank_run_reports_tflops_per_step_and_no_peak_on_cpu(launch_agents
             assert s.tokens == batch * seq_len and s.tflops > 0
             assert s.tflops == pytest.approx(tflops_of(s, expected), rel=1e-9)
         assert isinstance(msgs[-1], Bye) and msgs[-1].ok
+    summary = {r["rank"]: r for r in summarize(run.log_dir)}
+    for rank in (0, 1):  # the end-of-run summary: the median over steps after the first, no MFU without a peak
+        steps = run.steps(rank)
+        assert summary[rank]["median_tflops"] == pytest.approx(
+            statistics.median(tflops_of(s, expected) for s in steps[1:]), rel=1e-9)
+        assert summary[rank]["mfu"] is None
 
 
 @pytest.mark.timeout(90)
-def test_a_users_module_is_counted_and_peak_tflops_gives_a_cpu_a_peak(launch_agents):
+def test_a_users_module_is_counted_and_peak_tflops_gives_a_cpu_a_peak(launch_agents, capsys):
     run = launch_agents(0, "--model", "user_factories:model_and_loss", "--data", "user_factories:batches",
                         "--steps", "4", "--batch-size", "4", "--peak-tflops", "0.5")
     assert run.wait(80) == 0, run.output()[-3000:]
@@ -55,3 +64,11 @@ def test_a_users_module_is_counted_and_peak_tflops_gives_a_cpu_a_peak(launch_age
     steps = [m for m in msgs if isinstance(m, Step)]
     assert len(steps) == 4
     assert all(s.tflops == pytest.approx(tflops_of(s, per_row / 8), rel=1e-9) and s.tflops > 0 for s in steps)
+    median = statistics.median(tflops_of(s, per_row / 8) for s in steps[1:])
+    (row,) = summarize(run.log_dir)
+    assert row["median_tflops"] == pytest.approx(median, rel=1e-9)
+    assert row["mfu"] == pytest.approx(median / 0.5, rel=1e-9)
+    print_summary(run.log_dir)
+    header, line = capsys.readouterr().out.strip().splitlines()[:2]
+    assert header.split()[-4:-2] == ["TFLOP/s", "MFU"]
+    assert f"{100 * median / 0.5:.1f}%" in line.split()
