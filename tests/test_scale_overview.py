@@ -136,3 +136,35 @@ def test_rank_cells_are_rebuilt_only_for_ranks_that_moved_on():
     v.apply(sc.step(3, 4, seq=4, world=8), now=2.0)
     again = dict(b.overview(v, 2.0, replay=True).rows)
     assert again["r0"] is first["r0"] and again["r3"] is not first["r3"]
+
+
+def test_node_rows_sum_their_ranks_tflops_and_give_mfu_only_where_every_rank_has_a_peak():
+    """Rank r reports (1 + r % 3) TFLOP/s; node-1's ranks have a 10 TFLOP/s peak, node-2 has one
+    rank without a peak (no MFU then), the others none (MFU column only once a peak is known)."""
+    import msgspec
+
+    from ringtop.protocol import Hello, Step
+
+    def with_figures(m):
+        if isinstance(m, Step):
+            return msgspec.structs.replace(m, tflops=float(1 + m.rank % 3))
+        if isinstance(m, Hello) and m.host in ("node-1", "node-2") and m.rank != 300:
+            return msgspec.structs.replace(m, peak_tflops=10.0)
+        return m
+    v = RunView(watch_liveness=False)
+    v.apply_many([with_figures(m) for m in sc.run(steps=3)], now=1.0)
+    nodes = {n.host: n for n in node_summaries(rank_figures(v))}
+    for host, ranks in (("node-1", range(128, 256)), ("node-2", range(256, 384))):
+        assert nodes[host].tflops == pytest.approx(sum(1 + r % 3 for r in ranks))
+    assert nodes["node-1"].mfu == pytest.approx(sum(1 + r % 3 for r in range(128, 256)) / (128 * 10.0))
+    assert nodes["node-2"].mfu is None and nodes["node-0"].mfu is None
+    m = Builders().overview(v, 2.0, replay=True, table_width=150, nav=OverviewNav(), visible_rows=8)
+    cells = dict(m.rows)
+    assert {"tflops", "mfu"} <= {c.key for c in m.columns}
+    assert cells["nnode-1"]["tflops"].plain == f"{sum(1 + r % 3 for r in range(128, 256)):,.0f}"
+    assert cells["nnode-1"]["mfu"].plain == "20.0%"  # 256 of 1280 TFLOP/s: (1+2+3)/3 = 2 per rank
+    assert cells["nnode-2"]["mfu"].plain == "n/a"
+    plain = RunView(watch_liveness=False)
+    plain.apply_many(sc.run(steps=3), now=1.0)
+    m = Builders().overview(plain, 2.0, replay=True, table_width=150, nav=OverviewNav(), visible_rows=8)
+    assert not {"tflops", "mfu"} & {c.key for c in m.columns}

@@ -185,7 +185,8 @@ class Builders:
                 rows, cursor, cursor_key, first, total = window_rows(
                     nav, visible_rows, sort_nodes(summaries, sort),
                     lambda shown: [(f"n{node.host}", node_cells(node, view.slowest_rank)) for node in shown])
-                node_cols = node_columns(width)
+                node_cols = node_columns(width, tflops_known=any(node.tflops > 0 for node in summaries),
+                                         peak_known=any(f.peak_tflops > 0 for f in figures.values()))
             else:
                 ranks = sort_ranks(level_ranks(view, nav, level, {r: f.host for r, f in figures.items()}),
                                    figures, sort)

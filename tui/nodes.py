@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping
 
+from ringtop.metrics.flops import mfu
 from ringtop.metrics.outliers import median
 from ringtop.metrics.rank_sets import group_members
 
@@ -45,6 +46,10 @@ class RankFigures:
     """It holds the others up: a culprit of the view's hang verdict (metrics/hang.py)."""
     silent: bool = False
     """Live, yet nothing of it (not even a heartbeat) arrived for the view's stale_after_s."""
+    tflops: float = 0.0
+    """Achieved TFLOP/s of its latest step while live; 0 = not known."""
+    peak_tflops: float = 0.0
+    """Its device's dense peak (its Hello); 0 = not known."""
     cut_off: bool = False
     """On a host the UI hears nothing from while it hears others (RunView.cut_off_hosts)."""
 
@@ -67,6 +72,10 @@ class NodeSummary:
     silent: int = 0
     unreachable: bool = False
     """Cut off: the UI hears none of its ranks while it hears other nodes'."""
+    tflops: float = 0.0
+    """Its live ranks' achieved TFLOP/s, summed; 0 = not known."""
+    mfu: float | None = None
+    """Its TFLOP/s over its live ranks' summed peaks (metrics/flops.mfu); None unless each has one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +149,7 @@ def rank_figures(view: RunView) -> dict[int, RankFigures]:
             mem_bytes=r.mem_bytes, idle_pct=r.idle_pct if live else math.nan,
             comm_pct=r.comm_share_pct if live else math.nan,
             dead=r.dead, ended=r.ended, hung=r.rank in culprits, silent=is_silent(view, r),
-            cut_off=r.host in view.cut_off_hosts)
+            tflops=r.tflops if live else 0.0, peak_tflops=r.peak_tflops, cut_off=r.host in view.cut_off_hosts)
     return out
 
 
@@ -157,6 +166,9 @@ def node_summaries(figures: dict[int, RankFigures]) -> list[NodeSummary]:
     for host in sorted(by_host):
         fs = sorted(by_host[host], key=lambda f: f.rank)
         step = spread({f.rank: f.step_ms for f in fs})
+        working = [f for f in fs if f.tflops > 0]
+        tflops = sum(f.tflops for f in working)
+        peaks = [f.peak_tflops for f in working]
         out.append(NodeSummary(
             host=host, ranks=tuple(f.rank for f in fs),
             step_min_ms=step.min, step_median_ms=step.median, step_max_ms=step.max, slowest_rank=step.worst,
@@ -164,7 +176,8 @@ def node_summaries(figures: dict[int, RankFigures]) -> list[NodeSummary]:
             idle_median_pct=median(_finite(f.idle_pct for f in fs)),
             comm_median_pct=median(_finite(f.comm_pct for f in fs)),
             dead=sum(f.dead for f in fs), ended=sum(f.ended and not f.dead for f in fs),
-            hung=sum(f.hung for f in fs), silent=sum(f.silent for f in fs), unreachable=any(f.cut_off for f in fs)))
+            hung=sum(f.hung for f in fs), silent=sum(f.silent for f in fs), unreachable=any(f.cut_off for f in fs),
+            tflops=tflops, mfu=mfu(tflops, sum(peaks)) if working and all(p > 0 for p in peaks) else None))
     return out
 
 

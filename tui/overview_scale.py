@@ -26,6 +26,8 @@ NODE_COLUMNS: tuple[tuple[str, str, int, bool, int], ...] = (
     ("mem_max", "mem max", 9, True, 4),
     ("idle", "idle %", 6, True, 1),
     ("comm", "comm %", 6, True, 5),
+    ("tflops", "TFLOP/s", 8, True, 6),
+    ("mfu", "MFU", 6, True, 7),
     ("note", "note", 16, False, 0),
 )
 TOP_K = 5
@@ -41,8 +43,10 @@ MEMORY_FLOOR = Threshold(min_excess_pct=5.0, min_excess=64 * 2**20)
 SHARE_FLOOR = Threshold(min_excess_pct=0.0, min_excess=5.0)
 
 
-def node_columns(table_width: int) -> list[Column]:
-    return spread_columns(NODE_COLUMNS, table_width)
+def node_columns(table_width: int, tflops_known: bool = False, peak_known: bool = False) -> list[Column]:
+    """TFLOP/s once a rank reports it, MFU once a rank's peak is known (else columns of dashes)."""
+    spec = tuple(c for c in NODE_COLUMNS if (c[0] != "tflops" or tflops_known) and (c[0] != "mfu" or peak_known))
+    return spread_columns(spec, table_width)
 
 
 def node_cells(n: NodeSummary, slowest_overall: int | None) -> dict[str, Text]:
@@ -58,6 +62,8 @@ def node_cells(n: NodeSummary, slowest_overall: int | None) -> dict[str, Text]:
         "mem_max": Text(fmt.nbytes(n.mem_max_bytes) if n.mem_max_bytes else "-"),
         "idle": Text(fmt.num(n.idle_median_pct, 1)),
         "comm": Text(fmt.num(n.comm_median_pct, 1)),
+        "tflops": Text(fmt.tflops(n.tflops)),
+        "mfu": Text("n/a" if n.mfu is None else fmt.fraction_pct(n.mfu), style="dim" if n.mfu is None else ""),
         "note": state_note(n.dead, n.ended, n.hung, n.silent, n.unreachable),
     }
 
