@@ -26,6 +26,8 @@ from ringtop.strategies.cost_model import (
 )
 from ringtop.strategies.links import LINKS, Link, parse_link
 
+from . import plan_mesh
+
 KIND_COLUMNS = ("all_reduce", "reduce_scatter", "all_gather")
 BUBBLE_TABLE_M = (1, 2, 4, 8, 16, 32)
 _SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
@@ -55,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
                "(half the bidirectional figure vendors quote); overhead = comm time / compute step. "
                "Links: " + "; ".join(f"{k}: {v.description}" for k, v in LINKS.items()) + ".")
     p.add_argument("--params", required=True, help="parameter count, e.g. 7e9 or 7.6B")
-    p.add_argument("--ranks", type=int, required=True, help="number of ranks (GPUs)")
+    p.add_argument("--ranks", type=int, default=None, help="number of ranks (GPUs); with --tp / --dp: tp x pp x dp")
     p.add_argument("--link", default="nvlink4",
                    help=f"{'|'.join(LINKS)} or a number of GB/s per direction (default %(default)s)")
     p.add_argument("--step-s", type=float, default=2.0,
@@ -65,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer-bytes", type=int, default=8,
                    help="optimizer state bytes per parameter: 8 = the chapter's 4x bf16 params (also fp32 "
                         "Adam's two moments), 12 = the ZeRO paper's mixed-precision Adam (default %(default)s)")
-    p.add_argument("--pp-stages", type=int, default=None, help="pipeline stages (adds a pp row and the bubble)")
+    p.add_argument("--pp-stages", "--pp", dest="pp_stages", type=int, default=None,
+                   help="pipeline stages (adds a pp row and the bubble)")
     p.add_argument("--micro-batches", type=int, default=None, help="micro-batches per step (needs --pp-stages)")
     p.add_argument("--mem-gb", type=float, default=80.0, help="device memory per rank in GB (default %(default)s)")
     p.add_argument("--other-gb", type=float, default=0.0,
@@ -73,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="nccl", choices=("nccl", "gloo"),
                    help="gloo runs reduce-scatter as a full all-reduce: twice its wire bytes (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    plan_mesh.add_arguments(p)
     return p
 
 
@@ -82,6 +86,10 @@ def _validate(args: argparse.Namespace) -> tuple[int, Link]:
         link = parse_link(args.link)
     except ValueError as exc:
         raise PlanError(f"--link: {exc}") from None
+    if args.ranks is None:
+        if not plan_mesh.wanted(args):
+            raise PlanError("--ranks is required (or give the layout: --tp, --pp, --dp)")
+        args.ranks = plan_mesh.mesh_ranks(args)
     if args.ranks < 1:
         raise PlanError(f"--ranks must be >= 1, got {args.ranks}")
     if not (args.step_s > 0 and math.isfinite(args.step_s)):
@@ -97,7 +105,7 @@ def _validate(args: argparse.Namespace) -> tuple[int, Link]:
     if args.pp_stages is not None:
         if args.pp_stages < 1:
             raise PlanError(f"--pp-stages must be >= 1, got {args.pp_stages}")
-        if args.ranks % args.pp_stages:
+        if args.ranks % args.pp_stages and not plan_mesh.wanted(args):
             raise PlanError(f"--ranks ({args.ranks}) must be a multiple of --pp-stages ({args.pp_stages}): "
                             "the pp row puts ranks/stages data-parallel copies of each stage")
     if args.micro_batches is not None and args.micro_batches < 1:
@@ -146,6 +154,7 @@ def make_plan(args: argparse.Namespace) -> dict:
             "bubble_by_micro_batches": {str(mm): gpipe_bubble_fraction(stages, mm)
                                         for mm in sorted({*BUBBLE_TABLE_M, m})},
         }
+    mesh = plan_mesh.mesh_plan(args, params, model, link) if plan_mesh.wanted(args) else None
     return {
         "model": {**asdict(model), "dtype": args.dtype},
         "ranks": args.ranks,
@@ -164,6 +173,7 @@ def make_plan(args: argparse.Namespace) -> dict:
         },
         "strategies": rows,
         "pipeline": pipeline,
+        "mesh": mesh,
     }
 
 
@@ -187,9 +197,12 @@ def render_table(plan: dict) -> str:
         f"({link['bidirectional_gbps']:g} GB/s bidirectional); compute step {plan['compute_step_s']:g} s; "
         f"backend {plan['backend']}",
         "GB = 1e9 bytes. Comm time = bytes each rank sends / per-direction bandwidth; overhead = comm / compute step.",
-        "",
-        f"Memory per rank (GB), fit in {mem_gb:g} GB with {plan['other_bytes'] / GB:g} GB for activations/other:",
     ]
+    if plan["mesh"]:
+        lines += plan_mesh.render(plan["mesh"])
+        lines += ["", f"For comparison, each strategy alone over the {plan['ranks']} ranks:"]
+    lines += ["", f"Memory per rank (GB), fit in {mem_gb:g} GB with {plan['other_bytes'] / GB:g} GB "
+                  "for activations/other:"]
     lines += _table(
         ["strategy", "params", "grads", "optimizer", "total", "fits"],
         [[r["strategy"], fmt.gb(r["memory"]["params_bytes"]), fmt.gb(r["memory"]["grads_bytes"]),
