@@ -1,6 +1,7 @@
 """Pays, in a background thread while training runs, the one-time costs a live switch would
 otherwise pay on its critical path: DeepSpeed's import (and the optimizer check that imports
-torch's compiler stack, 2.5 s on these CPUs) and the meta-device kernels a model is built with.
+torch's compiler stack, 2.5 s on these CPUs), the state-dict API a first checkpoint or switch reads
+the state through (DTensor and DCP, about a second) and the meta-device kernels a model is built with.
 
 A relaunch pays these again at every start; a switch after the warm-up pays none of them.
 """
@@ -40,6 +41,7 @@ class Prewarm:
                 nn.init.trunc_normal_(torch.empty(2))
                 nn.init.xavier_uniform_(torch.empty(2, 2))
             importlib.import_module("torch.distributed.fsdp")
+            importlib.import_module("torch.distributed.checkpoint.state_dict")
             if importlib.util.find_spec("deepspeed") is not None:
                 importlib.import_module("deepspeed")
                 try:  # what deepspeed.initialize imports on first use, to check the optimizer

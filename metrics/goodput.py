@@ -28,8 +28,9 @@ A UI that attaches mid-run has missed the run's earlier steps; the wall its repl
 reaches back to the start all the same. Rank 0's relay therefore folds every message it forwards
 into a Goodput of its own and sends its `state()` (a `goodput` message) to each new subscriber
 right after the replayed Hellos; `add` takes such a message as the whole count up to its `ts`,
-and the messages that follow it go on from there. What a checkpoint or switch reported after it
-overlapped before it is clipped at the hand-over (the steps it overlapped are not carried).
+and the messages that follow it go on from there. The state carries rank 0's latest 256 steps and
+64 ended stalls, for what a later checkpoint or long step overlapped; a checkpoint reported after
+the hand-over that reaches back past them is clipped at the earliest step carried.
 
 Stdlib only, like the rest of `ringtop.metrics`: messages are recognised by their protocol type
 tag (`hello`, `step`, ...), duck-typed, so this module imports neither msgspec nor the protocol.

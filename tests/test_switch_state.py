@@ -192,19 +192,21 @@ def test_models_that_cannot_be_built_on_meta_are_built_for_real(factory):
 @pytest.mark.timeout(120)
 def test_the_background_warm_up_imports_what_a_switch_would_wait_for():
     """In a fresh process the warm-up finishes without error and leaves DeepSpeed (when installed)
-    imported, so a switch does not pay for it (benchmarks/bench_switch.py measures the effect)."""
+    and the state-dict API imported, so a switch or a first checkpoint does not pay for them
+    (benchmarks/bench_switch.py measures the effect)."""
     script = (
         "import sys, time\n"
         "from ringtop.agent.prewarm import Prewarm\n"
         "w = Prewarm(); w.start()\n"
         "deadline = time.monotonic() + 100\n"
         "while not w.done and time.monotonic() < deadline: time.sleep(0.05)\n"
-        "print(w.done, repr(w.error), 'deepspeed' in sys.modules)\n"
+        "print(w.done, repr(w.error), 'deepspeed' in sys.modules,\n"
+        "      'torch.distributed.checkpoint.state_dict' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=agent_env(), timeout=110)
     assert out.returncode == 0, out.stderr[-3000:]
-    done, error, deepspeed_loaded = out.stdout.strip().splitlines()[-1].split()
-    assert (done, error) == ("True", "''")
+    done, error, deepspeed_loaded, state_dict_loaded = out.stdout.strip().splitlines()[-1].split()
+    assert (done, error, state_dict_loaded) == ("True", "''", "True")
     assert deepspeed_loaded == str(HAS_DEEPSPEED)
 
 
