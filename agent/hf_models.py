@@ -251,3 +251,38 @@ def build_meta_model(spec: HFModel | str) -> HFCausalLM:
     """The architecture on the meta device: shapes and counts, no memory, no initialisation cost."""
     with torch.device(META):
         return build_hf_model(spec, 0)
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What `ringtop models` lists and `ringtop plan --model` plans with, counted on the meta device."""
+
+    name: str
+    model_type: str
+    params: int
+    """Unique parameters (a tied head once)."""
+    non_embedding_params: int
+    """The N of 6N: all but the look-up tables (a tied head counted, as the head)."""
+    param_tensors: int
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    max_positions: int
+    tied: bool
+
+    def flops_per_token(self, seq_len: int) -> float:
+        return transformer_flops_per_token(self.non_embedding_params, self.layers, self.hidden, seq_len)
+
+
+def model_facts(spec: HFModel | str) -> ModelFacts:
+    """The architecture's counts from its definition on the meta device (no weights allocated)."""
+    from .model import count_params
+
+    model = build_meta_model(spec)
+    d = model.spec.dims
+    return ModelFacts(name=model.spec.name, model_type=d.model_type, params=count_params(model),
+                      non_embedding_params=non_embedding_params(model),
+                      param_tensors=len({id(p) for p in model.parameters()}), layers=d.layers, hidden=d.hidden,
+                      heads=d.heads, kv_heads=d.kv_heads, vocab=d.vocab, max_positions=d.max_positions, tied=d.tied)
