@@ -438,16 +438,16 @@ def config_from_options(given: dict[str, Any]) -> AgentConfig:
 
 def _check_combinations(cfg: AgentConfig, given: Set[str]) -> None:
     if cfg.model != BUILTIN_MODEL and "model_size" in given:
-        raise ConfigError("--model-size sizes the built-in tiny-gpt; drop it when --model is an hf "
-                          "architecture or your own factory")
+        raise ConfigError("--model-size sizes the built-in tiny-gpt; drop it when --model is your own factory "
+                          "or an hf architecture")
     if is_hf_spec(cfg.model):
         try:
             check_seq_len(resolve_hf(cfg.model), cfg.seq_len)
         except ModelConfigError as exc:
             raise ConfigError(str(exc)) from None
     elif cfg.model != BUILTIN_MODEL and ":" not in cfg.model:
-        raise ConfigError(f"--model {cfg.model!r}: use 'tiny-gpt', hf:NAME (`ringtop models`), hf-config:PATH "
-                          "or package.module:function")
+        raise ConfigError(f"--model {cfg.model!r}: use 'tiny-gpt' or package.module:function, or an hf "
+                          "architecture: hf:NAME (`ringtop models`) or hf-config:PATH")
     if cfg.data != BUILTIN_DATA and ":" not in cfg.data:
         raise ConfigError(f"--data {cfg.data!r}: use 'synthetic' or package.module:function")
     if cfg.model == BUILTIN_MODEL and cfg.seq_len > 1024:
