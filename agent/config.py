@@ -194,7 +194,8 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     steps: Annotated[int, Option(
         TRAINING, "optimizer steps to run; 0 = until stopped", ge=0, bound_note="0 runs until stopped")] = 100
     batch_size: Annotated[int, Option(TRAINING, "sequences per rank per step", ge=1)] = 8
-    seq_len: Annotated[int, Option(TRAINING, "tokens per sequence, at most 1024 with tiny-gpt", ge=1)] = 128
+    seq_len: Annotated[int, Option(
+        TRAINING, "tokens per sequence, at most 1024 with tiny-gpt (an hf model: its positions)", ge=1)] = 128
     lr: Annotated[float, Option(TRAINING, "AdamW's learning rate", gt=0)] = 1e-3
     seed: Annotated[int, Option(TRAINING, "seed of the initial weights and of the synthetic data")] = 0
     device: Annotated[str, Option(
