@@ -437,15 +437,27 @@ def config_from_options(given: dict[str, Any]) -> AgentConfig:
     return _adopt_ds_config(cfg, given.keys())
 
 
+def _check_hf_model(spec: str, seq_len: int) -> None:
+    """ringtop's checks of the spec (stdlib), then transformers' of the config it becomes (imports
+    torch and transformers: only for an hf model)."""
+    try:
+        model = resolve_hf(spec)
+        check_seq_len(model, seq_len)
+        from .hf_models import hf_config
+
+        hf_config(model)
+    except ModelConfigError as exc:
+        raise ConfigError(str(exc)) from None
+    except ImportError as exc:
+        raise ConfigError(f"--model {spec}: {exc}") from None
+
+
 def _check_combinations(cfg: AgentConfig, given: Set[str]) -> None:
     if cfg.model != BUILTIN_MODEL and "model_size" in given:
         raise ConfigError("--model-size sizes the built-in tiny-gpt; drop it when --model is your own factory "
                           "or an hf architecture")
     if is_hf_spec(cfg.model):
-        try:
-            check_seq_len(resolve_hf(cfg.model), cfg.seq_len)
-        except ModelConfigError as exc:
-            raise ConfigError(str(exc)) from None
+        _check_hf_model(cfg.model, cfg.seq_len)
     elif cfg.model != BUILTIN_MODEL and ":" not in cfg.model:
         raise ConfigError(f"--model {cfg.model!r}: use 'tiny-gpt' or package.module:function, or an hf "
                           "architecture: hf:NAME (`ringtop models`) or hf-config:PATH")

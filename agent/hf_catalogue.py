@@ -23,6 +23,8 @@ MAX_CONFIG_BYTES = 1 << 20
 LLAMA_LIKE = ("llama", "mistral", "qwen2")
 """Same module tree (embed_tokens, layers, norm, rotary_emb, lm_head): one adapter trains them all."""
 MODEL_TYPES = (*LLAMA_LIKE, "gpt2")
+MISTRAL_DEFAULT_WINDOW = 4096
+"""transformers' MistralConfig default `sliding_window`, which applies when a config leaves it out."""
 MAX_PARAMS = 1_000_000_000_000
 """A config whose parameter estimate exceeds this (1T) is a typo, not a model."""
 
@@ -254,7 +256,7 @@ def check_seq_len(model: HFModel, seq_len: int) -> None:
     if seq_len > model.dims.max_positions:
         raise ModelConfigError(f"--seq-len {seq_len} exceeds {model.name}'s {model.dims.max_positions} positions; "
                                f"use --seq-len <= {model.dims.max_positions}")
-    window = model.config.get("sliding_window")
+    window = model.config.get("sliding_window", MISTRAL_DEFAULT_WINDOW if model.dims.model_type == "mistral" else None)
     uses_window = model.config.get("use_sliding_window", model.dims.model_type == "mistral")
     if window is not None and uses_window and seq_len > window:
         raise ModelConfigError(f"--seq-len {seq_len} exceeds {model.name}'s sliding window {window}, which "

@@ -25,7 +25,7 @@ from torch import nn
 
 from ringtop.metrics.flops import transformer_flops_per_token
 
-from .hf_catalogue import LLAMA_LIKE, HFModel, resolve
+from .hf_catalogue import LLAMA_LIKE, HFModel, ModelConfigError, resolve
 
 META = torch.device("meta")
 
@@ -42,12 +42,18 @@ def _transformers():
 
 
 def hf_config(model: HFModel):
-    """transformers' config object for `model` (SDPA attention, no token ids to check against the vocab)."""
+    """transformers' config object for `model` (SDPA attention, no token ids to check against the vocab).
+    ModelConfigError, one line, when transformers refuses what passed ringtop's checks (a rope
+    scaling without its keys, say)."""
     transformers = _transformers()
     values = dict(model.training_config())
     model_type = values.pop("model_type")
-    config = transformers.AutoConfig.for_model(model_type, bos_token_id=None, eos_token_id=None, pad_token_id=None,
-                                               **values)
+    try:
+        config = transformers.AutoConfig.for_model(model_type, bos_token_id=None, eos_token_id=None,
+                                                   pad_token_id=None, **values)
+    except Exception as exc:
+        reason = " ".join(f"{type(exc).__name__}: {exc}".split())
+        raise ModelConfigError(f"--model {model.name}: transformers refuses the config ({reason})"[:300]) from None
     config._attn_implementation = "sdpa"
     return config
 

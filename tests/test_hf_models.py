@@ -120,16 +120,17 @@ def test_the_flops_check_fails_a_formula_with_2n_or_without_the_head():
     ({**TINY_MISTRAL, "hidden_size": 66}, "not a multiple of the 4 heads"),
     ({**TINY_MISTRAL, "hidden_act": "os.system"}, "hidden_act 'os.system' is not one of"),
     ({**TINY_MISTRAL, "rms_norm_eps": -1}, "rms_norm_eps must be a positive number"),
+    ({**TINY_MISTRAL, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "transformers refuses the config"),
     ({**TINY_MISTRAL, "hidden_size": 65536, "intermediate_size": 1 << 20, "num_hidden_layers": 1024,
       "num_attention_heads": 1024, "num_key_value_heads": 1024}, "beyond what ringtop builds"),
 ])
 def test_a_hostile_config_json_is_refused_in_one_line(tmp_path, content, message):
     spec = config_file(tmp_path, content)
     with pytest.raises(ModelConfigError, match=message) as caught:
-        resolve(spec)
+        hf_config(resolve(spec))
     assert "\n" not in str(caught.value) and len(str(caught.value)) < 400
     with pytest.raises(ConfigError, match=message):  # the agent's options say the same, before any rank starts
-        config_from_options({"model": spec})
+        config_from_options({"model": spec, "seq_len": 32})
 
 
 def test_a_missing_huge_or_odd_config_file_is_refused(tmp_path):
