@@ -240,15 +240,22 @@ def wrap(spec: HFModel, lm: nn.Module) -> HFCausalLM:
     return model
 
 
-def build_hf_model(spec: HFModel | str, seed: int) -> HFCausalLM:
-    """Same seed, same weights, on every rank and in every reference run (on the current default device)."""
+def build_hf_model(spec: HFModel | str, seed: int, device: torch.device | None = None) -> HFCausalLM:
+    """Same seed, same weights, on every rank and in every reference run. Built on the current
+    default device, or on `device` (a rank's GPU: a 7B model's 27 GB of fp32 weights are then never
+    in host memory, and initialised there in seconds)."""
     if isinstance(spec, str):
         spec = resolve(spec)
     transformers = _transformers()
     config = hf_config(spec)
-    with torch.random.fork_rng(devices=[]):
+    cuda = device is not None and device.type == "cuda"
+    with torch.random.fork_rng(devices=[device] if cuda else []):
         torch.manual_seed(seed)
-        lm = transformers.AutoModelForCausalLM.from_config(config)
+        if device is None:
+            lm = transformers.AutoModelForCausalLM.from_config(config)
+        else:
+            with torch.device(device):
+                lm = transformers.AutoModelForCausalLM.from_config(config)
     lm.float()
     return wrap(spec, lm)
 

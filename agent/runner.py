@@ -247,7 +247,9 @@ class Runner:
         if self.cfg.model == BUILTIN_MODEL:
             model = build_tiny_gpt(self.cfg.model_size, self.cfg.seed)
         elif is_hf_spec(self.cfg.model):
-            model = build_hf_model(resolve_hf(self.cfg.model), self.cfg.seed)
+            # On a GPU, built there; never when a caller builds under a device of its own (a switch's meta)
+            on_gpu = self.ctx.device.type == "cuda" and torch.empty(0).device.type == "cpu"
+            model = build_hf_model(resolve_hf(self.cfg.model), self.cfg.seed, self.ctx.device if on_gpu else None)
         else:
             torch.manual_seed(self.cfg.seed)
             model = user_model(self.cfg.model, self._build_context())
@@ -596,7 +598,7 @@ class Runner:
         stage = self.strategy.stage_size()
         if stage is not None:
             prediction, optimizer_bytes_per_param = predict_pipeline_stage(
-                *stage, self.ctx.world_size, self.strategy.num_stages)
+                *stage, self.ctx.world_size, self.strategy.num_stages, getattr(self.strategy, "tied", None) is not None)
         else:
             prediction, optimizer_bytes_per_param = predict(
                 self.cfg.strategy, self.cfg.fsdp_sharding, self.ctx.world_size, self.param_count,
