@@ -55,6 +55,23 @@ def expected_flops_per_token(name: str) -> float:
     return 6 * n + 12 * d.layers * d.hidden * SEQ
 
 
+def without_key_bias(actual: dict, expected: dict) -> tuple[dict, dict]:
+    """GPT-2's attention has a key bias, the one parameter with no true gradient (a vector added to
+    every key shifts each softmax row by a constant, which softmax ignores: tests/README.md). Its
+    gradient is rounding noise, on which Adam moves it by up to ~lr a step in a direction that
+    differs per summation order (7e-7 RMS in 5 steps between 1 and 2 threads of the same process,
+    everything else 1e-8), so it is held to the per-element bound only (steps x lr); its query and
+    value thirds, which have true gradients, stay under both bounds."""
+    actual, expected = dict(actual), dict(expected)
+    for name in [k for k in expected if k.endswith("attn.c_attn.bias")]:
+        got, want = actual.pop(name).double(), expected.pop(name).double()
+        (gq, gk, gv), (wq, wk, wv) = got.chunk(3), want.chunk(3)
+        assert float((gk - wk).abs().max()) <= STEPS * LR, f"{name}: key third beyond steps x lr"
+        actual[f"{name}[query]"], actual[f"{name}[value]"] = gq, gv
+        expected[f"{name}[query]"], expected[f"{name}[value]"] = wq, wv
+    return actual, expected
+
+
 @pytest.mark.parametrize("name,strategy_args", CASES)
 def test_an_hf_model_trains_like_one_process_and_holds_what_the_model_predicts(tmp_path, name, strategy_args):
     run = start_agents(tmp_path, 2, "--model", f"hf:{name}", *strategy_args, "--steps", str(STEPS), "--batch-size",
@@ -78,7 +95,7 @@ def test_an_hf_model_trains_like_one_process_and_holds_what_the_model_predicts(t
     model_state, _, payload = load_full_files(run.checkpoint_dir / f"step-{STEPS:08d}-full")
     assert payload["step"] == STEPS
     assert set(model_state) == set(expected.state), "the checkpoint keeps transformers' parameter names"
-    assert_state_close(model_state, expected.state, steps=STEPS, lr=LR)
+    assert_state_close(*without_key_bias(model_state, expected.state), steps=STEPS, lr=LR)
 
     flops = expected_flops_per_token(name)
     for rank in (0, 1):
