@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import asdict
 
 from ringtop.agent.hf_catalogue import CATALOGUE, HF_PREFIX
@@ -41,7 +42,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         listed = rows()
     except ImportError as exc:
-        print(f"ringtop models: error: {exc}")
+        print(f"ringtop models: error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(listed, indent=2) if args.json else render(listed))
     return 0

@@ -136,7 +136,7 @@ def _validate(args: argparse.Namespace) -> tuple[int, Link]:
         raise PlanError(f"--seq-len must be in [1, {1 << 20}], got {args.seq_len}")
     if not 1 <= args.batch_size <= 1 << 20:
         raise PlanError(f"--batch-size must be in [1, {1 << 20}], got {args.batch_size}")
-    if args.micro_batches is not None and args.batch_size % args.micro_batches:
+    if args.model is not None and args.micro_batches is not None and args.batch_size % args.micro_batches:
         raise PlanError(f"--micro-batches {args.micro_batches} must divide --batch-size {args.batch_size}")
     if args.peak_tflops is not None and not (args.peak_tflops > 0 and math.isfinite(args.peak_tflops)):
         raise PlanError(f"--peak-tflops must be a positive number, got {args.peak_tflops}")
@@ -180,43 +180,47 @@ def _model_definition(args: argparse.Namespace):
 
 
 def _model_part(args: argparse.Namespace, facts, ranks: int, stages: int) -> dict:
-    """Activations per micro-batch, FLOPs per step and the compute floor of the step."""
+    """Activations per micro-batch, FLOPs per step and the compute floor of the step: for the
+    data-parallel strategies (every rank a replica fed --batch-size sequences) and, with
+    --pp-stages, for the pipeline (each replica of S ranks fed --batch-size sequences in M
+    micro-batches, its work split over the stages and stretched by the bubble)."""
     micro_batches = args.micro_batches or 1
     micro_batch_size = args.batch_size // micro_batches
     act_bytes = DTYPE_BYTES[args.dtype]
-    per_micro_batch = activation_bytes_per_micro_batch(facts.layers, facts.hidden, facts.heads, args.seq_len,
-                                                       micro_batch_size, facts.vocab, act_bytes)
-    per_micro_batch_eager = activation_bytes_per_micro_batch(facts.layers, facts.hidden, facts.heads, args.seq_len,
-                                                             micro_batch_size, facts.vocab, act_bytes,
-                                                             flash_attention=False)
+
+    def activations(sequences: int, flash: bool = True) -> int:
+        return activation_bytes_per_micro_batch(facts.layers, facts.hidden, facts.heads, args.seq_len, sequences,
+                                                facts.vocab, act_bytes, flash_attention=flash)
+
     flops_per_token = facts.flops_per_token(args.seq_len)
-    replicas = ranks // stages
-    tokens_per_step = args.batch_size * args.seq_len * replicas
-    flops_per_step = flops_per_token * tokens_per_step
+    per_rank_flops = flops_per_token * args.batch_size * args.seq_len
     peak_tflops, peak_source = _peak(args)
-    per_rank_flops = flops_per_step / ranks
-    floor = None
-    if peak_tflops > 0:
-        floor = per_rank_flops / (peak_tflops * 1e12)
-        if stages > 1:
-            floor /= 1 - gpipe_bubble_fraction(stages, micro_batches)
+    floor = per_rank_flops / (peak_tflops * 1e12) if peak_tflops > 0 else None
+    pipeline = None
+    if stages > 1:
+        bubble = gpipe_bubble_fraction(stages, micro_batches)
+        pipeline = {"tokens_per_step": args.batch_size * args.seq_len * (ranks // stages),
+                    "flops_per_step": flops_per_token * args.batch_size * args.seq_len * (ranks // stages),
+                    "flops_per_rank_per_step": per_rank_flops / stages, "bubble": bubble,
+                    "compute_floor_s": floor / stages / (1 - bubble) if floor is not None else None}
     return {
         "name": facts.name, "model_type": facts.model_type, "params": facts.params,
         "non_embedding_params": facts.non_embedding_params, "layers": facts.layers, "hidden": facts.hidden,
         "heads": facts.heads, "kv_heads": facts.kv_heads, "vocab": facts.vocab, "tied_head": facts.tied,
         "seq_len": args.seq_len, "batch_size_per_rank": args.batch_size, "micro_batches": micro_batches,
         "micro_batch_size": micro_batch_size,
-        "activation_bytes_per_micro_batch": per_micro_batch,
-        "activation_bytes_per_micro_batch_eager_attention": per_micro_batch_eager,
-        "flops_per_token": flops_per_token, "tokens_per_step": tokens_per_step, "flops_per_step": flops_per_step,
-        "flops_per_rank_per_step": per_rank_flops, "peak_tflops": peak_tflops, "peak_source": peak_source,
-        "compute_floor_s": floor,
+        "activation_bytes_per_micro_batch": activations(micro_batch_size),
+        "activation_bytes_per_micro_batch_eager_attention": activations(micro_batch_size, flash=False),
+        "activation_bytes_per_rank": activations(args.batch_size),
+        "flops_per_token": flops_per_token, "tokens_per_step": args.batch_size * args.seq_len * ranks,
+        "flops_per_step": per_rank_flops * ranks, "flops_per_rank_per_step": per_rank_flops,
+        "peak_tflops": peak_tflops, "peak_source": peak_source, "compute_floor_s": floor, "pipeline": pipeline,
         "conventions": {
             "flops_per_token": "6 x non-embedding params + 12 x layers x hidden x seq_len (PaLM appendix B)",
             "activation_bytes": "Korthikanti et al. 2022 eq. 1, s*b*h*34 per layer (+5*a*s^2*b with eager "
                                 "attention), scaled to the dtype, + fp32 logits and softmax 8*s*b*V",
-            "compute_floor_s": "FLOPs per rank per step / dense peak (100 % MFU); a pipeline's divided by "
-                               "(1 - GPipe bubble)",
+            "compute_floor_s": "FLOPs per rank per step / dense peak (100 % MFU); a pipeline's: its replica's "
+                               "work / stages / (1 - GPipe bubble)",
         },
     }
 
@@ -235,8 +239,8 @@ def make_plan(args: argparse.Namespace) -> dict:
     model = ModelSpec.from_dtype(params, args.dtype, args.optimizer_bytes)
     capacity = args.mem_gb * GB
     other = args.other_gb * GB
-    if definition is not None:  # one micro-batch's activations held at a time (no pipeline in flight)
-        other += definition["activation_bytes_per_micro_batch"]
+    if definition is not None:  # the rank's whole batch at once; a pipeline stage holds about 1/S of it
+        other += definition["activation_bytes_per_rank"]
     rows = []
     for fit in which_fit(model, args.ranks, capacity, other, pp_stages=stages,
                          gloo_reduce_scatter_as_all_reduce=args.backend == "gloo"):
@@ -258,8 +262,9 @@ def make_plan(args: argparse.Namespace) -> dict:
             "comm_share_of_step": comm_share_of_step(t, args.step_s),
         })
         if definition is not None and definition["compute_floor_s"] is not None:
-            compute = definition["compute_floor_s"]
-            rows[-1]["step_floor_s"] = {"overlapped": max(compute, t), "serial": compute + t}
+            compute = definition["pipeline" if cost.strategy == "pp" else "compute_floor_s"]
+            compute = compute["compute_floor_s"] if cost.strategy == "pp" else compute
+            rows[-1]["step_floor_s"] = {"compute": compute, "overlapped": max(compute, t), "serial": compute + t}
     pipeline = None
     if args.pp_stages is not None:
         m = args.micro_batches or 1
@@ -366,20 +371,25 @@ def _definition_lines(plan: dict) -> list[str]:
         f"  sequence {d['seq_len']:,} tokens, {d['batch_size_per_rank']} sequences per rank per step in "
         f"{d['micro_batches']} micro-batch(es) of {d['micro_batch_size']}",
         f"  activations per micro-batch: {fmt.gb(d['activation_bytes_per_micro_batch'])} GB (flash/SDPA attention; "
-        f"{fmt.gb(d['activation_bytes_per_micro_batch_eager_attention'])} GB with eager attention), counted in "
-        "the fit below",
+        f"{fmt.gb(d['activation_bytes_per_micro_batch_eager_attention'])} GB with eager attention); the rank's "
+        f"whole batch, {fmt.gb(d['activation_bytes_per_rank'])} GB, is counted in the fit below",
         f"  FLOPs: {d['flops_per_token']:.4g} per token (6N + 12LHS), {d['flops_per_step']:.4g} per step "
-        f"({d['tokens_per_step']:,} tokens), {d['flops_per_rank_per_step']:.4g} per rank",
+        f"({d['tokens_per_step']:,} tokens, every rank a replica), {d['flops_per_rank_per_step']:.4g} per rank",
     ]
+    pipe = d["pipeline"]
+    if pipe is not None:
+        lines.append(f"  pipeline: {pipe['flops_per_step']:.4g} per step ({pipe['tokens_per_step']:,} tokens), "
+                     f"{pipe['flops_per_rank_per_step']:.4g} per rank, bubble {100 * pipe['bubble']:.1f} %")
     if floor is None:
         lines.append(f"  step-time floor: n/a ({d['peak_source']})")
     else:
         lines.append(f"  compute floor: {fmt.seconds(floor)} s per step at 100 % MFU of {d['peak_tflops']:g} TFLOP/s "
                      f"({d['peak_source'].split(', http')[0]}); with each strategy's communication:")
         lines += ["  " + line for line in _table(
-            ["strategy", "comm s", "floor overlapped s", "floor serial s"],
-            [[r["strategy"], fmt.seconds(r["comm_s"]), fmt.seconds(r["step_floor_s"]["overlapped"]),
-              fmt.seconds(r["step_floor_s"]["serial"])] for r in plan["strategies"]])]
+            ["strategy", "compute s", "comm s", "floor overlapped s", "floor serial s"],
+            [[r["strategy"], fmt.seconds(r["step_floor_s"]["compute"]), fmt.seconds(r["comm_s"]),
+              fmt.seconds(r["step_floor_s"]["overlapped"]), fmt.seconds(r["step_floor_s"]["serial"])]
+             for r in plan["strategies"]])]
     return lines
 
 

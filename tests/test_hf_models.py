@@ -200,6 +200,14 @@ def test_plan_with_a_model_counts_from_its_definition(capsys):
     assert d["activation_bytes_per_micro_batch"] == 12 * 34 * seq * batch * 768 + 8 * seq * batch * 50257
     ddp = next(r for r in plan["strategies"] if r["strategy"] == "ddp")
     assert ddp["step_floor_s"]["serial"] == pytest.approx(d["compute_floor_s"] + ddp["comm_s"])
+    assert main(["--model", "hf:gpt2-125m", "--ranks", str(ranks), "--seq-len", str(seq), "--batch-size", str(batch),
+                 "--accelerator", "H100 SXM", "--pp-stages", "2", "--micro-batches", "2", "--json"]) == 0
+    pp_plan = json.loads(capsys.readouterr().out)
+    pipe = pp_plan["model_definition"]["pipeline"]
+    # a replica of 2 stages shares one rank's work; GPipe's bubble (S-1)/(S+M-1) = 1/3 stretches it
+    assert pipe["compute_floor_s"] == pytest.approx(flops_per_token * seq * batch / 2 / (2 / 3) / 989e12)
+    pp = next(r for r in pp_plan["strategies"] if r["strategy"] == "pp")
+    assert pp["step_floor_s"]["compute"] == pipe["compute_floor_s"]
     assert main(["--model", "hf:gpt2-125m", "--ranks", "8"]) == 0
     assert "step-time floor: n/a (no --accelerator or --peak-tflops)" in capsys.readouterr().out
 
