@@ -247,7 +247,8 @@ def estimated_params(d: Dims) -> int:
     attn = d.hidden * d.attention_width * 2 + d.hidden * d.kv_heads * d.head_dim * 2
     mlp = (3 if d.model_type in LLAMA_LIKE else 2) * d.hidden * d.intermediate
     embed = d.vocab * d.hidden * (1 if d.tied else 2)
-    return d.layers * (attn + mlp) + embed
+    positions = d.max_positions * d.hidden if d.model_type == "gpt2" else 0
+    return d.layers * (attn + mlp) + embed + positions
 
 
 def check_seq_len(model: HFModel, seq_len: int) -> None:
