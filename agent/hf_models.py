@@ -26,6 +26,7 @@ from torch import nn
 from ringtop.metrics.flops import transformer_flops_per_token
 
 from .hf_catalogue import LLAMA_LIKE, HFModel, ModelConfigError, resolve
+from .model import count_params
 
 META = torch.device("meta")
 
@@ -124,7 +125,7 @@ class HFCausalLM(nn.Module):
             return list(container)
         return [container[str(i)] for i in self.layer_ids]
 
-    def hidden_to_logits_or_hidden(self, x: torch.Tensor) -> torch.Tensor:
+    def run_stage(self, x: torch.Tensor) -> torch.Tensor:
         """One stage: token ids (first stage) or hidden states in; hidden states or logits (last) out."""
         f = self.family
         t = x.shape[1]
@@ -146,10 +147,10 @@ class HFCausalLM(nn.Module):
         return x
 
     def logits(self, inputs: torch.Tensor) -> torch.Tensor:
-        return self.hidden_to_logits_or_hidden(inputs)
+        return self.run_stage(inputs)
 
     def forward(self, inputs: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        out = self.hidden_to_logits_or_hidden(inputs)
+        out = self.run_stage(inputs)
         if targets is None or not self.last:
             return out
         return F.cross_entropy(out.view(-1, out.size(-1)), targets.reshape(-1))
@@ -168,8 +169,6 @@ class HFCausalLM(nn.Module):
 def non_embedding_params(model: HFCausalLM) -> int:
     """Parameters that multiply activations: all but the token and position look-up tables, the
     token table counted once more when it is also the (tied) output head."""
-    from .model import count_params
-
     f = model.family
     lookups = _get_path(model, f.embed).weight.numel()
     if f.positions is not None:
@@ -291,8 +290,6 @@ class ModelFacts:
 
 def model_facts(spec: HFModel | str) -> ModelFacts:
     """The architecture's counts from its definition on the meta device (no weights allocated)."""
-    from .model import count_params
-
     model = build_meta_model(spec)
     d = model.spec.dims
     return ModelFacts(name=model.spec.name, model_type=d.model_type, params=count_params(model),
