@@ -42,6 +42,8 @@ from ringtop.strategies.ds_config import (
 )
 from ringtop.strategies.links import parse_link
 
+from .hf_catalogue import ModelConfigError, check_seq_len, is_hf_spec
+from .hf_catalogue import resolve as resolve_hf
 from .nonfinite import MODES as NONFINITE_MODES
 from .nonfinite import zero_refusal
 
@@ -179,8 +181,10 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
         TRAINING, "clip gradients to this global norm, the same way in every strategy; 0 = off", ge=0,
         bound_note="0 = off")] = 0.0
     model: Annotated[str, Option(
-        TRAINING, f"'{BUILTIN_MODEL}' (built in) or package.module:function returning an nn.Module whose forward "
-        "returns a loss, or (module, loss_fn)")] = BUILTIN_MODEL
+        TRAINING, f"'{BUILTIN_MODEL}' (built in); hf:NAME, a Hugging Face architecture built from a config in "
+        "ringtop (`ringtop models` lists them; needs transformers, no download); hf-config:PATH, one from your "
+        "config.json (llama, mistral, qwen2 or gpt2); or package.module:function returning an nn.Module whose "
+        "forward returns a loss, or (module, loss_fn)")] = BUILTIN_MODEL
     model_size: Annotated[str, Option(
         TRAINING, "size of the built-in tiny-gpt: ~1M, 10M, 25M or 125M parameters",
         choices=MODEL_SIZE_CHOICES)] = "1m"
@@ -190,7 +194,8 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     steps: Annotated[int, Option(
         TRAINING, "optimizer steps to run; 0 = until stopped", ge=0, bound_note="0 runs until stopped")] = 100
     batch_size: Annotated[int, Option(TRAINING, "sequences per rank per step", ge=1)] = 8
-    seq_len: Annotated[int, Option(TRAINING, "tokens per sequence, at most 1024 with tiny-gpt", ge=1)] = 128
+    seq_len: Annotated[int, Option(
+        TRAINING, "tokens per sequence, at most 1024 with tiny-gpt (an hf model: its positions)", ge=1)] = 128
     lr: Annotated[float, Option(TRAINING, "AdamW's learning rate", gt=0)] = 1e-3
     seed: Annotated[int, Option(TRAINING, "seed of the initial weights and of the synthetic data")] = 0
     device: Annotated[str, Option(
@@ -432,11 +437,30 @@ def config_from_options(given: dict[str, Any]) -> AgentConfig:
     return _adopt_ds_config(cfg, given.keys())
 
 
+def _check_hf_model(spec: str, seq_len: int) -> None:
+    """ringtop's checks of the spec (stdlib), then transformers' of the config it becomes (imports
+    torch and transformers: only for an hf model)."""
+    try:
+        model = resolve_hf(spec)
+        check_seq_len(model, seq_len)
+        from .hf_models import hf_config
+
+        hf_config(model)
+    except ModelConfigError as exc:
+        raise ConfigError(str(exc)) from None
+    except ImportError as exc:
+        raise ConfigError(f"--model {spec}: {exc}") from None
+
+
 def _check_combinations(cfg: AgentConfig, given: Set[str]) -> None:
     if cfg.model != BUILTIN_MODEL and "model_size" in given:
-        raise ConfigError("--model-size sizes the built-in tiny-gpt; drop it when --model is your own factory")
-    if cfg.model != BUILTIN_MODEL and ":" not in cfg.model:
-        raise ConfigError(f"--model {cfg.model!r}: use 'tiny-gpt' or package.module:function")
+        raise ConfigError("--model-size sizes the built-in tiny-gpt; drop it when --model is your own factory "
+                          "or an hf architecture")
+    if is_hf_spec(cfg.model):
+        _check_hf_model(cfg.model, cfg.seq_len)
+    elif cfg.model != BUILTIN_MODEL and ":" not in cfg.model:
+        raise ConfigError(f"--model {cfg.model!r}: use 'tiny-gpt' or package.module:function, or an hf "
+                          "architecture: hf:NAME (`ringtop models`) or hf-config:PATH")
     if cfg.data != BUILTIN_DATA and ":" not in cfg.data:
         raise ConfigError(f"--data {cfg.data!r}: use 'synthetic' or package.module:function")
     if cfg.model == BUILTIN_MODEL and cfg.seq_len > 1024:

@@ -55,7 +55,7 @@ def predict(strategy: str, fsdp_sharding: str, world_size: int, param_count: int
 
 
 def predict_pipeline_stage(stage_params: int, stage_tensors: int, world_size: int,
-                           stages: int) -> tuple[Prediction, int]:
+                           stages: int, tied: bool = True) -> tuple[Prediction, int]:
     """A pipeline stage holds its layers' parameters whole (fp32), their gradients and AdamW state;
     its replicas all-reduce those gradients. Stage sizes differ (embeddings on the first, the head's
     copy of the tied weight on the last), so they are counted from the model, not P / stages."""
@@ -68,6 +68,7 @@ def predict_pipeline_stage(stage_params: int, stage_tensors: int, world_size: in
         comm_payload_bytes={kind: c.payload_bytes for kind, c in comm.by_kind().items()} if comm else {},
         comm_sent_bytes=comm.sent_bytes if comm else 0,
         note=f"this stage's layers only ({stage_params:,} parameters); activations travel point to point "
-             "between stages (not traced); the tied embedding's gradient is summed between first and last stage",
+             "between stages (not traced)"
+             + ("; the tied embedding's gradient is summed between first and last stage" if tied else ""),
     )
     return prediction, 8

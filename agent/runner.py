@@ -58,6 +58,9 @@ from .faults import desynchronised_broadcast, hang_before_collectives, hang_in_f
 from .flop_count import FlopsPerToken, counted_flops_per_token, meta_copy, tiny_gpt_flops_per_token
 from .gatekeeper import Gatekeeper, node_user
 from .hang_watch import HangWatch
+from .hf_catalogue import is_hf_spec
+from .hf_catalogue import resolve as resolve_hf
+from .hf_models import HFCausalLM, build_hf_model
 from .instruments.comm_tracer import CommSummary, CommTracer
 from .instruments.sampler import SystemSampler, device_name
 from .instruments.step_clock import StepClock, StepTiming, apply_device_phases, device_phases_ready
@@ -243,6 +246,10 @@ class Runner:
     def _build_model(self) -> torch.nn.Module:
         if self.cfg.model == BUILTIN_MODEL:
             model = build_tiny_gpt(self.cfg.model_size, self.cfg.seed)
+        elif is_hf_spec(self.cfg.model):
+            # On a GPU, built there; never when a caller builds under a device of its own (a switch's meta)
+            on_gpu = self.ctx.device.type == "cuda" and torch.empty(0).device.type == "cpu"
+            model = build_hf_model(resolve_hf(self.cfg.model), self.cfg.seed, self.ctx.device if on_gpu else None)
         else:
             torch.manual_seed(self.cfg.seed)
             model = user_model(self.cfg.model, self._build_context())
@@ -257,6 +264,9 @@ class Runner:
         wrapper's hooks (an FSDP all-gather) would be wrong to count or to run."""
         if isinstance(model, TinyGPT):
             self.flops = tiny_gpt_flops_per_token(model, self.cfg.seq_len)
+            return None
+        if isinstance(model, HFCausalLM):
+            self.flops = FlopsPerToken(model.flops_per_token(self.cfg.seq_len), "formula 6N+12LHS")
             return None
         try:
             return meta_copy(model)
@@ -282,10 +292,12 @@ class Runner:
 
     def _build_data(self):
         if self.cfg.data == BUILTIN_DATA:
-            if self.cfg.model != BUILTIN_MODEL:
-                vocab = 1024
-            else:
+            if self.cfg.model == BUILTIN_MODEL:
                 vocab = MODEL_SIZES[self.cfg.model_size].vocab_size
+            elif is_hf_spec(self.cfg.model):
+                vocab = resolve_hf(self.cfg.model).dims.vocab
+            else:
+                vocab = 1024
             shard, shards = self.strategy.data_shard(self.ctx)
             return synthetic_batches(shard, shards, self.cfg.batch_size, self.cfg.seq_len, vocab, self.cfg.seed,
                                      self.samples_seen)
@@ -586,7 +598,7 @@ class Runner:
         stage = self.strategy.stage_size()
         if stage is not None:
             prediction, optimizer_bytes_per_param = predict_pipeline_stage(
-                *stage, self.ctx.world_size, self.strategy.num_stages)
+                *stage, self.ctx.world_size, self.strategy.num_stages, getattr(self.strategy, "tied", None) is not None)
         else:
             prediction, optimizer_bytes_per_param = predict(
                 self.cfg.strategy, self.cfg.fsdp_sharding, self.ctx.world_size, self.param_count,

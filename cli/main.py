@@ -1,4 +1,4 @@
-"""The `ringtop` command: ui, replay, run, demo, simulate, ctl, plan, bench.
+"""The `ringtop` command: ui, replay, run, demo, simulate, ctl, plan, models, bench.
 
 Only `run` and `demo` start training, and they do it in child processes; this process never
 imports torch, so the UI starts on a machine without it.
@@ -172,6 +172,12 @@ def _plan(plan_args: list[str]) -> int:
     from .plan import main as plan_main
 
     return plan_main(plan_args)
+
+
+def _models(args: argparse.Namespace) -> int:
+    from .models import main as models_main
+
+    return models_main(args)
 
 
 def _bench(bench_args: list[str]) -> int:
@@ -409,6 +415,12 @@ def build_parser() -> argparse.ArgumentParser:
     ctl.add_argument("command", help=" | ".join(COMMANDS))
     ctl.add_argument("args", nargs="*", help="KEY=VALUE arguments, e.g. kind=full")
 
+    models = sub.add_parser("models", help="the Hugging Face architectures --model hf:NAME builds, with their "
+                            "parameter counts, layers, hidden size, heads, vocab (needs transformers)")
+    from ringtop.cli.models import add_arguments as models_arguments
+
+    models_arguments(models)
+
     sub.add_parser("ckpt", add_help=False, help="inspect (info) or consolidate checkpoints (`ringtop ckpt --help`)")
     sub.add_parser("plan", add_help=False, help="predict memory and communication of each strategy "
                    "(`ringtop plan --help`)")
@@ -439,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.verb == "demo" and args.nproc < 1:
         parser.error("--nproc must be >= 1")
     handlers = {"ui": _ui, "replay": _replay, "ctl": _ctl, "demo": _demo, "ls": _ls, "connect-info": _connect_info,
-                "summary": _summary, "simulate": _simulate}
+                "summary": _summary, "simulate": _simulate, "models": _models}
     return handlers[args.verb](args)
 
 

@@ -1,6 +1,10 @@
 """`ringtop plan`: memory per rank, traffic and time per step of each strategy, from the cost model.
 
-Torch-free: it runs where torch is not installed (a laptop planning a cluster).
+Torch-free with `--params`: it runs where torch is not installed (a laptop planning a cluster).
+`--model hf:NAME|hf-config:PATH` takes parameters, layers and hidden size from the architecture's
+definition built on the meta device (torch and transformers imported then; no weights allocated),
+and adds activation memory per micro-batch, FLOPs per step and the step-time floor on the given
+accelerator (metrics.peaks) and link.
 """
 
 from __future__ import annotations
@@ -13,9 +17,12 @@ import sys
 from dataclasses import asdict
 
 from ringtop.metrics import fmt
+from ringtop.metrics.peaks import ACCELERATORS, compute_dtype, match_device
 from ringtop.metrics.units import GB
 from ringtop.strategies.cost_model import (
+    DTYPE_BYTES,
     ModelSpec,
+    activation_bytes_per_micro_batch,
     comm_overhead,
     comm_share_of_step,
     comm_time_s,
@@ -56,12 +63,28 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="GB = 1e9 bytes. Comm time = bytes each rank sends / the link's per-direction bandwidth "
                "(half the bidirectional figure vendors quote); overhead = comm time / compute step. "
                "Links: " + "; ".join(f"{k}: {v.description}" for k, v in LINKS.items()) + ".")
-    p.add_argument("--params", required=True, help="parameter count, e.g. 7e9 or 7.6B")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--params", help="parameter count, e.g. 7e9 or 7.6B")
+    what.add_argument("--model", help="hf:NAME (`ringtop models`) or hf-config:PATH: counts, layers and hidden "
+                      "size from the architecture built on the meta device; adds activations, FLOPs and the "
+                      "step-time floor (needs torch and transformers)")
     p.add_argument("--ranks", type=int, default=None, help="number of ranks (GPUs); with --tp / --dp: tp x pp x dp")
     p.add_argument("--link", default="nvlink4",
                    help=f"{'|'.join(LINKS)} or a number of GB/s per direction (default %(default)s)")
-    p.add_argument("--step-s", type=float, default=2.0,
-                   help="compute time of one step in seconds (default %(default)s)")
+    p.add_argument("--step-s", type=float, default=None,
+                   help="compute time of one step in seconds (default: with --model and a known peak, the "
+                        "compute floor; else 2)")
+    p.add_argument("--seq-len", type=int, default=None,
+                   help="with --model: tokens per sequence (default: the model's positions, at most 2048); "
+                        "with a TP/3D layout and no --model: 4096")
+    p.add_argument("--batch-size", type=int, default=8,
+                   help="with --model or a TP/3D layout: sequences per data-parallel replica per step, in "
+                        "--micro-batches (default %(default)s)")
+    p.add_argument("--accelerator", default=None,
+                   help="with --model: the device, as NVML names it or the peak table does (e.g. 'H100 SXM', "
+                        "H200, 'A100 SXM', MI300X): its dense peak for --dtype gives the compute floor")
+    p.add_argument("--peak-tflops", type=float, default=None,
+                   help="with --model: the device's dense peak TFLOP/s instead of --accelerator")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"),
                    help="dtype of parameters and gradients (default %(default)s)")
     p.add_argument("--optimizer-bytes", type=int, default=8,
@@ -81,7 +104,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _validate(args: argparse.Namespace) -> tuple[int, Link]:
-    params = parse_count(args.params)
+    if args.model is None:
+        given = [f for f, v in (("--seq-len", None if plan_mesh.wanted(args) else args.seq_len),
+                                ("--accelerator", args.accelerator), ("--peak-tflops", args.peak_tflops))
+                 if v is not None]
+        if given:
+            raise PlanError(f"{given[0]} needs --model (it sizes activations and FLOPs of an architecture)")
+        params = parse_count(args.params)
+    else:
+        params = 0  # counted from the model
+    if args.step_s is None and args.model is None:
+        args.step_s = 2.0
     try:
         link = parse_link(args.link)
     except ValueError as exc:
@@ -92,7 +125,7 @@ def _validate(args: argparse.Namespace) -> tuple[int, Link]:
         args.ranks = plan_mesh.mesh_ranks(args)
     if args.ranks < 1:
         raise PlanError(f"--ranks must be >= 1, got {args.ranks}")
-    if not (args.step_s > 0 and math.isfinite(args.step_s)):
+    if args.step_s is not None and not (args.step_s > 0 and math.isfinite(args.step_s)):
         raise PlanError(f"--step-s must be a positive number of seconds, got {args.step_s}")
     if args.optimizer_bytes < 0:
         raise PlanError(f"--optimizer-bytes must be >= 0, got {args.optimizer_bytes}")
@@ -110,16 +143,115 @@ def _validate(args: argparse.Namespace) -> tuple[int, Link]:
                             "the pp row puts ranks/stages data-parallel copies of each stage")
     if args.micro_batches is not None and args.micro_batches < 1:
         raise PlanError(f"--micro-batches must be >= 1, got {args.micro_batches}")
+    if args.seq_len is not None and not 1 <= args.seq_len <= 1 << 20:
+        raise PlanError(f"--seq-len must be in [1, {1 << 20}], got {args.seq_len}")
+    if not 1 <= args.batch_size <= 1 << 20:
+        raise PlanError(f"--batch-size must be in [1, {1 << 20}], got {args.batch_size}")
+    if args.model is not None and args.micro_batches is not None and args.batch_size % args.micro_batches:
+        raise PlanError(f"--micro-batches {args.micro_batches} must divide --batch-size {args.batch_size}")
+    if args.peak_tflops is not None and not (args.peak_tflops > 0 and math.isfinite(args.peak_tflops)):
+        raise PlanError(f"--peak-tflops must be a positive number, got {args.peak_tflops}")
+    if args.accelerator is not None and match_device(args.accelerator) is None:
+        known = ", ".join(a.name for a in ACCELERATORS)
+        raise PlanError(f"--accelerator {args.accelerator!r} is not one device of the peak table ({known}); "
+                        "pass --peak-tflops instead")
     return params, link
+
+
+def _peak(args: argparse.Namespace) -> tuple[float, str]:
+    """(dense peak TFLOP/s, where it is from); 0.0 when neither --accelerator nor --peak-tflops is given."""
+    if args.peak_tflops is not None:
+        return args.peak_tflops, "--peak-tflops"
+    if args.accelerator is None:
+        return 0.0, "no --accelerator or --peak-tflops"
+    row = match_device(args.accelerator)
+    dtype = compute_dtype(args.dtype)
+    if dtype not in row.tflops:
+        raise PlanError(f"{row.name} has no {dtype} peak in the table; pass --peak-tflops")
+    return row.tflops[dtype], f"{row.name} {dtype} dense, {row.source}"
+
+
+def _model_definition(args: argparse.Namespace):
+    """The architecture's facts from its meta-device definition; PlanError for a bad spec."""
+    try:
+        from ringtop.agent.hf_catalogue import ModelConfigError, check_seq_len, resolve
+        from ringtop.agent.hf_models import model_facts
+    except ImportError as exc:
+        raise PlanError(f"--model needs torch and transformers ({exc}): pip install 'ringtop[agent,hf]'") from None
+    try:
+        spec = resolve(args.model)
+        if args.seq_len is None:
+            args.seq_len = min(spec.dims.max_positions, 2048)
+        check_seq_len(spec, args.seq_len)
+        return model_facts(spec)
+    except ModelConfigError as exc:
+        raise PlanError(str(exc)) from None
+    except ImportError as exc:
+        raise PlanError(f"--model needs transformers ({exc}): pip install 'ringtop[hf]'") from None
+
+
+def _model_part(args: argparse.Namespace, facts, ranks: int, stages: int) -> dict:
+    """Activations per micro-batch, FLOPs per step and the compute floor of the step: for the
+    data-parallel strategies (every rank a replica fed --batch-size sequences) and, with
+    --pp-stages, for the pipeline (each replica of S ranks fed --batch-size sequences in M
+    micro-batches, its work split over the stages and stretched by the bubble)."""
+    micro_batches = args.micro_batches or 1
+    micro_batch_size = args.batch_size // micro_batches
+    act_bytes = DTYPE_BYTES[args.dtype]
+
+    def activations(sequences: int, flash: bool = True) -> int:
+        return activation_bytes_per_micro_batch(facts.layers, facts.hidden, facts.heads, args.seq_len, sequences,
+                                                facts.vocab, act_bytes, flash_attention=flash)
+
+    flops_per_token = facts.flops_per_token(args.seq_len)
+    per_rank_flops = flops_per_token * args.batch_size * args.seq_len
+    peak_tflops, peak_source = _peak(args)
+    floor = per_rank_flops / (peak_tflops * 1e12) if peak_tflops > 0 else None
+    pipeline = None
+    if stages > 1:
+        bubble = gpipe_bubble_fraction(stages, micro_batches)
+        pipeline = {"tokens_per_step": args.batch_size * args.seq_len * (ranks // stages),
+                    "flops_per_step": flops_per_token * args.batch_size * args.seq_len * (ranks // stages),
+                    "flops_per_rank_per_step": per_rank_flops / stages, "bubble": bubble,
+                    "compute_floor_s": floor / stages / (1 - bubble) if floor is not None else None}
+    return {
+        "name": facts.name, "model_type": facts.model_type, "params": facts.params,
+        "non_embedding_params": facts.non_embedding_params, "layers": facts.layers, "hidden": facts.hidden,
+        "heads": facts.heads, "kv_heads": facts.kv_heads, "vocab": facts.vocab, "tied_head": facts.tied,
+        "seq_len": args.seq_len, "batch_size_per_rank": args.batch_size, "micro_batches": micro_batches,
+        "micro_batch_size": micro_batch_size,
+        "activation_bytes_per_micro_batch": activations(micro_batch_size),
+        "activation_bytes_per_micro_batch_eager_attention": activations(micro_batch_size, flash=False),
+        "activation_bytes_per_rank": activations(args.batch_size),
+        "flops_per_token": flops_per_token, "tokens_per_step": args.batch_size * args.seq_len * ranks,
+        "flops_per_step": per_rank_flops * ranks, "flops_per_rank_per_step": per_rank_flops,
+        "peak_tflops": peak_tflops, "peak_source": peak_source, "compute_floor_s": floor, "pipeline": pipeline,
+        "conventions": {
+            "flops_per_token": "6 x non-embedding params + 12 x layers x hidden x seq_len (PaLM appendix B)",
+            "activation_bytes": "Korthikanti et al. 2022 eq. 1, s*b*h*34 per layer (+5*a*s^2*b with eager "
+                                "attention), scaled to the dtype, + fp32 logits and softmax 8*s*b*V",
+            "compute_floor_s": "FLOPs per rank per step / dense peak (100 % MFU); a pipeline's: its replica's "
+                               "work / stages / (1 - GPipe bubble)",
+        },
+    }
 
 
 def make_plan(args: argparse.Namespace) -> dict:
     """The plan as plain data (what --json prints and the table renders)."""
     params, link = _validate(args)
-    model = ModelSpec.from_dtype(params, args.dtype, args.optimizer_bytes)
     stages = args.pp_stages or 1
+    definition = facts = None
+    if args.model is not None:
+        facts = _model_definition(args)
+        params = facts.params
+        definition = _model_part(args, facts, args.ranks, stages)
+        if args.step_s is None:
+            args.step_s = definition["compute_floor_s"] or 2.0
+    model = ModelSpec.from_dtype(params, args.dtype, args.optimizer_bytes)
     capacity = args.mem_gb * GB
     other = args.other_gb * GB
+    if definition is not None:  # the rank's whole batch at once; a pipeline stage holds about 1/S of it
+        other += definition["activation_bytes_per_rank"]
     rows = []
     for fit in which_fit(model, args.ranks, capacity, other, pp_stages=stages,
                          gloo_reduce_scatter_as_all_reduce=args.backend == "gloo"):
@@ -140,6 +272,10 @@ def make_plan(args: argparse.Namespace) -> dict:
             "comm_overhead": comm_overhead(t, args.step_s),
             "comm_share_of_step": comm_share_of_step(t, args.step_s),
         })
+        if definition is not None and definition["compute_floor_s"] is not None:
+            compute = definition["pipeline" if cost.strategy == "pp" else "compute_floor_s"]
+            compute = compute["compute_floor_s"] if cost.strategy == "pp" else compute
+            rows[-1]["step_floor_s"] = {"compute": compute, "overlapped": max(compute, t), "serial": compute + t}
     pipeline = None
     if args.pp_stages is not None:
         m = args.micro_batches or 1
@@ -154,9 +290,10 @@ def make_plan(args: argparse.Namespace) -> dict:
             "bubble_by_micro_batches": {str(mm): gpipe_bubble_fraction(stages, mm)
                                         for mm in sorted({*BUBBLE_TABLE_M, m})},
         }
-    mesh = plan_mesh.mesh_plan(args, params, model, link) if plan_mesh.wanted(args) else None
+    mesh = plan_mesh.mesh_plan(args, params, model, link, facts) if plan_mesh.wanted(args) else None
     return {
         "model": {**asdict(model), "dtype": args.dtype},
+        "model_definition": definition,
         "ranks": args.ranks,
         "link": {"name": link.name, "per_direction_gbps": link.per_direction_gbps,
                  "bidirectional_gbps": link.bidirectional_gbps, "description": link.description},
@@ -197,6 +334,7 @@ def render_table(plan: dict) -> str:
         f"({link['bidirectional_gbps']:g} GB/s bidirectional); compute step {plan['compute_step_s']:g} s; "
         f"backend {plan['backend']}",
         "GB = 1e9 bytes. Comm time = bytes each rank sends / per-direction bandwidth; overhead = comm / compute step.",
+        *_definition_lines(plan),
     ]
     if plan["mesh"]:
         lines += plan_mesh.render(plan["mesh"])
@@ -234,6 +372,41 @@ def render_table(plan: dict) -> str:
         lines.append("  (pp comm counts the gradient all-reduce among a stage's copies; activation "
                      "send/recv depends on activation size and is not included)")
     return "\n".join(lines)
+
+
+def _definition_lines(plan: dict) -> list[str]:
+    d = plan["model_definition"]
+    if d is None:
+        return []
+    floor = d["compute_floor_s"]
+    lines = [
+        "",
+        f"Model {d['name']} ({d['model_type']}, from its definition on the meta device): {d['params']:,} params "
+        f"({d['non_embedding_params']:,} non-embedding), {d['layers']} layers, hidden {d['hidden']}, {d['heads']} "
+        f"heads ({d['kv_heads']} kv), vocab {d['vocab']:,}{', tied head' if d['tied_head'] else ''}",
+        f"  sequence {d['seq_len']:,} tokens, {d['batch_size_per_rank']} sequences per rank per step in "
+        f"{d['micro_batches']} micro-batch(es) of {d['micro_batch_size']}",
+        f"  activations per micro-batch: {fmt.gb(d['activation_bytes_per_micro_batch'])} GB (flash/SDPA attention; "
+        f"{fmt.gb(d['activation_bytes_per_micro_batch_eager_attention'])} GB with eager attention); the rank's "
+        f"whole batch, {fmt.gb(d['activation_bytes_per_rank'])} GB, is counted in the fit below",
+        f"  FLOPs: {d['flops_per_token']:.4g} per token (6N + 12LHS), {d['flops_per_step']:.4g} per step "
+        f"({d['tokens_per_step']:,} tokens, every rank a replica), {d['flops_per_rank_per_step']:.4g} per rank",
+    ]
+    pipe = d["pipeline"]
+    if pipe is not None:
+        lines.append(f"  pipeline: {pipe['flops_per_step']:.4g} per step ({pipe['tokens_per_step']:,} tokens), "
+                     f"{pipe['flops_per_rank_per_step']:.4g} per rank, bubble {100 * pipe['bubble']:.1f} %")
+    if floor is None:
+        lines.append(f"  step-time floor: n/a ({d['peak_source']})")
+    else:
+        lines.append(f"  compute floor: {fmt.seconds(floor)} s per step at 100 % MFU of {d['peak_tflops']:g} TFLOP/s "
+                     f"({d['peak_source'].split(', http')[0]}); with each strategy's communication:")
+        lines += ["  " + line for line in _table(
+            ["strategy", "compute s", "comm s", "floor overlapped s", "floor serial s"],
+            [[r["strategy"], fmt.seconds(r["step_floor_s"]["compute"]), fmt.seconds(r["comm_s"]),
+              fmt.seconds(r["step_floor_s"]["overlapped"]), fmt.seconds(r["step_floor_s"]["serial"])]
+             for r in plan["strategies"]])]
+    return lines
 
 
 def _glue_negative_numbers(argv: list[str]) -> list[str]:

@@ -29,9 +29,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--layers", type=int, default=None,
                    help="transformer layers (default: a dense decoder's of --params)")
     g.add_argument("--hidden", type=int, default=None, help="hidden size (default: a dense decoder's of --params)")
-    g.add_argument("--seq-len", type=int, default=4096, help="tokens per sample (default %(default)s)")
-    g.add_argument("--micro-batch-size", type=int, default=1,
-                   help="samples per micro-batch on one replica (default %(default)s)")
 
 
 def wanted(args: argparse.Namespace) -> bool:
@@ -58,21 +55,32 @@ def _bounded(value: int | None, flag: str, most: int) -> int | None:
     return value
 
 
-def mesh_plan(args: argparse.Namespace, params: int, model: ModelSpec, link: Link) -> dict:
-    """The layout's figures as plain data (the `mesh` part of `ringtop plan --json`)."""
+DEFAULT_SEQ_LEN = 4096
+
+
+def mesh_plan(args: argparse.Namespace, params: int, model: ModelSpec, link: Link, facts=None) -> dict:
+    """The layout's figures as plain data (the `mesh` part of `ringtop plan --json`). `facts`: the
+    `--model`'s definition (its layers and hidden size), else they are --layers / --hidden or
+    assumed from --params. A replica takes --batch-size sequences per step in --micro-batches."""
     tp = _bounded(args.tp, "--tp", MAX_DEGREE) or 1
     dp = _bounded(args.dp, "--dp", MAX_DEGREE) or 1
     pp = _bounded(args.pp_stages, "--pp", MAX_DEGREE) or 1
     per_node = _bounded(args.gpus_per_node, "--gpus-per-node", MAX_DEGREE)
-    for flag, value in (("--layers", args.layers), ("--hidden", args.hidden), ("--seq-len", args.seq_len),
-                        ("--micro-batch-size", args.micro_batch_size)):
+    for flag, value in (("--layers", args.layers), ("--hidden", args.hidden), ("--seq-len", args.seq_len)):
         _bounded(value, flag, MAX_SHAPE)
+    micro_batches = args.micro_batches or 1
+    if args.batch_size % micro_batches:
+        raise ValueError(f"--micro-batches {micro_batches} must divide --batch-size {args.batch_size}")
     mesh = Mesh(tp, pp, dp)
     if args.ranks is not None and args.ranks != mesh.ranks:
         raise ValueError(f"--ranks {args.ranks} is not tp x pp x dp = {tp} x {pp} x {dp} = {mesh.ranks}")
-    guessed = assumed_shape(params)
+    if facts is not None:
+        guessed, source = (facts.layers, facts.hidden), args.model
+    else:
+        guessed, source = assumed_shape(params), None
     layers, hidden = args.layers or guessed[0], args.hidden or guessed[1]
-    shape = Shape(layers, hidden, args.seq_len, args.micro_batch_size, args.micro_batches or 1, model.param_bytes)
+    shape = Shape(layers, hidden, args.seq_len or DEFAULT_SEQ_LEN, args.batch_size // micro_batches, micro_batches,
+                  model.param_bytes)
     link_tp = _link(args.link_tp, "--link-tp") if args.link_tp else link
     link_dp = _link(args.link_dp, "--link-dp")
     link_pp = _link(args.link_pp, "--link-pp") if args.link_pp else link_dp
@@ -87,7 +95,8 @@ def mesh_plan(args: argparse.Namespace, params: int, model: ModelSpec, link: Lin
         "shape": {"layers": layers, "hidden": hidden, "seq_len": shape.seq_len,
                   "micro_batch_size": shape.micro_batch_size, "micro_batches": shape.micro_batches,
                   "activation_bytes": shape.activation_bytes,
-                  "assumed": [k for k, v in (("layers", args.layers), ("hidden", args.hidden)) if v is None]},
+                  "assumed": [] if source else [k for k, v in (("layers", args.layers), ("hidden", args.hidden))
+                                                if v is None]},
         "layers_per_stage": cost.layers_per_stage,
         "memory": {"params_bytes": cost.memory.params_bytes, "grads_bytes": cost.memory.grads_bytes,
                    "optimizer_bytes": cost.memory.optimizer_bytes, "total_bytes": cost.memory.total_bytes},

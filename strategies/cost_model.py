@@ -369,6 +369,32 @@ def pipeline_p2p_sent_bytes(activation_bytes_per_micro_batch: int, micro_batches
     return 2 * micro_batches * activation_bytes_per_micro_batch
 
 
+# ---------------------------------------------------------------- activations
+
+ACTIVATION_BYTES_PER_TOKEN_LAYER_HIDDEN = 34
+"""Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models"
+(arXiv 2205.05198), section 4.1, eq. 1 without tensor or sequence parallelism: one layer keeps
+s·b·h·(34 + 5·a·s/h) bytes of 16-bit activations for its backward (the 5·a·s/h: the attention
+scores, softmax output and its dropout mask, a·s² per sequence)."""
+
+
+def activation_bytes_per_micro_batch(layers: int, hidden: int, heads: int, seq_len: int, micro_batch_size: int,
+                                     vocab: int, activation_bytes: int = 2, *, flash_attention: bool = True) -> int:
+    """Activations one micro-batch keeps from forward to backward, no recomputation: the layers by
+    Korthikanti's count (scaled from 2-byte to `activation_bytes`; with a fused, flash-style
+    attention kernel the a·s² score terms are not kept), plus the output logits and their softmax
+    in fp32 for the loss (2 x 4 x s·b·V), which at a 32k-50k vocabulary rival a layer."""
+    if min(layers, hidden, heads, seq_len, micro_batch_size, vocab, activation_bytes) < 1:
+        raise ValueError("layers, hidden, heads, sequence length, micro-batch size, vocab and bytes must be >= 1")
+    sbh = seq_len * micro_batch_size * hidden
+    per_layer = sbh * ACTIVATION_BYTES_PER_TOKEN_LAYER_HIDDEN
+    if not flash_attention:
+        per_layer += 5 * heads * seq_len * seq_len * micro_batch_size
+    per_layer = per_layer * activation_bytes // 2
+    logits = 2 * 4 * seq_len * micro_batch_size * vocab
+    return layers * per_layer + logits
+
+
 # ---------------------------------------------------------------- what fits
 
 

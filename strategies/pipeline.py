@@ -1,22 +1,26 @@
-"""Pipeline parallelism for the built-in transformer through `torch.distributed.pipelining`.
+"""Pipeline parallelism for the built-in transformer and the Hugging Face architectures
+(`--model hf:...`, agent/hf_models.py) through `torch.distributed.pipelining`.
 
 The model is split by layers into `stages` (balanced by default, or `split` layers per stage):
 stage 0 holds the token and position embeddings and its blocks, the last stage its blocks, the
 final LayerNorm and the output head and computes the loss; each stage module keeps the original
 model's parameter names (blocks sit in a ModuleDict keyed by their original index), so full
-checkpoints use TinyGPT's own names and load into DDP/FSDP and back. Micro-batches run under
+checkpoints use the model's own names and load into DDP/FSDP and back. A model other than TinyGPT
+is split through its `pipeline_split()` (the same roles: its layers, what the first and last stage
+hold, the tied embedding/head pair's names if any; see `_TinyGPTSplit`). Micro-batches run under
 torch's ScheduleGPipe or Schedule1F1B. With more ranks than stages, the ranks form a
 (replicas x stages) device mesh: rank r is stage r % S of replica r // S, and after each schedule
 each stage's gradients are averaged over its replicas (one coalesced all-reduce).
 
-The tied embedding/head weight. TinyGPT uses one tensor as token embedding (stage 0) and output
-projection (last stage). With S > 1 the last stage holds its own copy, initialised from the same
-weight. After the schedule the two stages all-reduce (sum) the tied weight's gradient between
-them, so both hold d(loss)/dW = embedding part + head part - exactly the gradient of the shared
-tensor in the unsplit model. Both copies then take identical AdamW steps from identical state
-and stay equal; the checkpoint takes the value and the optimizer state of `tok_emb.weight` once
-(its `head.weight` entry is the last stage's copy, equal to it) and a load sets both copies.
-Gradient clipping uses the global norm over all stages, counting the tied weight once.
+The tied embedding/head weight (TinyGPT's, GPT-2's; a Llama is untied). TinyGPT uses one tensor as
+token embedding (stage 0) and output projection (last stage). With S > 1 the last stage holds its
+own copy, initialised from the same weight. After the schedule the two stages all-reduce (sum) the
+tied weight's gradient between them, so both hold d(loss)/dW = embedding part + head part - exactly
+the gradient of the shared tensor in the unsplit model. Both copies then take identical AdamW steps
+from identical state and stay equal; the checkpoint takes the value and the optimizer state of
+`tok_emb.weight` once (its `head.weight` entry is the last stage's copy, equal to it) and a load
+sets both copies. Gradient clipping uses the global norm over all stages, counting the tied weight
+once.
 
 The loss. The last stage computes the mean token loss of each micro-batch; the step's loss is the
 mean over the micro-batches (= the loss of the replica's whole batch, all micro-batches being
@@ -62,6 +66,7 @@ from .base import (
 
 OPTIONS = ("stages", "schedule", "micro_batches", "split")
 TIED, TIED_COPY = "tok_emb.weight", "head.weight"
+"""TinyGPT's tied pair: the embedding (first stage) and the head's copy of it (last stage)."""
 
 
 class PipelineEvent(NamedTuple):
@@ -104,6 +109,49 @@ def _is_builtin_transformer(model: nn.Module) -> bool:
     cls = type(model)
     return (cls.__module__ == "ringtop.agent.model" and cls.__qualname__ == "TinyGPT"
             and isinstance(getattr(model, "blocks", None), nn.ModuleList))
+
+
+class _TinyGPTSplit:
+    """The built-in model's roles for the split (an hf model brings its own, `pipeline_split()`)."""
+
+    tied = (TIED, TIED_COPY)
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.n_layers = len(model.blocks)
+        self.max_seq_len = model.cfg.max_seq_len
+
+    def parts(self) -> list[nn.Module]:
+        m = self.model
+        return [m.tok_emb, m.pos_emb, m.ln_f, m.head, *m.blocks]
+
+    def stage_params(self, layers: range, first: bool, last: bool) -> list[nn.Parameter]:
+        m = self.model
+        modules = [m.blocks[i] for i in layers]
+        if first:
+            modules += [m.tok_emb, m.pos_emb]
+        if last:
+            modules.append(m.ln_f)
+        params = [p for mod in modules for p in mod.parameters()]
+        if last and not first:
+            params.append(m.head.weight)
+        return params
+
+    def build_stage(self, layers: range, first: bool, last: bool) -> nn.Module:
+        return _StageModule(self.model, layers, first, last)
+
+
+def _split_of(model: nn.Module):
+    """How to split `model` by layers, or a StrategyError saying why it cannot be."""
+    if _is_builtin_transformer(model):
+        return _TinyGPTSplit(model)
+    split = getattr(model, "pipeline_split", None)
+    if callable(split):
+        return split()
+    raise StrategyError(
+        f"pp splits the built-in transformer (--model tiny-gpt) and --model hf:... architectures by their "
+        f"layers; got {type(model).__module__}.{type(model).__qualname__}. Use ddp, fsdp or zero1/2/3 for a "
+        "user model.")
 
 
 def _positive_int(value: Any) -> bool:
@@ -200,7 +248,7 @@ def _schedule_class(schedule: str, micro_batches: int, stages: int):
 class PipelineStrategy(Strategy):
     """Options: `stages` (default: world size), `schedule` ("gpipe" | "1f1b", default gpipe),
     `micro_batches` (default 4; must divide the per-rank batch), `split` (layers per stage,
-    default balanced). The built-in model only. See the module docstring."""
+    default balanced). The built-in model and hf models. See the module docstring."""
 
     name: ClassVar[str] = "pp"
     sharding: ClassVar[ShardingSpec] = ShardingSpec()  # stages split the layers; replicas copy a stage
@@ -239,6 +287,8 @@ class PipelineStrategy(Strategy):
         self.replicas = 1
         self.split: list[int] = []
         self._layers: list[range] = []
+        self.tied: tuple[str, str] | None = None
+        """(embedding, head copy) parameter names of a tied pair; None for an untied model."""
 
     # ------------------------------------------------------------------ description
 
@@ -282,27 +332,19 @@ class PipelineStrategy(Strategy):
 
     @staticmethod
     def stage_param_counts(model: nn.Module, stages: int, split: list[int] | None = None) -> list[tuple[int, int]]:
-        """(parameters, parameter tensors) each stage will hold, from the unsplit built-in model:
-        stage 0 the embeddings and its blocks, the last stage its blocks, ln_f and (with more than
-        one stage) its own copy of the tied head weight. For the memory prediction: bytes held =
-        params x 4 (fp32), grads the same, AdamW 8 bytes per param + 4 per tensor (`step`)."""
-        if not _is_builtin_transformer(model):
-            raise StrategyError("pp splits only the built-in transformer")
+        """(parameters, parameter tensors) each stage will hold, from the unsplit model: stage 0 the
+        embeddings and its layers, the last stage its layers, the final norm and the head (with a
+        tied head and more than one stage, its own copy of the weight). For the memory prediction:
+        bytes held = params x 4 (fp32), grads the same, AdamW 8 bytes per param + 4 per tensor (`step`)."""
+        splitter = _split_of(model)
         try:
-            split = (ps.check_split(split, len(model.blocks), stages) if split
-                     else ps.balanced_split(len(model.blocks), stages))
+            split = (ps.check_split(split, splitter.n_layers, stages) if split
+                     else ps.balanced_split(splitter.n_layers, stages))
         except ValueError as exc:
             raise StrategyError(f"pp: {exc}") from None
         out = []
         for s, layers in enumerate(ps.stage_layers(split)):
-            modules = [model.blocks[i] for i in layers]
-            if s == 0:
-                modules += [model.tok_emb, model.pos_emb]
-            if s == stages - 1:
-                modules.append(model.ln_f)
-            params = [p for m in modules for p in m.parameters()]
-            if s == stages - 1 and stages > 1:
-                params.append(model.head.weight)
+            params = splitter.stage_params(layers, s == 0, s == stages - 1)
             out.append((sum(p.numel() for p in params), len(params)))
         return out
 
@@ -319,16 +361,14 @@ class PipelineStrategy(Strategy):
 
     def setup(self, model: nn.Module, make_optimizer: OptimizerFactory, ctx: DistContext,
               settings: TrainSettings) -> None:
-        if not _is_builtin_transformer(model):
-            raise StrategyError(
-                f"pp splits only the built-in transformer (--model tiny-gpt) by its layers; got "
-                f"{type(model).__module__}.{type(model).__qualname__}. Use ddp, fsdp or zero1/2/3 for a user model.")
+        splitter = _split_of(model)
         if settings.dtype != "fp32":
             raise StrategyError("pp trains in fp32 here; use --strategy fsdp or zero1/2/3 for --dtype bf16")
         stages = self.options.get("stages") or ctx.world_size
         if ctx.world_size % stages:
             raise StrategyError(f"pp stages ({stages}) must divide the number of ranks ({ctx.world_size})")
-        n_layers = len(model.blocks)
+        n_layers = splitter.n_layers
+        self.tied = splitter.tied
         try:
             self.split = (ps.check_split(self.options["split"], n_layers, stages) if self.options.get("split")
                           else ps.balanced_split(n_layers, stages))
@@ -347,8 +387,8 @@ class PipelineStrategy(Strategy):
         self._param_fqns = list(dict.fromkeys(
             names[0] for names in _names_by_param(model).values()))  # unique params, original order
         first, last = self.stage_index == 0, self.stage_index == stages - 1
-        module = _StageModule(model, self._layers[self.stage_index], first, last).to(ctx.device)
-        _release_other_stages(model, module)
+        module = splitter.build_stage(self._layers[self.stage_index], first, last).to(ctx.device)
+        _release_other_stages(splitter.parts(), module)
         self.module = module
         self._fqn_of = {id(p): names[0] for p, names in _names_by_param(module, with_param=True)}
         self.optimizer = make_optimizer(module.parameters())
@@ -365,7 +405,9 @@ class PipelineStrategy(Strategy):
         # The tied weight's two holders: first and last stage of each replica.
         self.tie_group = None
         holds_tied = self.stage_index in (0, s - 1)
-        if s == 2:
+        if self.tied is None:
+            pass
+        elif s == 2:
             self.tie_group = self.pp_group
         elif s > 2:
             for replica in range(r):  # every rank takes part in creating every group
@@ -451,7 +493,7 @@ class PipelineStrategy(Strategy):
         """The backward ran inside the schedule; here the gradients are completed: the tied weight's
         two parts summed, then each stage's gradients averaged over its replicas."""
         if self.tie_group is not None:
-            tied = self.module.tok_emb.weight if self.stage_index == 0 else self.module.head.weight
+            tied = self.module.get_parameter(self.tied[0] if self.stage_index == 0 else self.tied[1])
             if tied.grad is None:
                 tied.grad = torch.zeros_like(tied)
             dist.all_reduce(tied.grad, group=self.tie_group)
@@ -479,8 +521,9 @@ class PipelineStrategy(Strategy):
     def _global_grad_norm(self, params: list[nn.Parameter]) -> torch.Tensor:
         """The norm over every stage's gradients, the tied weight once (the last stage leaves its
         copy out), as torch's clip_grad_norm_ would compute it over the whole model."""
-        counted = [p for p in params if not (self.num_stages > 1 and self.stage_index == self.num_stages - 1
-                                             and p is self.module.head.weight)]
+        copy = (self.module.get_parameter(self.tied[1]) if self.tied is not None and self.num_stages > 1
+                and self.stage_index == self.num_stages - 1 else None)
+        counted = [p for p in params if p is not copy]
         sq = torch.zeros((), dtype=torch.float32, device=self.ctx.device)
         for p in counted:
             sq += p.grad.detach().float().pow(2).sum()
@@ -545,8 +588,8 @@ class PipelineStrategy(Strategy):
             fqns = []
             for p in group["params"]:
                 fqn = self._fqn_of[id(p)]
-                if fqn == TIED_COPY and self.num_stages > 1:
-                    continue  # the copy of tok_emb.weight: stage 0 holds the same state
+                if self.tied is not None and fqn == self.tied[1] and self.num_stages > 1:
+                    continue  # the copy of the embedding: stage 0 holds the same state
                 fqns.append(fqn)
                 if self.optimizer.state.get(p):
                     optim_state[fqn] = {k: (v.detach().cpu().clone() if isinstance(v, torch.Tensor) else v)
@@ -555,9 +598,9 @@ class PipelineStrategy(Strategy):
         return model_state, optim_state, groups
 
     def full_state_dict(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """TinyGPT's full state under its original names (`head.weight` included, equal to
-        `tok_emb.weight`) and the optimizer state in torch's full layout keyed by those names (the
-        tied weight once, as `tok_emb.weight`). Collective over the ranks of replica 0 (every rank
+        """The model's full state under its original names (a tied head's weight included, equal to
+        the embedding's) and the optimizer state in torch's full layout keyed by those names (the
+        tied weight once, under the embedding's name). Collective over the ranks of replica 0 (every rank
         calls it; others return empty dicts); rank 0's result is complete."""
         local = self._local_state()
         if self.num_stages == 1:
@@ -589,14 +632,15 @@ class PipelineStrategy(Strategy):
     def load_full_state_dict(self, model_state: dict[str, Any], optim_state: dict[str, Any], *,
                              weights_loaded: bool = False) -> None:
         """Inverse of `full_state_dict`; every rank passes the same full state. Each stage takes its
-        own names; the last stage's copy of the tied weight takes `tok_emb.weight`'s value and state."""
+        own names; the last stage's copy of the tied weight takes the embedding's value and state."""
         own = self.module.state_dict()
+        tied, tied_copy = self.tied or (None, None)
 
         def source(name: str, table: dict) -> str | None:
             if name in table:
                 return name
-            if name == TIED_COPY and TIED in table:
-                return TIED
+            if tied is not None and name == tied_copy and tied in table:
+                return tied
             return None
 
         missing = [k for k in own if source(k, model_state) is None]
@@ -617,7 +661,7 @@ class PipelineStrategy(Strategy):
                 if src is not None:
                     local["state"][index] = {k: (v.clone() if isinstance(v, torch.Tensor) else v)
                                              for k, v in state[src].items()}
-                src_group = group_of.get(fqn) or group_of.get(TIED if fqn == TIED_COPY else fqn)
+                src_group = group_of.get(fqn) or group_of.get(tied if fqn == tied_copy else fqn)
                 if src_group is not None:
                     hyper.update({k: v for k, v in src_group.items() if k != "params"})
                 ids.append(index)
@@ -648,9 +692,9 @@ def _names_by_param(module: nn.Module, with_param: bool = False):
     return {k: names for k, (_, names) in by_id.items()}
 
 
-def _release_other_stages(model: nn.Module, stage: nn.Module) -> None:
+def _release_other_stages(parts: list[nn.Module], stage: nn.Module) -> None:
     """Free the weights of layers other stages hold: the model handed in is consumed by the split."""
     kept = {id(p) for p in stage.parameters()}
-    for module in [model.tok_emb, model.pos_emb, model.ln_f, model.head, *model.blocks]:
+    for module in parts:
         if not any(id(p) in kept for p in module.parameters()):
             module.to("meta")

@@ -22,21 +22,28 @@ class Reference(NamedTuple):
 
 
 def reference_run(steps: int, global_batch: int | list[int], seq_len: int, lr: float, seed: int = 0, size: str = "1m",
-                  grad_clip: float = 0.0, threads: int = 1) -> Reference:
+                  grad_clip: float = 0.0, threads: int = 1, model: str | None = None) -> Reference:
     """One process training on every sample. `global_batch` may be a list: the batch of each step
-    (a run whose data-parallel width changed)."""
+    (a run whose data-parallel width changed). `model`: an hf architecture (`hf:llama-tiny`)
+    instead of the built-in model of `size`."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return _train(steps, global_batch, seq_len, lr, seed, size, grad_clip)
+        return _train(steps, global_batch, seq_len, lr, seed, size, grad_clip, model)
     finally:
         torch.set_num_threads(before)
 
 
-def _train(steps, global_batch, seq_len, lr, seed, size, grad_clip) -> Reference:
+def _train(steps, global_batch, seq_len, lr, seed, size, grad_clip, hf_spec=None) -> Reference:
     torch.manual_seed(1234)
-    model = build_tiny_gpt(size, seed)
-    vocab = MODEL_SIZES[size].vocab_size
+    if hf_spec is None:
+        model = build_tiny_gpt(size, seed)
+        vocab = MODEL_SIZES[size].vocab_size
+    else:
+        from ringtop.agent.hf_models import build_hf_model
+
+        model = build_hf_model(hf_spec, seed)
+        vocab = model.spec.dims.vocab
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     batches = global_batch if isinstance(global_batch, list) else [global_batch] * steps
     losses, norms, first = [], [], 0
