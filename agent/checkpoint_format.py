@@ -123,6 +123,19 @@ def finish_sharded(tmp: Path, step: int, meta: dict[str, Any]) -> None:
             _fsync(f)
 
 
+USER = "user"
+"""A folder a script's own save function wrote (ringtop.Monitor): `step-NNNNNNNN-user/`."""
+USER_FORMAT = "ringtop.user/1"
+
+
+def finish_user(tmp: Path, step: int, meta: dict[str, Any]) -> None:
+    """Rank 0, after every rank's save function returned: the meta file, fsynced with the files."""
+    _write_meta(tmp, {**meta, "format": USER_FORMAT, "kind": USER, "step": step})
+    for f in tmp.rglob("*"):
+        if f.is_file():
+            _fsync(f)
+
+
 # ---------------------------------------------------------------- reading
 
 
