@@ -9,6 +9,8 @@ import hashlib
 import json
 import os
 import sys
+import threading
+import time
 from pathlib import Path
 
 import torch
@@ -70,6 +72,11 @@ def train(kind: str, mon_options: dict | None) -> tuple[list[str], str]:
         losses.append(loss.item().hex())
     if mon is not None:
         mon.close()
+        deadline = time.monotonic() + 10  # the gatekeeper's ZeroMQ context ends in the background
+        while (left := [t.name for t in threading.enumerate() if t.name.startswith("ringtop")]) and \
+                time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not left, f"threads left after close: {left}"
     digest = hashlib.sha256()
     for name, value in sorted(model.state_dict().items()):
         local = value.full_tensor() if hasattr(value, "full_tensor") else value

@@ -150,3 +150,21 @@ def test_a_stop_ends_the_script_cleanly(example_run):
         assert isinstance(last, Bye) and last.ok and "stopped by user" in last.reason
     poll_until(lambda: not conn.exists(), 5, "the connection file removed")
     assert "Traceback" not in run.output()
+
+
+def test_wrong_calls_say_why_and_an_unclosed_monitor_closes_at_exit(tmp_path, monkeypatch):
+    run_id = uuid.uuid4().hex[:8]
+    monkeypatch.setenv("RINGTOP_TEST_RUN_ID", run_id)
+    ranks = run_worker_script(TESTS / "own_loop_unclosed.py", [], tmp_path, nproc=2, timeout_s=120)
+    errors = ranks[0]
+    assert "does not take steps" in errors["unknown option"]
+    assert "--run-id '../x'" in errors["bad run id"]
+    assert "DistributedDataParallel model or an FSDP2" in errors["not wrapped"]
+    assert "give it as text" in errors["metrics as a tuple"]
+    assert "must be a torch.optim.Optimizer" in errors["not an optimizer"]
+    assert all("\n" not in text for text in errors.values())
+    for rank in (0, 1):
+        messages = read_log(tmp_path / "logs" / f"rank-{rank}.jsonl")
+        assert [m.step for m in messages if isinstance(m, Step)] == [1, 2, 3, 4, 5]
+        assert isinstance(messages[-1], Bye) and messages[-1].ok and messages[-1].step == 5
+    assert not connection_file.file_for(run_id).exists()

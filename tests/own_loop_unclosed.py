@@ -1,0 +1,57 @@
+"""A script that gets ringtop.Monitor wrong, then watches a DDP loop through `step_end` and ends
+without `close()`: the Monitor must close itself at exit. `own_loop_unclosed.py OUT` writes
+OUT/rank-R.json with the one-line errors of the wrong calls."""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+import ringtop
+from ringtop.agent.config import ConfigError
+from ringtop.agent.own_loop import MonitorError
+from ringtop.protocol import free_tcp_port
+
+
+def main() -> int:
+    out = Path(sys.argv[1])
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    plain = nn.Linear(8, 4)
+    model = DistributedDataParallel(nn.Linear(8, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    wrong = {
+        "unknown option": lambda: ringtop.Monitor(model, optimizer, steps=5),
+        "bad run id": lambda: ringtop.Monitor(model, optimizer, run_id="../x"),
+        "not wrapped": lambda: ringtop.Monitor(plain, optimizer),
+        "metrics as a tuple": lambda: ringtop.Monitor(model, optimizer, metrics=("127.0.0.1", 9400)),
+        "not an optimizer": lambda: ringtop.Monitor(model, "adam"),
+    }
+    errors = {}
+    for name, call in wrong.items():
+        try:
+            call()
+        except (ConfigError, MonitorError) as exc:
+            errors[name] = str(exc)
+    publish, relay, control = (f"tcp://127.0.0.1:{free_tcp_port()}" for _ in range(3))
+    mon = ringtop.Monitor(model, optimizer, run_id=os.environ["RINGTOP_TEST_RUN_ID"], log_dir=str(out / "logs"),
+                          publish=publish, relay=relay, control=control)
+    generator = torch.Generator().manual_seed(dist.get_rank())
+    for _ in range(5):
+        loss = model(torch.randn(4, 8, generator=generator)).square().mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        mon.step_end(loss)
+    (out / f"rank-{dist.get_rank()}.json").write_text(json.dumps(errors))
+    dist.destroy_process_group()
+    return 0  # no mon.close(): the Monitor closes itself at exit
+
+
+if __name__ == "__main__":
+    sys.exit(main())  # as a plain script ends (exit_rank would leave without running atexit)
