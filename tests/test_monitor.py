@@ -26,6 +26,13 @@ TESTS = Path(__file__).resolve().parent
 EXAMPLE = TESTS.parent / "examples" / "own_loop.py"
 
 
+def test_the_readme_shows_the_example_that_runs():
+    readme = (TESTS.parent / "README.md").read_text()
+    section = readme.split("## Watch your own training script", 1)[1]
+    block = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert block == EXAMPLE.read_text(), "README's example must be examples/own_loop.py as it is"
+
+
 def example_model_sizes() -> tuple[int, int]:
     """(parameter bytes, parameter tensors) of the example's model, counted by torch here."""
     spec = importlib.util.spec_from_file_location("own_loop_example", EXAMPLE)
