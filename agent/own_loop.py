@@ -24,6 +24,8 @@ from ringtop.strategies.base import (
 from ringtop.strategies.ddp import register_traced_allreduce
 from ringtop.strategies.fsdp import SHARDINGS
 
+from .factories import batch_tokens
+
 NOT_OWNED = "ringtop does not own this training loop (ringtop.Monitor)"
 
 
@@ -47,10 +49,12 @@ def loop_kind(model: nn.Module) -> tuple[str, nn.Module]:
 
 
 def _tokens_of(args: tuple, kwargs: dict) -> int:
-    """The element count of the forward's first tensor argument (the inputs), as the agent counts."""
+    """The element count of the forward's first tensor argument (the inputs), as the agent counts;
+    in a batch passed whole (a tuple or dict: Lightning's), its first tensor."""
     for value in (*args, *kwargs.values()):
-        if isinstance(value, torch.Tensor):
-            return value.numel()
+        tokens = batch_tokens(value)
+        if tokens:
+            return tokens
     return 0
 
 
@@ -75,6 +79,9 @@ class OwnLoop(Strategy):
         self.comm_note = ""
         """Why some of the loop's traffic is not seen ("": all of it is)."""
         self._forwarded = False
+        self._closure = False
+        """The optimizer's step began before any forward: it runs forward and backward in a closure
+        (Lightning's), so its update is counted in backward (no hook tells them apart)."""
         self._handles: list[Any] = []
 
     @property
@@ -98,7 +105,7 @@ class OwnLoop(Strategy):
         ]
 
     def open_step(self, phases: PhaseMarker) -> None:
-        self.phases, self.tokens, self._forwarded = phases, 0, False
+        self.phases, self.tokens, self._forwarded, self._closure = phases, 0, False, False
 
     def close_step(self) -> int:
         """Tokens of the step just closed."""
@@ -120,13 +127,18 @@ class OwnLoop(Strategy):
         self._mark("forward")
 
     def _before_optimizer(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+        if not self._forwarded:
+            self._closure = True  # the time so far is data; the forward comes inside the step
+            return
         self._mark("backward")
         if self._measure_next and self.phases is not None:
             self._grads_bytes = self._count_grads()
 
     def _after_optimizer(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
-        self._mark("optimizer")
+        self._mark("backward" if self._closure else "optimizer")
         if self._measure_next and self.phases is not None:
+            if self._closure:
+                self._grads_bytes = self._count_grads()  # the gradients are still there after the step
             self._held = HeldBytes(self._count_params(), self._grads_bytes, self._count_optimizer())
             self._measure_next = False
 
