@@ -157,6 +157,9 @@ def read_meta(path: Path) -> dict[str, Any]:
         meta = json.loads((path / META_FILE).read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"cannot read {path / META_FILE}: {exc}") from exc
+    if meta.get("format") == USER_FORMAT:
+        raise CheckpointError(f"{path}: written by a script's own save function (ringtop.Monitor), step "
+                              f"{meta.get('step')}; its files are the script's to read")
     if meta.get("format") not in FORMATS.values():
         raise CheckpointError(f"{path}: unknown checkpoint format {meta.get('format')!r}")
     return meta

@@ -220,8 +220,13 @@ class Monitor:
         collective_hooks.install()
         self._closed = False
         self._lock = threading.Lock()
-        run._start_watching(None)
-        loop.listen()
+        try:
+            run._start_watching(None)
+            loop.listen()
+        except BaseException as exc:  # half started: let go of what did start, then say why
+            run.control_group = None
+            run._shutdown(Bye(reason=f"error: {type(exc).__name__}: {exc}"[:500], ok=False))
+            raise
         if loop.comm_note:
             run._event("warn", "comm", loop.comm_note)
         self._clock = StepClock(device)
@@ -360,8 +365,11 @@ class Monitor:
         self._loop.close_step()
         self._state = None
         if collective and dist.is_initialized():
-            run._end_loop()
-        else:
+            try:
+                run._end_loop()
+            except Exception as exc:  # a peer gone meanwhile: still let go of everything here
+                error, collective = exc, False
+        if not collective:
             run.control_group = None  # no barrier with peers that may be gone
             if run.watch is not None:
                 run.watch.idle()

@@ -1,5 +1,6 @@
-"""A script that gets ringtop.Monitor wrong, then watches a DDP loop through `step_end` and ends
-without `close()`: the Monitor must close itself at exit. `own_loop_unclosed.py OUT` writes
+"""A script that gets ringtop.Monitor wrong, then watches a DDP loop through `step_end` (rank 1's
+loss NaN at step 4, the gradient norm passed along) and ends without `close()`: the Monitor must
+close itself at exit. `own_loop_unclosed.py OUT` writes
 OUT/rank-R.json with the one-line errors of the wrong calls."""
 
 import json
@@ -42,12 +43,15 @@ def main() -> int:
     mon = ringtop.Monitor(model, optimizer, run_id=os.environ["RINGTOP_TEST_RUN_ID"], log_dir=str(out / "logs"),
                           publish=publish, relay=relay, control=control)
     generator = torch.Generator().manual_seed(dist.get_rank())
-    for _ in range(5):
+    for step in range(1, 6):
         loss = model(torch.randn(4, 8, generator=generator)).square().mean()
+        if step == 4 and dist.get_rank() == 1:
+            loss = loss * float("nan")  # rank 1 diverges at step 4
         loss.backward()
+        norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
         optimizer.step()
         optimizer.zero_grad()
-        mon.step_end(loss)
+        mon.step_end(loss, grad_norm=norm)
     (out / f"rank-{dist.get_rank()}.json").write_text(json.dumps(errors))
     dist.destroy_process_group()
     return 0  # no mon.close(): the Monitor closes itself at exit

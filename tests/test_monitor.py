@@ -109,7 +109,9 @@ async def test_the_ui_sees_the_loop_and_its_checkpoint_and_refusal(example_run):
                          "the refusal in the UI's events")
 
 
-def test_the_save_function_wrote_the_step_it_was_given(example_run):
+def test_the_save_function_wrote_the_step_it_was_given(example_run, capsys):
+    from ringtop.cli.main import main as ringtop_main
+
     run = example_run
     replies = list(run.send_command("checkpoint", {"kind": "full"}))
     done = replies[-1]
@@ -121,6 +123,8 @@ def test_the_save_function_wrote_the_step_it_was_given(example_run):
     assert not list(run.checkpoint_dir.glob(".*.tmp")), "no temporary folder left"
     assert any(isinstance(m, Event) and m.kind == "checkpoint" and m.data.get("step") == step
                for m in run.messages(0))
+    assert ringtop_main(["ckpt", "info", str(path)]) == 2
+    assert "written by a script's own save function" in capsys.readouterr().err
 
 
 def test_steps_carry_the_loops_traffic_memory_and_phases(example_run):
@@ -175,3 +179,5 @@ def test_wrong_calls_say_why_and_an_unclosed_monitor_closes_at_exit(tmp_path, mo
         assert [m.step for m in messages if isinstance(m, Step)] == [1, 2, 3, 4, 5]
         assert isinstance(messages[-1], Bye) and messages[-1].ok and messages[-1].step == 5
     assert not connection_file.file_for(run_id).exists()
+    named = [m for m in read_log(tmp_path / "logs" / "rank-0.jsonl") if isinstance(m, Event) and m.kind == "nonfinite"]
+    assert [(m.step, m.data.get("ranks")) for m in named] == [(4, [1])], "the diverging rank is named"
