@@ -1,11 +1,12 @@
 """A script that gets ringtop.Monitor wrong, then watches a DDP loop through `step_end` (rank 1's
-loss NaN at step 4, the gradient norm passed along) and ends without `close()`: the Monitor must
-close itself at exit. `own_loop_unclosed.py OUT` writes
-OUT/rank-R.json with the one-line errors of the wrong calls."""
+loss NaN at step 4, the gradient norm passed along; rank 1 stalls at step 6) and ends without
+`close()`: the Monitor must close itself at exit. `own_loop_unclosed.py OUT` writes OUT/rank-R.json
+with the one-line errors of the wrong calls."""
 
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -41,9 +42,11 @@ def main() -> int:
             errors[name] = str(exc)
     publish, relay, control = (f"tcp://127.0.0.1:{free_tcp_port()}" for _ in range(3))
     mon = ringtop.Monitor(model, optimizer, run_id=os.environ["RINGTOP_TEST_RUN_ID"], log_dir=str(out / "logs"),
-                          publish=publish, relay=relay, control=control)
+                          publish=publish, relay=relay, control=control, stall_factor=1.0, stall_floor_s=0.3)
     generator = torch.Generator().manual_seed(dist.get_rank())
-    for step in range(1, 6):
+    for step in range(1, 7):
+        if step == 6 and dist.get_rank() == 1:
+            time.sleep(1.5)  # rank 1 stalls loading its batch; rank 0 then waits in the all-reduce
         loss = model(torch.randn(4, 8, generator=generator)).square().mean()
         if step == 4 and dist.get_rank() == 1:
             loss = loss * float("nan")  # rank 1 diverges at step 4

@@ -17,7 +17,7 @@ import torch
 from conftest import AgentRun, agent_env, poll_until, run_worker_script, stop_process_group
 
 from ringtop.agent.lifecycle import exit_with_parent
-from ringtop.protocol import Bye, Event, Hello, Step, connection_file, free_tcp_port, read_log
+from ringtop.protocol import Bye, Event, Hello, Stall, Step, connection_file, free_tcp_port, read_log
 from ringtop.tui.app import RingtopApp
 
 pytestmark = pytest.mark.timeout(180)
@@ -176,8 +176,12 @@ def test_wrong_calls_say_why_and_an_unclosed_monitor_closes_at_exit(tmp_path, mo
     assert all("\n" not in text for text in errors.values())
     for rank in (0, 1):
         messages = read_log(tmp_path / "logs" / f"rank-{rank}.jsonl")
-        assert [m.step for m in messages if isinstance(m, Step)] == [1, 2, 3, 4, 5]
-        assert isinstance(messages[-1], Bye) and messages[-1].ok and messages[-1].step == 5
+        assert [m.step for m in messages if isinstance(m, Step)] == [1, 2, 3, 4, 5, 6]
+        assert isinstance(messages[-1], Bye) and messages[-1].ok and messages[-1].step == 6
+        stalls = [m for m in messages if isinstance(m, Stall) and m.state == "stalled"]
+        assert stalls and all(m.step == 6 for m in stalls), f"rank {rank}: the stall of step 6 reported"
+        if rank == 1:
+            assert "own_loop_unclosed.py" in stalls[0].where, stalls[0].where
     assert not connection_file.file_for(run_id).exists()
     named = [m for m in read_log(tmp_path / "logs" / "rank-0.jsonl") if isinstance(m, Event) and m.kind == "nonfinite"]
     assert [(m.step, m.data.get("ranks")) for m in named] == [(4, [1])], "the diverging rank is named"
