@@ -1,19 +1,24 @@
 """A tiny GPT-2 (built from a config in code, no download) trained for a few steps by the real
 Hugging Face Trainer or the real Lightning Trainer, watched through ringtop's callback.
+Rank 0 checkpoints and stops each run through its control socket.
 `trainer_worker.py hf,lightning OUT` (one after the other in the same processes, or either alone):
 logs in OUT/logs-NAME, OUT/rank-R.json with each model's unique parameter bytes counted here."""
 
 import json
 import os
 import sys
+import threading
+import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from ringtop.protocol import free_tcp_port
+from ringtop.cli.ctl import send_command
+from ringtop.protocol import connection_file, free_tcp_port
 
-STEPS, BATCH, SEQ_LEN, VOCAB = 4, 2, 16, 64
+STEPS, BATCH, SEQ_LEN, VOCAB = 500, 2, 16, 64
+"""At most STEPS: rank 0's commander stops training once its checkpoint is done."""
 
 
 def tiny_gpt2():
@@ -32,10 +37,32 @@ class Tokens(torch.utils.data.Dataset):
         return {"input_ids": ids, "labels": ids}
 
 
+def commander(run_id: str, seen: dict) -> threading.Thread:
+    """On rank 0, as `ringtop ctl` would (its own socket, the run's keys): a checkpoint once a step
+    is done, then a stop."""
+    def command() -> None:
+        path = connection_file.file_for(run_id)
+        deadline = time.monotonic() + 60
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        info = connection_file.read(path)
+        while list(send_command(info.control, "status", {}, 30, info.keys))[-1].result.get("step", 0) < 2:
+            time.sleep(0.05)
+        for cmd, args in (("checkpoint", {"kind": "full"}), ("stop", {"reason": "commander"})):
+            reply = list(send_command(info.control, cmd, args, 60, info.keys))[-1]
+            seen[cmd] = {"status": reply.status, "result": reply.result, "error": reply.error}
+
+    thread = threading.Thread(target=command, daemon=True)
+    if os.environ["RANK"] == "0":
+        thread.start()
+    return thread
+
+
 def options(out: Path, name: str) -> dict:
     publish, relay, control = (f"tcp://127.0.0.1:{free_tcp_port()}" for _ in range(3))  # rank 0's count
     return {"run_id": f"{os.environ['RINGTOP_TEST_RUN_ID']}-{name}", "log_dir": str(out / f"logs-{name}"),
-            "publish": publish, "relay": relay, "control": control}
+            "checkpoint_dir": str(out / f"checkpoints-{name}"), "publish": publish, "relay": relay,
+            "control": control}
 
 
 def hf(out: Path) -> torch.nn.Module:
@@ -74,7 +101,7 @@ def lightning(out: Path) -> torch.nn.Module:
     callback = ringtop.lightning.RingtopCallback(**options(out, "lightning"))
     trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=DDPStrategy(process_group_backend="gloo"),
                          max_steps=STEPS, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, callbacks=[callback])
+                         enable_model_summary=False, callbacks=[callback], default_root_dir=str(out))
     trainer.fit(module, torch.utils.data.DataLoader(Tokens(), batch_size=BATCH))
     return module
 
@@ -83,9 +110,13 @@ def main() -> int:
     names, out = sys.argv[1].split(","), Path(sys.argv[2])
     result = {}
     for name in names:
+        seen: dict = {}
+        thread = commander(f"{os.environ['RINGTOP_TEST_RUN_ID']}-{name}", seen)
         model = {"hf": hf, "lightning": lightning}[name](out)
+        if thread.ident is not None:
+            thread.join(60)
         unique = {id(p): p for p in model.parameters() if p.requires_grad}.values()
-        result[name] = {"param_bytes": sum(p.numel() * p.element_size() for p in unique)}
+        result[name] = {"param_bytes": sum(p.numel() * p.element_size() for p in unique), "commands": seen}
     (out / f"rank-{os.environ['RANK']}.json").write_text(json.dumps(result))
     return 0
 
