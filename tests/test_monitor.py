@@ -42,6 +42,10 @@ def example_model_sizes() -> tuple[int, int]:
     return sum(p.numel() * p.element_size() for p in params), len(params)
 
 
+NET_PARAM_BYTES = 4 * ((24 * 40 + 40) + (40 * 40 + 40) + (40 * 8 + 8))
+"""own_loop_equivalence.Net's three fp32 Linear layers, weights and biases."""
+
+
 def test_the_loop_computes_the_same_watched_or_not(tmp_path, monkeypatch):
     """Bitwise: the same operations. 3 ranks, so that a reduction done differently (divide by N
     instead of DDP's scale by 1/N) changes the numbers; the worker's third run does that."""
@@ -52,9 +56,16 @@ def test_the_loop_computes_the_same_watched_or_not(tmp_path, monkeypatch):
             r = result[kind]
             assert r["watched"] == r["plain"], f"rank {rank} {kind}: losses differ with the monitor"
             assert r["watched_params"] == r["plain_params"], f"rank {rank} {kind}: final parameters differ"
-            logged = [s.loss for s in read_log(tmp_path / f"logs-{kind}" / f"rank-{rank}.jsonl")
-                      if isinstance(s, Step)]
-            assert [float.fromhex(x) for x in r["watched"]] == logged, f"{kind}: the logs carry the loop's losses"
+            steps = [s for s in read_log(tmp_path / f"logs-{kind}" / f"rank-{rank}.jsonl") if isinstance(s, Step)]
+            assert [float.fromhex(x) for x in r["watched"]] == [s.loss for s in steps], f"{kind}: the logs' losses"
+            for s in steps:
+                moved = {c.kind: c.bytes for c in s.comm}
+                if kind == "ddp":
+                    assert moved == {"all_reduce": NET_PARAM_BYTES}
+                else:  # FSDP2 pads each shard to a multiple of the world size; full reshard gathers twice
+                    assert set(moved) == {"all_gather", "reduce_scatter"}
+                    assert NET_PARAM_BYTES <= moved["reduce_scatter"] < 1.1 * NET_PARAM_BYTES
+                    assert moved["all_gather"] == 2 * moved["reduce_scatter"]
         assert result["ddp_mutated_params"] != result["ddp"]["plain_params"], "the check must see a changed reduction"
 
 
