@@ -123,6 +123,19 @@ def finish_sharded(tmp: Path, step: int, meta: dict[str, Any]) -> None:
             _fsync(f)
 
 
+USER = "user"
+"""A folder a script's own save function wrote (ringtop.Monitor): `step-NNNNNNNN-user/`."""
+USER_FORMAT = "ringtop.user/1"
+
+
+def finish_user(tmp: Path, step: int, meta: dict[str, Any]) -> None:
+    """Rank 0, after every rank's save function returned: the meta file, fsynced with the files."""
+    _write_meta(tmp, {**meta, "format": USER_FORMAT, "kind": USER, "step": step})
+    for f in tmp.rglob("*"):
+        if f.is_file():
+            _fsync(f)
+
+
 # ---------------------------------------------------------------- reading
 
 
@@ -144,6 +157,9 @@ def read_meta(path: Path) -> dict[str, Any]:
         meta = json.loads((path / META_FILE).read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"cannot read {path / META_FILE}: {exc}") from exc
+    if meta.get("format") == USER_FORMAT:
+        raise CheckpointError(f"{path}: written by a script's own save function (ringtop.Monitor), step "
+                              f"{meta.get('step')}; its files are the script's to read")
     if meta.get("format") not in FORMATS.values():
         raise CheckpointError(f"{path}: unknown checkpoint format {meta.get('format')!r}")
     return meta

@@ -640,17 +640,8 @@ class Runner:
             if resumed is not None:
                 self.strategy.load_full_state_dict(model_state, optim_state, weights_loaded=True)
             if self.cfg.telemetry:
-                self._start_telemetry()
-                self.strategy.attach_comm_recorder(self.tracer)
-                if flops_model is not None:  # a user module: counted on the first batch
-                    self._data = self._build_data()
-                    self._count_flops(flops_model)
-                    del flops_model
-                self._find_peak()
-                self.telemetry.emit(self._hello())
-                self.telemetry.step = self.step
-                self.sampler.start()
-                self.watch.start()
+                self._start_watching(flops_model)
+                del flops_model
                 self.watch.catch_stop_signals()
                 if os.environ.get(PREWARM_ENV, "1") != "0":
                     self.prewarm = Prewarm()
@@ -688,6 +679,20 @@ class Runner:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
         return code or (nonfinite.EXIT_STOPPED if self.stopped_nonfinite else 0)
+
+    def _start_watching(self, flops_model: torch.nn.Module | None) -> None:
+        """Everything that watches the wrapped model, started: sockets, relay, control, tracer,
+        sampler, stall watch, and the Hello. `flops_model`: a meta copy to count on the first batch."""
+        self._start_telemetry()
+        self.strategy.attach_comm_recorder(self.tracer)
+        if flops_model is not None:  # a user module: counted on the first batch
+            self._data = self._build_data()
+            self._count_flops(flops_model)
+        self._find_peak()
+        self.telemetry.emit(self._hello())
+        self.telemetry.step = self.step
+        self.sampler.start()
+        self.watch.start()
 
     def _last_collective(self) -> str:
         """The collective this rank issued last (from the ledger), as the failure's context."""
@@ -735,13 +740,8 @@ class Runner:
         nan_step = cfg.inject_nan[1] if cfg.inject_nan is not None and cfg.inject_nan[0] == self.ctx.rank else None
         step_ends: list[float] | None = [] if cfg.step_times_file and self.ctx.rank == 0 else None
         while cfg.steps == 0 or self.step < cfg.steps:
-            if watch is not None:
-                watch.iteration(self.step + 1, "step-sync")
-            if self.sync is not None:
-                for pending in self.sync.commands_for_step():
-                    self._apply(pending)
-                if self.stop_reason:
-                    break
+            if self._step_boundary():
+                break
             if watch is not None:
                 watch.phase("data")
             if clock is not None:
@@ -764,12 +764,7 @@ class Runner:
                 step_ends.append(time.time())
             self.samples_seen += self.cfg.batch_size * self.strategy.data_shard(self.ctx)[1]
             if clock is not None:
-                timing, marks = clock.finish()
-                comm = self.tracer.drain()
-                self._pending.append(self._pending_step(loss, timing, marks, comm, batch))
-                self._publish_ready_steps()
-                if self.profiling is not None:
-                    self._profile_step(comm.blocked_ms, comm.p2p_wait_ms)
+                self._record_step(loss, clock, batch_tokens(batch))
             if self.checkpoints.busy:
                 self._poll_checkpoint()
             if found is not None and found.mode in nonfinite.STOPPING:
@@ -785,16 +780,21 @@ class Runner:
                 self.diagnostician.run_rules()
             if self.prewarm is not None and self.prewarm.done:
                 self._report_prewarm()
+        if step_ends is not None:
+            Path(cfg.step_times_file).write_text(json.dumps(step_ends))
+        self._end_loop()
+
+    def _end_loop(self) -> None:
+        """After the last step, on every rank (collective): what is in flight finished and
+        published, the rules run once more, rank 0's diagnosis said."""
         if self.sync is not None:
             self.sync.close()
-        if watch is not None:
-            watch.idle()
+        if self.watch is not None:
+            self.watch.idle()
         self._publish_ready_steps(wait=True)
         if self.naming is not None:
             for found in self.naming.ready(wait=True):
                 self._report_nonfinite(found)
-        if step_ends is not None:
-            Path(cfg.step_times_file).write_text(json.dumps(step_ends))
         while self.checkpoints.busy:
             time.sleep(0.05)
             self._poll_checkpoint()
@@ -807,8 +807,27 @@ class Runner:
                             {"verdicts": [{"rule": v.rule, "rank": v.rank, "text": v.text, "advice": v.advice}
                                           for v in verdicts]})
 
-    def _pending_step(self, loss, timing, marks, comm, batch) -> _PendingStep:
-        tokens = batch_tokens(batch)
+    def _step_boundary(self) -> bool:
+        """Before a step, on every rank: the commands agreed for it applied. True: stop now."""
+        if self.watch is not None:
+            self.watch.iteration(self.step + 1, "step-sync")
+        if self.sync is None:
+            return False
+        for pending in self.sync.commands_for_step():
+            self._apply(pending)
+        return bool(self.stop_reason)
+
+    def _record_step(self, loss: torch.Tensor | None, clock: StepClock, tokens: int) -> None:
+        """A finished step's timing and traffic queued, and the steps whose device times are in
+        published (nothing here waits for the device)."""
+        timing, marks = clock.finish()
+        comm = self.tracer.drain()
+        self._pending.append(self._pending_step(loss, timing, marks, comm, tokens))
+        self._publish_ready_steps()
+        if self.profiling is not None:
+            self._profile_step(comm.blocked_ms, comm.p2p_wait_ms)
+
+    def _pending_step(self, loss, timing, marks, comm, tokens: int) -> _PendingStep:
         bubble = self.strategy.last_bubble()
         sampled = bubble is not None and not bubble.warmup and (
             self.step % TIMELINE_EVERY == 0 or self._timeline_due)
@@ -819,7 +838,8 @@ class Runner:
             timeline = [StageSpan(e.micro_batch, e.kind, (e.start_ns - start) / 1e6, (e.end_ns - start) / 1e6)
                         for e in self.strategy.last_timeline()]
         # Each stage does its share of the work on its replica's tokens (all of it, without stages).
-        return _PendingStep(self.step, loss.detach(), timing, marks, comm, tokens // self.strategy.num_stages,
+        return _PendingStep(self.step, None if loss is None else loss.detach(), timing, marks, comm,
+                            tokens // self.strategy.num_stages,
                             self.strategy.last_grad_norm(), bubble, timeline, start / 1e6,
                             skipped=self.strategy.last_step_skipped())
 
@@ -877,14 +897,15 @@ class Runner:
             self._emit_step(p, timing)
 
     def _emit_step(self, p: _PendingStep, timing: StepTiming) -> None:
-        loss = float(p.loss)
+        loss = float("nan") if p.loss is None else float(p.loss)
         grad_norm = None if p.grad_norm is None else float(p.grad_norm)
         norm_finite = nonfinite.norm_is_finite(grad_norm)
         if self.naming is not None:
             self.naming.observe(p.step, grad_norm, math.isfinite(loss))
             for found in self.naming.ready():
                 self._report_nonfinite(found)
-        if not math.isfinite(loss) and self._loss_was_finite and norm_finite:  # else the nonfinite event says it
+        if p.loss is not None and not math.isfinite(loss) and self._loss_was_finite and norm_finite:
+            # (a non-finite norm: the nonfinite event says it)
             self._event("warn", "loss", f"loss is {loss} at step {p.step}")
         self._loss_was_finite = math.isfinite(loss)
         self.last_loss, self.last_step_ms = loss, timing.step_ms
@@ -944,7 +965,7 @@ class Runner:
             handler = COMMAND_HANDLERS.get(command.cmd)
             if handler is None:
                 raise ValueError(f"command {command.cmd!r} cannot be applied at a step boundary")
-            result = handler(self, pending)
+            result = getattr(self, handler)(pending)
             if result is LATER:
                 return
         except Exception as exc:
@@ -1186,14 +1207,15 @@ class Runner:
 LATER = object()
 """A command handler's result when the reply comes later (a background save, a profile)."""
 
-COMMAND_HANDLERS: dict[str, Callable[[Runner, PendingCommand], Any]] = {
-    "checkpoint": Runner._command_checkpoint,
-    "stop": Runner._command_stop,
-    "switch": Runner._command_switch,
-    "set": Runner._command_set,
-    "profile": Runner._command_profile,
+COMMAND_HANDLERS: dict[str, str] = {
+    "checkpoint": "_command_checkpoint",
+    "stop": "_command_stop",
+    "switch": "_command_switch",
+    "set": "_command_set",
+    "profile": "_command_profile",
 }
-"""Every command applied at a step boundary (all but the immediate `status`)."""
+"""Every command applied at a step boundary (all but the immediate `status`), by the name of the
+Runner's method for it (a subclass, the Monitor's, answers some differently)."""
 
 
 def _raise_interrupted(signum, frame):

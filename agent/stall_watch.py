@@ -159,6 +159,13 @@ class StallWatch(threading.Thread):
         """This iteration applies a command or writes a checkpoint: allow it `command_s` more."""
         self._phase, self._generous = phase, True
 
+    def between(self) -> None:
+        """An iteration ended and a loop ringtop does not own does its own things until the next
+        (evaluation, logging): the iteration counts toward the history; nothing is watched meanwhile."""
+        if self._active and not self._generous and self._iteration:
+            self._history.append(time.monotonic() - self._began)
+        self._active = False
+
     def idle(self) -> None:
         """Outside the loop (set-up, shutdown): nothing to watch."""
         self._active = False

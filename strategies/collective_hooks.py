@@ -373,6 +373,17 @@ def trace_pipeline_p2p() -> None:
 
 
 @contextlib.contextmanager
+def untraced() -> Iterator[None]:
+    """Collectives issued inside are not recorded: one its caller records itself (a comm hook)."""
+    before = getattr(_state, "inside", False)
+    _state.inside = True
+    try:
+        yield
+    finally:
+        _state.inside = before
+
+
+@contextlib.contextmanager
 def active(recorder: CommRecorder | None) -> Iterator[None]:
     """Record into `recorder` for the duration (typically one training step)."""
     global _recorder, _training_thread, _compute_stream

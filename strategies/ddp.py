@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -67,38 +67,61 @@ class DDPStrategy(TorchNativeStrategy):
         self._register_traced_hook(recorder)
 
     def _register_traced_hook(self, recorder: CommRecorder) -> None:
-        """Wrap the default all-reduce hook so each bucket's bytes and completion time are recorded.
+        register_traced_allreduce(self.model, recorder)
 
-        On gloo the future completes when the all-reduce has finished: its host time is the
-        completion. On NCCL it completes once the work is enqueued, so for CUDA buckets (when the
-        recorder takes device records) a CUDA event recorded before the issue and one recorded in
-        the future's callback, whose stream c10 makes wait for the all-reduce, time it on the device
-        (`collective_hooks.device_start` / `device_end`), read later without synchronising.
-        """
-        group = dist.group.WORLD
-        group_size = dist.get_world_size()
-        lane = collective_hooks.lane_of(group)
-        name = collective_hooks.group_name(group)
-        device = getattr(recorder, "end_device", None) is not None
 
-        def traced_allreduce(state, bucket):  # DDP rejects string annotations (this module has postponed ones)
-            buffer = bucket.buffer()
-            if collective_hooks.before_issue is not None:
-                collective_hooks.before_issue("all_reduce")
-            handle = recorder.begin("all_reduce", buffer.numel() * buffer.element_size(), group_size, name,
-                                    collective_hooks.shapes_digest(buffer))
-            start = collective_hooks.device_start(buffer) if device else None
-            fut = default_hooks.allreduce_hook(group, bucket)
+def _builtin_allreduce(group: Any, bucket: Any) -> torch.futures.Future:
+    """What DDP's C++ reducer does without a hook, operation for operation: each gradient times
+    1/N (the reducer scales as it copies into the bucket), then a sum. torch's Python
+    `allreduce_hook` divides by N instead, which rounds differently for N not a power of two."""
+    buffer = bucket.buffer()
+    buffer.mul_(1.0 / dist.get_world_size(group))
+    return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(lambda f: f.value()[0])
 
-            def finished(f):
-                if start is not None:
-                    collective_hooks.device_end(recorder, handle, start, lane)
-                else:
-                    if collective_hooks.comm_delay_s:
-                        time.sleep(collective_hooks.comm_delay_s)
-                    recorder.end(handle)
-                return f.value()
 
-            return fut.then(finished)
+def register_traced_allreduce(model: DistributedDataParallel, recorder: CommRecorder, like_builtin: bool = False,
+                              recording: Callable[[], bool] | None = None) -> None:
+    """Wrap DDP's all-reduce in a comm hook so each bucket's bytes and completion time are recorded.
 
-        self.model.register_comm_hook(None, traced_allreduce)
+    `like_builtin`: reduce exactly as DDP does with no hook (a user's own loop must compute what it
+    computed unwatched); else torch's default Python hook (the strategy's, since its start).
+    `recording()` False: reduce without recording (a watch that has ended; a hook cannot be removed).
+
+    On gloo the future completes when the all-reduce has finished: its host time is the
+    completion. On NCCL it completes once the work is enqueued, so for CUDA buckets (when the
+    recorder takes device records) a CUDA event recorded before the issue and one recorded in
+    the future's callback, whose stream c10 makes wait for the all-reduce, time it on the device
+    (`collective_hooks.device_start` / `device_end`), read later without synchronising.
+    """
+    group = dist.group.WORLD
+    group_size = dist.get_world_size()
+    lane = collective_hooks.lane_of(group)
+    name = collective_hooks.group_name(group)
+    device = getattr(recorder, "end_device", None) is not None
+    reduce = _builtin_allreduce if like_builtin else default_hooks.allreduce_hook
+
+    def traced_allreduce(state, bucket):  # DDP rejects string annotations (this module has postponed ones)
+        if recording is not None and not recording():
+            with collective_hooks.untraced():
+                return reduce(group, bucket)
+        buffer = bucket.buffer()
+        if collective_hooks.before_issue is not None:
+            collective_hooks.before_issue("all_reduce")
+        handle = recorder.begin("all_reduce", buffer.numel() * buffer.element_size(), group_size, name,
+                                collective_hooks.shapes_digest(buffer))
+        start = collective_hooks.device_start(buffer) if device else None
+        with collective_hooks.untraced():  # recorded here, once, whoever records torch.distributed's calls
+            fut = reduce(group, bucket)
+
+        def finished(f):
+            if start is not None:
+                collective_hooks.device_end(recorder, handle, start, lane)
+            else:
+                if collective_hooks.comm_delay_s:
+                    time.sleep(collective_hooks.comm_delay_s)
+                recorder.end(handle)
+            return f.value()
+
+        return fut.then(finished)
+
+    model.register_comm_hook(None, traced_allreduce)

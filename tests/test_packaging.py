@@ -1,4 +1,5 @@
-"""The wheel maps the root folders into one `ringtop.*` namespace and installs no bare `agent`."""
+"""The wheel maps the root folders into one `ringtop.*` namespace and installs no bare `agent`;
+`import ringtop` is light and gives `ringtop.Monitor`."""
 
 from __future__ import annotations
 
@@ -24,11 +25,14 @@ def test_built_wheel_holds_the_ringtop_namespace_and_imports_from_it(tmp_path):
         for source in (REPO / room).rglob("*.py"):  # every module, subpackages too
             assert f"ringtop/{room}/{source.relative_to(REPO / room).as_posix()}" in names, source
     assert "ringtop/protocol/README.md" in names
+    assert "ringtop/__init__.py" in names, "import ringtop is a package of its own (ringtop.Monitor)"
     assert any(n.endswith("entry_points.txt") for n in names)
 
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
-    probe = ("import ringtop.protocol, ringtop.agent.runner, ringtop.tui.app, ringtop.cli.main;"
+    probe = ("import ringtop; assert 'torch' not in sys.modules, 'import ringtop stays light';"
+             "assert ringtop.Monitor.__module__ == 'ringtop.agent.monitor';"
+             "import ringtop.protocol, ringtop.agent.runner, ringtop.tui.app, ringtop.cli.main;"
              "print(ringtop.protocol.__file__)")
     out = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(site)!r}); {probe}"],
                          capture_output=True, text=True, cwd=tmp_path, timeout=60)
