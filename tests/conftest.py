@@ -208,3 +208,51 @@ def launch_agents(tmp_path):
     yield launch
     for run in runs:
         stop_process_group(run.proc)
+
+
+PARALLEL = bool(os.environ.get("PYTEST_XDIST_WORKER"))
+"""Run by pytest-xdist (`-n 2 --dist loadgroup`, the default in pyproject.toml)."""
+RANK_MODULES = frozenset({
+    "test_agent_cli", "test_agent_run", "test_authentication", "test_bench_comm", "test_checkpoints",
+    "test_comm_gpu_timing", "test_connection_file", "test_control", "test_diagnosis", "test_diagnosis_exchange",
+    "test_equivalence_checks_bite", "test_exporter", "test_hangs", "test_heap", "test_hf_strategies",
+    "test_lifecycle", "test_mfu_run", "test_monitor", "test_multinode", "test_nonfinite", "test_pipeline_agent",
+    "test_pipeline_strategy", "test_profile_command", "test_prometheus", "test_rank_exit", "test_simulate",
+    "test_strategies", "test_switch", "test_switch_state", "test_trace_analysis", "test_trainers",
+    "test_ui_with_real_run", "test_unreachable_node",
+    # single-process, but they time the UI's or a watch thread's responsiveness
+    "test_tui_app", "test_stall_watch", "test_tui_connection",
+})
+"""Modules whose tests start training ranks (torchrun, gloo groups), a simulator, network
+namespaces or a Prometheus server, or time a responsiveness: under xdist they run one at a time,
+on one worker, at normal priority (two runs of 2 ranks at once would share 2 cores and default
+ports, and the pipeline's measured bubble or a stall threshold would move). The other tests
+(models, the UI through a Pilot, the protocol, the cost model) run beside them at the lowest CPU
+priority, in the cycles the ranks leave idle."""
+
+
+def _runs_ranks(item) -> bool:
+    module = getattr(item, "module", None)
+    name = module.__name__.rpartition(".")[2] if module is not None else ""
+    return (name in RANK_MODULES or "launch_agents" in getattr(item, "fixturenames", ())
+            or any(hasattr(module, f) for f in ("run_worker_script", "start_agents")))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups into the test ids
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _runs_ranks(item):
+            item.add_marker(pytest.mark.xdist_group("ranks"))
+        elif item.module is not None and item.module.__name__.endswith("test_snapshots"):
+            item.add_marker(pytest.mark.xdist_group("screens"))  # one worker writes the snapshot report
+
+
+@pytest.fixture(autouse=True)
+def _cpu_priority(request):
+    """Under xdist: the ranks' tests at normal priority, the others at the lowest (19)."""
+    if PARALLEL:
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, 0 if _runs_ranks(request.node) else 19)
+        except OSError:  # lowering it again needs privileges: then it stays where it is
+            pass
+    yield

@@ -4,7 +4,8 @@ its Hello carries the FLOPs per token of the 6N + 12LHS formula, counted here fr
 
 One run per case, a handful of steps: the llama (untied, GQA) under DDP, FSDP full-shard and a
 2-stage pipeline, the GPT-2 (tied head, learned positions) under a 2-stage pipeline, whose split
-tied weight is the case a Llama does not have (and under ZeRO-3 with RINGTOP_SUITE_ALL=1)."""
+tied weight is the case a Llama does not have; with RINGTOP_SUITE_ALL=1 also every other strategy
+(ZeRO-1/2/3, the other FSDP shardings; GPT-2 under DDP, ZeRO-2/3 and FSDP)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,16 @@ CASES = [
     # DeepSpeed's import makes this the slowest case; ZeRO-3 runs the built-in model by default
     pytest.param("gpt2-tiny", ("--strategy", "zero3"), id="gpt2-zero3", marks=[needs_deepspeed, further]),
     pytest.param("gpt2-tiny", PP, id="gpt2-pp2"),
+    # Every other strategy, for RINGTOP_SUITE_ALL=1: the strategies wrap any module the same way,
+    # and the default suite runs each of them on the built-in model
+    *(pytest.param("llama-tiny", args, id=f"llama-{label}", marks=[further, *marks]) for label, args, marks in (
+        ("zero1", ("--strategy", "zero1"), [needs_deepspeed]), ("zero2", ("--strategy", "zero2"), [needs_deepspeed]),
+        ("zero3", ("--strategy", "zero3"), [needs_deepspeed]),
+        ("fsdp-grad-op", ("--strategy", "fsdp", "--fsdp-sharding", "grad-op"), []),
+        ("fsdp-no-shard", ("--strategy", "fsdp", "--fsdp-sharding", "no-shard"), []))),
+    *(pytest.param("gpt2-tiny", args, id=f"gpt2-{label}", marks=[further, *marks]) for label, args, marks in (
+        ("ddp", ("--strategy", "ddp"), []), ("zero2", ("--strategy", "zero2"), [needs_deepspeed]),
+        ("fsdp-full", ("--strategy", "fsdp", "--fsdp-sharding", "full"), []))),
 ]
 
 
