@@ -210,43 +210,6 @@ events_st = st.lists(st.tuples(
     st.integers(0, 1), st.floats(0.0, 0.5), st.floats(0.0, 3.0)), max_size=60)
 
 
-@settings(max_examples=200, deadline=None)
-@given(events_st)
-def test_goodput_stays_within_0_and_1_and_every_second_is_put_down(ops):
-    msgs, t = [hello(0, 0.0)], 0.0
-    for n, (kind, rank, dt, amount) in enumerate(ops):
-        t += dt
-        if kind == "step":
-            msgs.append(step(n, t, amount * 1e3, rank))
-        elif kind == "skip":
-            msgs.append(step(n, t, amount * 1e3, rank, skipped=True))
-        elif kind in ("checkpoint", "switch"):
-            msgs.append(event(kind, t, amount, rank))
-        elif kind in ("stalled", "recovered"):
-            msgs.append(stall(rank, t, kind, amount))
-        elif kind == "bye":
-            msgs.append(bye(rank, t))
-        else:
-            msgs.append(hello(rank, t))
-    r = goodput_of(msgs)
-    assert 0.0 <= r.goodput <= 1.0 or math.isnan(r.goodput)
-    assert 0.0 <= r.productive_s <= r.wall_s + 1e-9
-    assert all(v >= 0 for v in r.lost_s.values())
-    assert r.productive_s + sum(r.lost_s.values()) >= r.wall_s - 1e-6
-
-
-def test_ringtop_summary_prints_the_goodput_and_its_breakdown(tmp_path, capsys):
-    from ringtop.cli.main import main
-    from ringtop.protocol import to_json_line
-
-    run = checkpointed_run()
-    for rank in (0, 1):
-        (tmp_path / f"rank-{rank}.jsonl").write_bytes(b"".join(to_json_line(m) for m in run if m.rank == rank))
-    assert main(["summary", str(tmp_path)]) == 0
-    out = capsys.readouterr().out
-    assert "goodput 50.0% of 2 s wall: productive 1 s; lost: startup 0.5 s, checkpoint 0.5 s\n" in out
-
-
 def ops_to_messages(ops) -> list:
     msgs, t = [hello(0, 0.0)], 0.0
     for n, (kind, rank, dt, amount) in enumerate(ops):
@@ -264,6 +227,28 @@ def ops_to_messages(ops) -> list:
         else:
             msgs.append(hello(rank, t))
     return msgs
+
+
+@settings(max_examples=200, deadline=None)
+@given(events_st)
+def test_goodput_stays_within_0_and_1_and_every_second_is_put_down(ops):
+    r = goodput_of(ops_to_messages(ops))
+    assert 0.0 <= r.goodput <= 1.0 or math.isnan(r.goodput)
+    assert 0.0 <= r.productive_s <= r.wall_s + 1e-9
+    assert all(v >= 0 for v in r.lost_s.values())
+    assert r.productive_s + sum(r.lost_s.values()) >= r.wall_s - 1e-6
+
+
+def test_ringtop_summary_prints_the_goodput_and_its_breakdown(tmp_path, capsys):
+    from ringtop.cli.main import main
+    from ringtop.protocol import to_json_line
+
+    run = checkpointed_run()
+    for rank in (0, 1):
+        (tmp_path / f"rank-{rank}.jsonl").write_bytes(b"".join(to_json_line(m) for m in run if m.rank == rank))
+    assert main(["summary", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "goodput 50.0% of 2 s wall: productive 1 s; lost: startup 0.5 s, checkpoint 0.5 s\n" in out
 
 
 def handed_over(prefix: list) -> GoodputSoFar:
