@@ -27,7 +27,7 @@ needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is No
                                      reason="DeepSpeed is not installed (pip install 'ringtop[deepspeed]')")
 PP = ("--strategy", "pp", "--micro-batches", "2")
 CASES = [
-    pytest.param("llama-tiny", ("--strategy", "ddp"), id="llama-ddp"),
+    pytest.param("llama-tiny", ("--strategy", "ddp"), id="llama-ddp", marks=further),  # the simplest wrapper
     pytest.param("llama-tiny", ("--strategy", "fsdp", "--fsdp-sharding", "full"), id="llama-fsdp-full"),
     pytest.param("llama-tiny", PP, id="llama-pp2"),
     # DeepSpeed's import makes this the slowest case; ZeRO-3 runs the built-in model by default
