@@ -111,8 +111,10 @@ class ZeroStrategy(Strategy):
             if all(v is not None for v in moments.values()):
                 optim_state[fqns[0]] = {"step": torch.tensor(float(step)),
                                         **{k: v.detach().cpu().clone() for k, v in moments.items()}}
-        for name, buffer in module.named_buffers():
-            model_state[name] = buffer.detach().cpu().clone()
+        buffers = dict(module.named_buffers())
+        for name, value in module.state_dict(keep_vars=True).items():  # persistent buffers only, as torch saves
+            if name in buffers:
+                model_state[name] = value.detach().cpu().clone()
         group = {k: v for k, v in self.ds_optimizer.optimizer.param_groups[0].items() if k != "params"}
         group["params"] = [fqns[0] for _, fqns in names]
         return model_state, {"state": optim_state, "param_groups": [group]}
