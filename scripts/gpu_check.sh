@@ -201,6 +201,11 @@ if $py -c "import deepspeed" >/dev/null 2>&1; then
 else
   echo; echo "## zero1/2/3: SKIP (DeepSpeed does not import here)"
 fi
+if $py -c "import transformers" >/dev/null 2>&1; then  # an hf architecture built on the GPU (not in host memory)
+  run_agent hf-llama-125m-fsdp-bf16 --model hf:llama-125m --strategy fsdp --dtype bf16 --steps 10 --batch-size 4 --seq-len 512
+else
+  echo; echo "## hf-llama-125m: SKIP (transformers does not import here)"
+fi
 echo; echo "result: $([ $status -eq 0 ] && echo PASS || echo FAIL)"
 rm -rf "$work"
 exit $status
