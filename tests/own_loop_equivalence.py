@@ -10,11 +10,11 @@ import json
 import os
 import sys
 import threading
-import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from conftest import poll_until
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -73,11 +73,11 @@ def train(kind: str, mon_options: dict | None) -> tuple[list[str], str]:
         losses.append(loss.item().hex())
     if mon is not None:
         mon.close()
-        deadline = time.monotonic() + 10  # the gatekeeper's ZeroMQ context ends in the background
-        while (left := [t.name for t in threading.enumerate() if t.name.startswith("ringtop")]) and \
-                time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert not left, f"threads left after close: {left}"
+        def ringtop_threads() -> list[str]:
+            return [t.name for t in threading.enumerate() if t.name.startswith("ringtop")]
+        # the gatekeeper's ZeroMQ context ends in the background
+        poll_until(lambda: not ringtop_threads(), 10, "no ringtop thread left after close",
+                   interval_s=0.02, detail=lambda: str(ringtop_threads()))
     digest = hashlib.sha256()
     for name, value in sorted(model.state_dict().items()):
         local = value.full_tensor() if hasattr(value, "full_tensor") else value

@@ -8,11 +8,11 @@ import json
 import os
 import sys
 import threading
-import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from conftest import poll_until
 
 from ringtop.cli.ctl import send_command
 from ringtop.protocol import connection_file, free_tcp_port
@@ -42,12 +42,10 @@ def commander(run_id: str, seen: dict) -> threading.Thread:
     is done, then a stop."""
     def command() -> None:
         path = connection_file.file_for(run_id)
-        deadline = time.monotonic() + 60
-        while not path.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        poll_until(path.exists, 60, "the run's connection file")
         info = connection_file.read(path)
-        while list(send_command(info.control, "status", {}, 30, info.keys))[-1].result.get("step", 0) < 2:
-            time.sleep(0.05)
+        poll_until(lambda: list(send_command(info.control, "status", {}, 30, info.keys))[-1].result.get("step", 0) >= 2,
+                   60, "step 2")
         for cmd, args in (("checkpoint", {"kind": "full"}), ("stop", {"reason": "commander"})):
             reply = list(send_command(info.control, cmd, args, 60, info.keys))[-1]
             seen[cmd] = {"status": reply.status, "result": reply.result, "error": reply.error}
