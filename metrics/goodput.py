@@ -181,6 +181,9 @@ class Goodput:
         """Start-up's seconds as a restored state counted them."""
         self._restored_stall_s = 0.0
         """A restored state's ended stalls, all before the first step when it had none."""
+        self._startup_stalled_s = 0.0
+        """Of the handed-over startup window, what the handed-over stalls covered (already taken
+        out of `_startup_s`): a stall reported later takes out only what it adds."""
 
     # ------------------------------------------------------------------ input
 
@@ -378,6 +381,9 @@ class Goodput:
         self._handed_over_ts = steps_kept[0][0] if steps_kept else as_of
         self._startup_s = startup if first_step is not None else None
         self._restored_stall_s = self._folded_stall_s if first_step is None else 0.0
+        if first_step is not None:
+            self._startup_stalled_s = _covered(started, first_step,
+                                               [*stalls_kept, *((s, as_of) for s in opened.values())])
 
     # ------------------------------------------------------------------ queries
 
@@ -413,7 +419,8 @@ class Goodput:
         lost["stall"] = self._folded_stall_s + _covered(t0, t1, stalls)
         startup_end = self.first_step_start if self.first_step_start is not None else t1
         if self._startup_s is not None:
-            lost["startup"] = self._startup_s
+            stalled_since = _covered(t0, startup_end, stalls) - self._startup_stalled_s
+            lost["startup"] = max(0.0, self._startup_s - max(0.0, stalled_since))
         else:
             lost["startup"] = max(0.0, (startup_end - t0) - _covered(t0, startup_end, stalls) - self._restored_stall_s)
         accounted = self.productive_s + sum(v for k, v in lost.items() if k != "other")

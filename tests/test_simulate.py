@@ -278,7 +278,8 @@ def test_ctrl_c_ends_every_worker_with_every_ranks_bye():
     command = psutil.Process(proc.pid)
     try:
         path = connection_file.file_for(f"ctrlc{os.getpid()}")
-        info = poll_until(lambda: _readable(path) if path.exists() else None, 30, "the simulator's connection file")
+        info = poll_until(lambda: _readable(path) if path.exists() else _still_running(proc), 30,
+                          "the simulator's connection file")
         sub = Subscriber(info)
         poll_until(lambda: {m.rank for m in sub.of(Step)} == set(range(16)), 30, "every rank's steps")
         workers = command.children(recursive=True)
@@ -298,6 +299,12 @@ def test_ctrl_c_ends_every_worker_with_every_ranks_bye():
         if proc.poll() is None:
             proc.kill()
             proc.wait(5)
+
+
+def _still_running(proc: subprocess.Popen) -> None:
+    """None while `proc` runs (a poll goes on); its end and its stderr as the failure otherwise."""
+    if proc.poll() is not None:
+        raise AssertionError(f"the command ended with {proc.returncode}:\n{proc.stderr.read()[-3000:]}")
 
 
 def _readable(path):
@@ -320,8 +327,13 @@ async def test_the_ui_attaches_with_no_arguments_as_ringtop_ui_does():
         app = RingtopApp(publish_addr=info.publish, control_addr=info.control, keys=info.keys)
         async with app.run_test(size=(160, 48)) as pilot:
             deadline = time.monotonic() + 20
-            while not (len(app.view.ranks) == 8 and all(r.step > 0 for r in app.view.ranks.values())):
-                assert time.monotonic() < deadline, f"the UI shows {len(app.view.ranks)} ranks"
+            # A UI that attaches mid-run may get a few live steps before the relay's replay of the
+            # cached Hellos (its subscription is read between forwards): wait for the Hellos too.
+            while not (len(app.view.ranks) == 8
+                       and all(r.step > 0 and r.said_hello for r in app.view.ranks.values())):
+                hellos = sum(r.said_hello for r in app.view.ranks.values())
+                notes = [e.text for e in app.view.event_log.since(0)][-8:]
+                assert time.monotonic() < deadline, f"{len(app.view.ranks)} ranks, {hellos} Hellos: {notes}"
                 await pilot.pause(0.1)
             assert {r.host for r in app.view.ranks.values()} == {"node-000", "node-001"}
             assert app.view.facts.world_size == 8 and app.view.facts.strategy == "ddp"
