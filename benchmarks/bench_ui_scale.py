@@ -179,6 +179,12 @@ def worker(args: argparse.Namespace) -> None:
                      "applied": app.view.messages_total, "received": app.client.received if app.client else 0,
                      "status": _read_status(args.status_file)}
             lags: list[int] = []
+            profile = None
+            if args.profile:  # the UI thread's calls over the window (cProfile: this thread only)
+                import cProfile
+
+                profile = cProfile.Profile()
+                profile.enable()
             next_write = time.monotonic() + 1.0
             end = start["mono"] + args.seconds
             while time.monotonic() < end:
@@ -189,6 +195,9 @@ def worker(args: argparse.Namespace) -> None:
                 if time.monotonic() >= next_write:
                     write(row_so_far(start, lags, status, final=False))
                     next_write += 1.0
+            if profile is not None:
+                profile.disable()
+                profile.dump_stats(os.path.join(args.profile, f"ui-{args.ranks}.pstats"))
             write(row_so_far(start, lags, _read_status(args.status_file), final=True))
 
     asyncio.run(drive())
@@ -234,7 +243,7 @@ def one_size(ranks: int, args: argparse.Namespace, workdir: Path) -> dict:
         ui = subprocess.Popen([sys.executable, __file__, "--worker", "--connection", str(path), "--status-file",
                                status, "--out", out, "--ranks", str(ranks), "--hz", str(args.hz), "--seconds",
                                str(args.seconds), "--warmup", str(args.warmup), "--attach-timeout",
-                               str(args.attach_timeout)],
+                               str(args.attach_timeout), *(["--profile", args.profile] if args.profile else [])],
                               stdout=subprocess.DEVNULL, stderr=open(workdir / f"ui-{ranks}.txt", "wb"), env=env,
                               start_new_session=True, preexec_fn=exit_with_parent)
         budget = args.attach_timeout + args.warmup + args.seconds + 60
@@ -274,6 +283,8 @@ def main() -> None:
     parser.add_argument("--start-timeout", type=float, default=180.0, help="for the simulator to connect its ranks")
     parser.add_argument("--attach-timeout", type=float, default=60.0, help="for the UI to show every rank")
     parser.add_argument("--json", action="store_true", help="print the rows as a JSON list")
+    parser.add_argument("--profile", metavar="DIR", help="write the UI thread's cProfile stats of each size's "
+                        "window to DIR/ui-RANKS.pstats (slows the UI: not for the numbers)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--connection", help=argparse.SUPPRESS)
     parser.add_argument("--status-file", help=argparse.SUPPRESS)

@@ -118,13 +118,12 @@ def stop_process_group(proc: subprocess.Popen) -> None:
 
 
 def run_worker_script(script: Path, args: list[str], out: Path, nproc: int, timeout_s: float) -> list[dict]:
-    """`script ARGS... OUT` on `nproc` ranks under torch's elastic launcher; each rank writes
+    """`script ARGS... OUT` on `nproc` ranks (rank_launcher); each rank writes
     OUT/rank-R.json, returned in rank order. The launcher's output goes to OUT/output.txt."""
     import json
 
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(script), *args, str(out)]
+    cmd = [*rank_launcher(nproc), str(script), *args, str(out)]
     log = out / "output.txt"
     with open(log, "wb") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=agent_env(), start_new_session=True,
@@ -139,12 +138,20 @@ def run_worker_script(script: Path, args: list[str], out: Path, nproc: int, time
     return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(nproc)]
 
 
+def rank_launcher(nproc: int, torchrun: bool = False) -> list[str]:
+    """The command that starts `nproc` ranks of what follows it: the suite's own launcher
+    (tests/rank_launcher.py), or torch's elastic one where a test is about torchrun's part."""
+    if torchrun:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    return [sys.executable, str(TESTS_DIR / "rank_launcher.py"), str(nproc), sys.executable]
+
+
 def start_agents(workdir: Path, nproc: int, *agent_args: str, entry: str | None = None,
-                 default_ports: bool = False) -> AgentRun:
-    """`nproc` ranks through torch's elastic launcher (nproc=0: one process without the launcher),
-    with free loopback ports and a private log dir under `workdir`. `entry`: a script to run
-    instead of `-m ringtop.agent`. `default_ports`: no addresses given, as a user starts a run
-    (then `run.connection()` has them)."""
+                 default_ports: bool = False, torchrun: bool = False) -> AgentRun:
+    """`nproc` ranks through the suite's launcher (`torchrun`: torch's elastic one; nproc=0: one
+    process without a launcher), with free loopback ports and a private log dir under `workdir`.
+    `entry`: a script to run instead of `-m ringtop.agent`. `default_ports`: no addresses given,
+    as a user starts a run (then `run.connection()` has them)."""
     ports = [free_tcp_port() for _ in range(3)]
     publish, relay, control = ("" if default_ports else f"tcp://127.0.0.1:{p}" for p in ports)
     log_dir, ckpt_dir, output_path = workdir / "logs", workdir / "checkpoints", workdir / "output.txt"
@@ -157,8 +164,7 @@ def start_agents(workdir: Path, nproc: int, *agent_args: str, entry: str | None 
     if nproc == 0:
         cmd = [sys.executable, *target, *argv]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               *target, *argv]
+        cmd = [*rank_launcher(nproc, torchrun), *target, *argv]
     with open(output_path, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=agent_env(), start_new_session=True,
                                 preexec_fn=exit_with_parent)
@@ -199,9 +205,9 @@ def launch_agents(tmp_path):
     runs: list[AgentRun] = []
 
     def launch(nproc: int, *agent_args: str, name: str | None = None, entry: str | None = None,
-               default_ports: bool = False) -> AgentRun:
+               default_ports: bool = False, torchrun: bool = False) -> AgentRun:
         run = start_agents(tmp_path / (name or f"run{len(runs)}"), nproc, *agent_args, entry=entry,
-                           default_ports=default_ports)
+                           default_ports=default_ports, torchrun=torchrun)
         runs.append(run)
         return run
 

@@ -170,7 +170,7 @@ def test_without_skipping_the_poisoned_step_reaches_the_weights_and_is_named_onc
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("mode", [pytest.param("stop", marks=further), "checkpoint-and-stop"])  # the latter stops too
 def test_a_stopping_mode_ends_the_run_at_the_poisoned_step_naming_rank_and_step(launch_agents, mode):
-    run = launch_agents(2, "--steps", "8", *COMMON, "--inject-nan", "1:3", "--on-nonfinite", mode)
+    run = launch_agents(2, "--steps", "8", *COMMON, "--inject-nan", "1:3", "--on-nonfinite", mode, torchrun=True)
     code = run.wait(120)
     assert code != 0, "a run that diverged does not exit as if it had completed"
     assert re.search(rf"exitcode\s*:\s*{EXIT_STOPPED}\b", run.output()), run.output()[-3000:]  # torchrun's report
