@@ -14,7 +14,9 @@ from ringtop.strategies.cost_model import (
     implementation_cost,
     implementation_specs,
     memory_per_rank,
+    ring_all_reduce_sent_bytes,
 )
+from ringtop.strategies.mesh_cost import TP_ALL_REDUCES_PER_LAYER, Shape, tp_comm_per_step
 
 ADAM_STEP_BYTES = 4
 """torch's AdamW keeps `step` as a float32 scalar tensor per parameter tensor it updates."""
@@ -52,6 +54,32 @@ def predict(strategy: str, fsdp_sharding: str, world_size: int, param_count: int
         note="; ".join(notes),
     )
     return prediction, optimizer_bytes_per_param
+
+
+def predict_tensor_parallel(held_params: int, held_tensors: int, degree: int, layers: int, hidden: int,
+                            batch_size: int, seq_len: int) -> tuple[Prediction, int]:
+    """A tensor-parallel rank holds its share of the split matrices and all of the replicated
+    parameters (embeddings, LayerNorms, RowwiseParallel biases) in fp32, their gradients and AdamW
+    state. Its traffic is the activations' all-reduces, 4 per layer (mesh_cost.py), plus the one
+    fp32 scalar of the global gradient norm."""
+    shape = Shape(layers=layers, hidden=hidden, seq_len=seq_len, micro_batch_size=batch_size, activation_bytes=4)
+    activations = tp_comm_per_step(shape, degree, layers).by_kind().get("all_reduce")
+    payload = (activations.payload_bytes if activations else 0) + NORM_BYTES
+    sent = (activations.sent_bytes if activations else 0) + ring_all_reduce_sent_bytes(NORM_BYTES, degree)
+    prediction = Prediction(
+        params_bytes=4 * held_params, grads_bytes=4 * held_params,
+        optimizer_bytes=8 * held_params + ADAM_STEP_BYTES * held_tensors,
+        comm_payload_bytes={"all_reduce": payload} if degree > 1 else {},
+        comm_sent_bytes=sent if degree > 1 else 0,
+        note=f"this rank's share of the split matrices plus the replicated parameters ({held_params:,}); "
+             f"traffic: {TP_ALL_REDUCES_PER_LAYER} all-reduces of [batch, seq, hidden] per layer and the "
+             "gradient norm's scalar",
+    )
+    return prediction, 8
+
+
+NORM_BYTES = 4
+"""The fp32 sum of squares a tensor-parallel rank all-reduces for the global gradient norm."""
 
 
 def predict_pipeline_stage(stage_params: int, stage_tensors: int, world_size: int,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-STRATEGY_CHOICES: tuple[str, ...] = ("ddp", "zero1", "zero2", "zero3", "fsdp", "pp")
+STRATEGY_CHOICES: tuple[str, ...] = ("ddp", "zero1", "zero2", "zero3", "fsdp", "pp", "tp")
 """What `--strategy` and the `switch` command take."""
 ZERO_STRATEGIES: tuple[str, ...] = ("zero1", "zero2", "zero3")
 """The DeepSpeed ZeRO stages (they take a DeepSpeed config)."""
@@ -28,7 +28,10 @@ STRATEGIES: tuple[str, ...] = tuple(
     name for s in STRATEGY_CHOICES for name in ([fsdp_name(x) for x in FSDP_SHARDINGS] if s == "fsdp" else [s]))
 """Canonical (cost-model) names: `fsdp` + a sharding is one name per sharding (ddp, zero1-3,
 fsdp-full, fsdp-grad-op, fsdp-no-shard, pp)."""
-DATA_PARALLEL_STRATEGIES: tuple[str, ...] = tuple(s for s in STRATEGIES if s != "pp")
+MODEL_PARALLEL_STRATEGIES: tuple[str, ...] = ("pp", "tp")
+"""Strategies that split the model itself (into stages, or each layer's matrices): a rank holds a
+part of it, priced from the model's shape, not its parameter count alone."""
+DATA_PARALLEL_STRATEGIES: tuple[str, ...] = tuple(s for s in STRATEGIES if s not in MODEL_PARALLEL_STRATEGIES)
 """What the switch picker offers and the Memory tab's fit table compares: the same model whole on
 every rank, so one parameter count prices them all."""
 
@@ -83,6 +86,8 @@ def strategy_label(strategy: str, options: dict[str, Any]) -> str:
         if isinstance(options.get("micro_batches"), int):
             parts.append(f"M={options['micro_batches']}")
         return f"pp({', '.join(parts)})" if parts else "pp"
+    if strategy == "tp":
+        return f"tp(N={options['degree']})" if isinstance(options.get("degree"), int) else "tp"
     return strategy
 
 
