@@ -41,6 +41,11 @@ def logits_of(model: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
     return model.head(model.ln_f(x))
 
 
+def probe_batch(seq: int) -> torch.Tensor:
+    """Inputs no training step saw, whose logits the tp model and a plain one are compared on."""
+    return batch_from(10_000, 2, seq, MODEL_SIZES[SIZE].vocab_size, SEED)[0]
+
+
 def trained(ctx: DistContext, steps: int, batch: int, seq: int, lr: float, by_head: bool):
     tensor_parallel.QKV_BY_HEAD = by_head
     strategy = tensor_parallel.TensorParallelStrategy()
@@ -63,7 +68,7 @@ def main() -> int:
     torch.manual_seed(1234)
     ctx = DistContext(rank, dist.get_world_size(), rank, torch.device("cpu"), "gloo")
     vocab = MODEL_SIZES[SIZE].vocab_size
-    probe, _ = batch_from(10_000, 2, seq, vocab, SEED)
+    probe = probe_batch(seq)
     found: dict = {}
     saved: dict = {}
     for by_head in (True, False):

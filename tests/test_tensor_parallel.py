@@ -1,0 +1,160 @@
+"""Tensor parallelism (`--strategy tp`) on 2 gloo ranks trains like one process with the global
+batch (both ranks see it whole), holds and sends what the formulas say, writes checkpoints a plain
+model loads, and the q|k|v layout trap is caught by the same equivalence check.
+
+Two multi-rank runs, each checked for several things: one agent run (`tp_run`) and one run of
+`tp_worker.py`, which drives the strategy itself for what an agent cannot show (logits, the trap)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import run_worker_script, start_agents, stop_process_group
+from numerics import (
+    GRAD_NORM_RTOL,
+    LOSS_RTOL,
+    assert_series_close,
+    assert_state_close,
+    assert_trains_like_the_reference,
+)
+from reference import reference_run
+
+from ringtop.agent.config import MODEL_SIZE_HEADS, ConfigError, check_tensor_parallel_world, parse_agent_args
+from ringtop.agent.model import MODEL_SIZES, build_tiny_gpt
+from ringtop.protocol import Hello
+
+STEPS, BATCH, SEQ, LR = 8, 4, 32, 1e-3
+CFG = MODEL_SIZES["1m"]
+TESTS_DIR = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """One process with the global batch: a tp group is one data-parallel replica, so BATCH."""
+    return reference_run(STEPS, BATCH, SEQ, LR)
+
+
+@pytest.fixture(scope="module")
+def tp_run(tmp_path_factory):
+    run = start_agents(tmp_path_factory.mktemp("tp"), 2, "--strategy", "tp", "--tp", "2", "--steps", str(STEPS),
+                       "--batch-size", str(BATCH), "--seq-len", str(SEQ), "--lr", str(LR),
+                       "--checkpoint-every", str(STEPS))
+    try:
+        assert run.wait(200) == 0, run.output()[-4000:]
+    finally:
+        stop_process_group(run.proc)
+    return run
+
+
+@pytest.mark.timeout(240)
+def test_tp_trains_like_one_process_with_the_global_batch(tp_run, reference):
+    # Both ranks compute the same loss from the same batch (the replicated head's logits), to the bit
+    assert [s.loss for s in tp_run.steps(0)] == [s.loss for s in tp_run.steps(1)]
+    # losses, both ranks' gradient norms, and every parameter of the full checkpoint at STEPS; the
+    # checkpoint is read by name into the plain model's layout (shapes checked there)
+    assert_trains_like_the_reference(tp_run, reference, STEPS, LR)
+    hello = next(m for m in tp_run.messages(0) if isinstance(m, Hello))
+    assert (hello.strategy, hello.strategy_options) == ("tp", {"degree": 2})
+
+
+def split_parameters(model) -> int:
+    """Parameters ColwiseParallel (qkv, fc: weight and bias) and RowwiseParallel (proj, fc_out:
+    the weight; the bias is added once, after the all-reduce) split across the group."""
+    return sum(b.qkv.weight.numel() + b.fc.weight.numel() + b.fc.bias.numel() + b.proj.weight.numel()
+               + b.fc_out.weight.numel() for b in model.blocks)
+
+
+@pytest.mark.timeout(240)
+def test_each_rank_holds_its_share_and_sends_two_all_reduces_per_layer_each_way(tp_run):
+    model = build_tiny_gpt("1m", 0)
+    tensors = len({id(p) for p in model.parameters()})
+    total = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    held = total - split_parameters(model) // 2
+    activations = BATCH * SEQ * CFG.d_model * 4  # one fp32 [batch, seq, d] all-reduce
+    per_step = 4 * CFG.n_layer * activations + 4  # + the gradient norm's fp32 sum of squares
+    for rank in (0, 1):
+        steps = tp_run.steps(rank)
+        mem = steps[-1].mem
+        assert (mem.params_bytes, mem.grads_bytes, mem.optimizer_bytes) == (4 * held, 4 * held,
+                                                                            8 * held + 4 * tensors)
+        predicted = next(m for m in tp_run.messages(rank) if isinstance(m, Hello)).prediction
+        assert (predicted.params_bytes, predicted.grads_bytes, predicted.optimizer_bytes) == (
+            mem.params_bytes, mem.grads_bytes, mem.optimizer_bytes), predicted.note
+        assert predicted.comm_payload_bytes == {"all_reduce": per_step}
+        for step in steps:
+            kinds = {c.kind: c for c in step.comm}
+            assert set(kinds) == {"all_reduce"}, step.comm
+            assert (kinds["all_reduce"].count, kinds["all_reduce"].bytes) == (4 * CFG.n_layer + 1, per_step)
+        # each rank does half of the work on the group's tokens
+        assert steps[-1].tokens == BATCH * SEQ // 2
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tp-worker")
+    found = run_worker_script(TESTS_DIR / "tp_worker.py", [str(STEPS), str(BATCH), str(SEQ), str(LR)], out,
+                              nproc=2, timeout_s=200)
+    return found, torch.load(out / "rank-0.pt")
+
+
+@pytest.mark.timeout(240)
+def test_a_full_state_of_a_tp_model_gives_a_plain_model_its_logits(worker):
+    from tp_worker import SEED, logits_of, probe_batch
+
+    found, saved = worker
+    plain = build_tiny_gpt("1m", SEED + 1)
+    plain.load_state_dict(saved["by_head"]["state"])  # strict: the plain model's names and shapes
+    with torch.no_grad():
+        logits = logits_of(plain, probe_batch(SEQ))
+    tp_logits = saved["by_head"]["logits"]
+    # One forward each, differing only in the order of fp32 sums (a RowwiseParallel layer adds its
+    # two halves after the all-reduce): rounding, bounded like a loss's (numerics.LOSS_RTOL)
+    worst = float((logits - tp_logits).abs().max())
+    assert worst <= LOSS_RTOL * float(logits.abs().max()), worst
+    assert found[0]["local_heads"] == [CFG.n_head // 2] * CFG.n_layer
+    # a full state loaded into a fresh tp model, then one more step on both: the same bits
+    for rank in found:
+        assert (rank["reloaded_loss_diff"], rank["reloaded_param_diff"], rank["reloaded_moment_diff"]) == (0, 0, 0)
+
+
+def check_equivalence(run: dict, reference) -> None:
+    assert_series_close(run["losses"], reference.losses, rtol=LOSS_RTOL, what="loss")
+    assert_series_close(run["norms"], reference.grad_norms, rtol=GRAD_NORM_RTOL, what="gradient norm")
+    assert_state_close(run["state"], reference.state, steps=STEPS, lr=LR)
+
+
+@pytest.mark.timeout(240)
+def test_the_qkv_layout_trap_fails_the_equivalence_check(worker, reference):
+    """Split as q|k|v, rank 0 gets all of q's heads and rank 1 k and v: it trains without an error."""
+    _, saved = worker
+    check_equivalence(saved["by_head"], reference)
+    trap = saved["qkv"]
+    assert all(torch.isfinite(torch.tensor(trap["losses"])))
+    with pytest.raises(AssertionError, match="loss: largest relative difference"):
+        check_equivalence(trap, reference)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--tp", "2"], "--tp applies to --strategy tp only"),
+    (["--strategy", "tp", "--tp", "3"], "must divide tiny-gpt-1m's 4 attention heads"),
+    (["--strategy", "tp", "--dtype", "bf16"], "trains in fp32 here"),
+    (["--strategy", "tp", "--model", "user_factories:tiny"], "of the built-in tiny-gpt only"),
+    (["--strategy", "tp", "--tp", "0"], "--tp must be >= 1"),
+])
+def test_bad_tensor_parallel_options_fail_with_one_line(argv, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_agent_args(argv)
+
+
+def test_the_degree_must_fit_the_world_and_the_heads():
+    assert MODEL_SIZE_HEADS == {size: cfg.n_head for size, cfg in MODEL_SIZES.items()}
+    check_tensor_parallel_world(parse_agent_args(["--strategy", "tp"]), 4)  # 4 heads over 4 ranks
+    check_tensor_parallel_world(parse_agent_args(["--strategy", "ddp"]), 3)
+    with pytest.raises(ConfigError, match="--tp 2 must divide the world size"):
+        check_tensor_parallel_world(parse_agent_args(["--strategy", "tp", "--tp", "2"]), 3)
+    with pytest.raises(ConfigError, match="pass --tp 4 or leave --tp out"):
+        check_tensor_parallel_world(parse_agent_args(["--strategy", "tp", "--tp", "2"]), 4)
+    with pytest.raises(ConfigError, match="3 must divide tiny-gpt-1m's 4 attention heads"):
+        check_tensor_parallel_world(parse_agent_args(["--strategy", "tp"]), 3)
