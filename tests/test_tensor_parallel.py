@@ -158,3 +158,18 @@ def test_the_degree_must_fit_the_world_and_the_heads():
         check_tensor_parallel_world(parse_agent_args(["--strategy", "tp", "--tp", "2"]), 4)
     with pytest.raises(ConfigError, match="3 must divide tiny-gpt-1m's 4 attention heads"):
         check_tensor_parallel_world(parse_agent_args(["--strategy", "tp"]), 3)
+
+
+@pytest.mark.timeout(240)
+def test_live_switches_ddp_to_tp_and_back_keep_the_state(worker):
+    """ddp, ddp, tp, ddp through the agent's switch: the full state (weights and AdamW's moments)
+    is the same to the bit across each switch, and the run trains like one process given each
+    step's global batch (ddp: both ranks' shards; tp: one batch)."""
+    found, saved = worker
+    for rank in found:
+        assert rank["switch_diffs"] == [0.0, 0.0]
+    run = saved["switched"]
+    reference = reference_run(len(run["losses"]), run["batches"], SEQ, LR)
+    assert_series_close(run["losses"], reference.losses, rtol=LOSS_RTOL, what="loss")
+    assert_state_close(run["state"], reference.state, steps=len(run["losses"]), lr=LR)
+

@@ -60,6 +60,69 @@ def trained(ctx: DistContext, steps: int, batch: int, seq: int, lr: float, by_he
     return strategy, losses, norms
 
 
+def _max_diff(a, b) -> float:
+    """Largest absolute difference between two nested states; inf where their structures differ."""
+    if isinstance(a, dict):
+        return max((_max_diff(a[k], b[k]) for k in a), default=0.0) if isinstance(b, dict) and a.keys() == b.keys() \
+            else float("inf")
+    if isinstance(a, torch.Tensor):
+        return float((a.double() - b.double()).abs().max()) if isinstance(b, torch.Tensor) and a.shape == b.shape \
+            else float("inf")
+    if isinstance(a, (list, tuple)):
+        return max((_max_diff(x, y) for x, y in zip(a, b)), default=0.0) if len(a) == len(b) else float("inf")
+    return 0.0 if a == b else float("inf")
+
+
+def _cloned(state):
+    if isinstance(state, dict):
+        return {k: _cloned(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(_cloned(v) for v in state)
+    return state.clone() if isinstance(state, torch.Tensor) else state
+
+
+SWITCHED_PLAN = ("ddp", "ddp", "tp", "ddp")
+"""The strategy of each step of the switching run: live switches ddp -> tp -> ddp between them."""
+
+
+def switched(ctx: DistContext, batch: int, seq: int, lr: float):
+    """Steps under SWITCHED_PLAN through the agent's own switch (state taken on every rank, a
+    model built on meta and handed it, the new wrapping loaded); a ddp step reads a shard of
+    2 x batch samples, a tp step one batch on both ranks. Returns (rank 0's result: each step's
+    loss over its global batch and the final full state; the state differences across each switch)."""
+    from ringtop.agent.switching import switch_strategy
+    from ringtop.strategies.registry import build_strategy
+
+    tensor_parallel.QKV_BY_HEAD = True
+    group = dist.new_group(backend="gloo")
+    vocab = MODEL_SIZES[SIZE].vocab_size
+    settings = TrainSettings(batch_size=batch)
+
+    def adamw(params):
+        return torch.optim.AdamW(params, lr=lr)
+
+    def build():
+        return build_tiny_gpt(SIZE, SEED)
+
+    strategy = build_strategy(SWITCHED_PLAN[0], {}, ctx.device)
+    strategy.setup(build(), adamw, ctx, settings)
+    losses, diffs, first = [], [], 0
+    for name in SWITCHED_PLAN:
+        if name != strategy.name:
+            before = _cloned(strategy.full_state_dict_on_every_rank())
+            strategy, _ = switch_strategy(strategy, name, dict, ctx, group, build, adamw, settings)
+            diffs.append(_max_diff(before, _cloned(strategy.full_state_dict_on_every_rank())))
+        shard, shards = strategy.data_shard(ctx)
+        loss = strategy.run_step(batch_from(first + shard * batch, batch, seq, vocab, SEED), call_model, _NoPhases())
+        mean = loss.detach().clone()
+        dist.all_reduce(mean, group=group)
+        losses.append(float(mean) / ctx.world_size)  # tp: both ranks' loss is the same
+        first += shards * batch
+    model_state = _cloned(strategy.full_state_dict()[0])
+    return {"losses": losses, "batches": [batch * (2 if n == "ddp" else 1) for n in SWITCHED_PLAN],
+            "state": model_state}, diffs
+
+
 def main() -> int:
     steps, batch, seq = (int(a) for a in sys.argv[1:4])
     lr, out = float(sys.argv[4]), Path(sys.argv[5])
@@ -98,6 +161,7 @@ def main() -> int:
                 for k in state_a[1]["state"] for m in ("exp_avg", "exp_avg_sq"))
             found["local_heads"] = [b.n_head for b in strategy.model.blocks]
             found["full_names"] = sorted(model_state) if rank == 0 else []
+    saved["switched"], found["switch_diffs"] = switched(ctx, batch, seq, lr)
     if rank == 0:
         torch.save(saved, out / "rank-0.pt")
     (out / f"rank-{rank}.json").write_text(json.dumps(found))
