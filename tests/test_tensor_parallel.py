@@ -96,14 +96,14 @@ def worker(tmp_path_factory):
     out = tmp_path_factory.mktemp("tp-worker")
     found = run_worker_script(TESTS_DIR / "tp_worker.py", [str(STEPS), str(BATCH), str(SEQ), str(LR)], out,
                               nproc=2, timeout_s=200)
-    return found, torch.load(out / "rank-0.pt")
+    return found, torch.load(out / "rank-0.pt"), out
 
 
 @pytest.mark.timeout(240)
 def test_a_full_state_of_a_tp_model_gives_a_plain_model_its_logits(worker):
     from tp_worker import SEED, logits_of, probe_batch
 
-    found, saved = worker
+    found, saved, _ = worker
     plain = build_tiny_gpt("1m", SEED + 1)
     plain.load_state_dict(saved["by_head"]["state"])  # strict: the plain model's names and shapes
     with torch.no_grad():
@@ -128,7 +128,7 @@ def check_equivalence(run: dict, reference) -> None:
 @pytest.mark.timeout(240)
 def test_the_qkv_layout_trap_fails_the_equivalence_check(worker, reference):
     """Split as q|k|v, rank 0 gets all of q's heads and rank 1 k and v: it trains without an error."""
-    _, saved = worker
+    _, saved, _ = worker
     check_equivalence(saved["by_head"], reference)
     trap = saved["qkv"]
     assert all(torch.isfinite(torch.tensor(trap["losses"])))
@@ -165,11 +165,29 @@ def test_live_switches_ddp_to_tp_and_back_keep_the_state(worker):
     """ddp, ddp, tp, ddp through the agent's switch: the full state (weights and AdamW's moments)
     is the same to the bit across each switch, and the run trains like one process given each
     step's global batch (ddp: both ranks' shards; tp: one batch)."""
-    found, saved = worker
+    found, saved, _ = worker
     for rank in found:
         assert rank["switch_diffs"] == [0.0, 0.0]
     run = saved["switched"]
     reference = reference_run(len(run["losses"]), run["batches"], SEQ, LR)
     assert_series_close(run["losses"], reference.losses, rtol=LOSS_RTOL, what="loss")
     assert_state_close(run["state"], reference.state, steps=len(run["losses"]), lr=LR)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_sharded_checkpoint_of_tp_reads_into_the_plain_layout(worker):
+    """What a resume into any strategy or world size reads: the plain model's full state, filled
+    by DCP from the tp run's files in one process, equals the tp model's full state exactly."""
+    from ringtop.agent import checkpoint_format as ckpt
+    from ringtop.strategies.torch_native import full_optimizer_template
+
+    _, saved, out = worker
+    fresh = build_tiny_gpt("1m", 1)
+    template = {"model": {k: v.detach().clone() for k, v in fresh.state_dict().items()},
+                "optim": full_optimizer_template(fresh, lambda p: torch.optim.AdamW(p, lr=LR))}
+    ckpt.load_sharded_into(out / "checkpoints" / ckpt.checkpoint_name(STEPS, ckpt.SHARDED), template, no_dist=True)
+    expected = saved["by_head"]["state"]
+    assert set(template["model"]) == set(expected)
+    assert max(float((template["model"][k] - expected[k]).abs().max()) for k in expected) == 0.0
 

@@ -143,6 +143,11 @@ def main() -> int:
         saved["by_head" if by_head else "qkv"] = {"losses": losses, "norms": norms, "logits": logits,
                                                   "state": model_state}
         if by_head:
+            from ringtop.agent.checkpoint_saver import CheckpointManager
+
+            group = dist.new_group(backend="gloo")
+            CheckpointManager(str(out / "checkpoints"), rank, group, group).save(strategy, steps, "sharded", {},
+                                                                                  background=False)
             # The full state into a fresh tp model (a resume or a switch into tp), then one more
             # step in both: the same operations on the same state, so equal to the bit.
             again = tensor_parallel.TensorParallelStrategy()
