@@ -179,7 +179,8 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
         default_text="balanced")] = None
     tp: Annotated[int | None, Option(
         TRAINING, "with --strategy tp: ranks that split each layer's matrices (its tensor-parallel degree); they "
-        "see the same batch", ge=1, metavar="N", default_text="the world size")] = None
+        "see the same batch. With --strategy fsdp: 2D, FSDP over the world size / N groups of N",
+        ge=1, metavar="N", default_text="the world size with tp; 1 with fsdp")] = None
     dtype: Annotated[str, Option(
         TRAINING, "fp32, or bf16 mixed precision with fp32 master state", choices=("fp32", "bf16"))] = "fp32"
     grad_clip: Annotated[float, Option(
@@ -313,7 +314,7 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
         if self.strategy == "ddp":
             return {} if self.ddp_bucket_cap_mb is None else {"bucket_cap_mb": self.ddp_bucket_cap_mb}
         if self.strategy == "fsdp":
-            return {"sharding": self.fsdp_sharding}
+            return {"sharding": self.fsdp_sharding, **({"tp": self.tp} if self.tp is not None else {})}
         if self.strategy in ZERO_STRATEGIES and self.ds_config:
             if self.ds_config_from_command:
                 return {"ds_config": load_command_ds_config(self.ds_config)}
@@ -524,15 +525,19 @@ def _check_combinations(cfg: AgentConfig, given: Set[str]) -> None:
 def _check_tensor_parallel(cfg: AgentConfig, given: Set[str]) -> None:
     """What can be checked before the world size is known (the runner checks the rest:
     `check_tensor_parallel_world`)."""
-    if "tp" in given and cfg.strategy != "tp":
-        raise ConfigError("--tp applies to --strategy tp only")
-    if cfg.strategy != "tp":
+    if "tp" in given and cfg.strategy not in ("tp", "fsdp"):
+        raise ConfigError("--tp applies to --strategy tp and fsdp only")
+    if cfg.strategy != "tp" and not (cfg.strategy == "fsdp" and cfg.tp is not None and cfg.tp > 1):
         return
+    what = "--strategy tp" if cfg.strategy == "tp" else "--tp"
     if cfg.model != BUILTIN_MODEL:
-        raise ConfigError("--strategy tp splits the layers of the built-in tiny-gpt only; drop --model or use "
+        raise ConfigError(f"{what} splits the layers of the built-in tiny-gpt only; drop --model or use "
                           "another strategy")
     if cfg.dtype != "fp32":
-        raise ConfigError("--strategy tp trains in fp32 here; drop --dtype bf16 or use --strategy fsdp")
+        raise ConfigError(f"{what} trains in fp32 here; drop --dtype bf16")
+    if cfg.strategy == "fsdp" and cfg.fsdp_sharding == "no-shard":
+        raise ConfigError("--tp with --strategy fsdp shards over the data-parallel ranks: use --fsdp-sharding "
+                          "full or grad-op")
     heads = MODEL_SIZE_HEADS[cfg.model_size]
     if cfg.tp is not None and heads % cfg.tp:
         raise ConfigError(f"--tp {cfg.tp} must divide tiny-gpt-{cfg.model_size}'s {heads} attention heads: each "
@@ -540,16 +545,17 @@ def _check_tensor_parallel(cfg: AgentConfig, given: Set[str]) -> None:
 
 
 def check_tensor_parallel_world(cfg: AgentConfig, world_size: int) -> None:
-    """--strategy tp's degree against the run's ranks: one tensor-parallel group over all of them."""
-    if cfg.strategy != "tp":
+    """The tensor-parallel degree against the run's ranks: --strategy tp runs one group over all of
+    them, --strategy fsdp --tp N world size / N groups."""
+    if cfg.strategy not in ("tp", "fsdp") or (cfg.strategy == "fsdp" and cfg.tp is None):
         return
     degree = cfg.tp or world_size
     if world_size % degree:
         raise ConfigError(f"--tp {degree} must divide the world size ({world_size} ranks)")
-    if degree != world_size:
+    if cfg.strategy == "tp" and degree != world_size:
         raise ConfigError(f"--strategy tp runs one tensor-parallel group over all {world_size} ranks; pass "
-                          f"--tp {world_size} or leave --tp out (data-parallel replicas of a tp group are not "
-                          "supported yet)")
+                          f"--tp {world_size} or leave --tp out; for data-parallel replicas of tp groups, "
+                          f"--strategy fsdp --tp {degree}")
     heads = MODEL_SIZE_HEADS[cfg.model_size]
     if heads % degree:
         raise ConfigError(f"--strategy tp over {degree} ranks: {degree} must divide tiny-gpt-{cfg.model_size}'s "

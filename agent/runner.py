@@ -600,7 +600,9 @@ class Runner:
         tp = getattr(self.strategy, "tensor_parallel_shape", lambda: None)()
         if tp is not None:
             prediction, optimizer_bytes_per_param = predict_tensor_parallel(
-                tp.params, tp.tensors, tp.degree, tp.layers, tp.hidden, self.cfg.batch_size, self.cfg.seq_len)
+                tp.params, tp.tensors, tp.degree, tp.layers, tp.hidden, self.cfg.batch_size, self.cfg.seq_len,
+                dp=self.ctx.world_size // tp.degree,
+                dp_strategy=self.cfg.canonical_strategy if self.cfg.strategy == "fsdp" else None)
         elif stage is not None:
             prediction, optimizer_bytes_per_param = predict_pipeline_stage(
                 *stage, self.ctx.world_size, self.strategy.num_stages, getattr(self.strategy, "tied", None) is not None)
@@ -1064,6 +1066,7 @@ class Runner:
             ds_config, from_command = str(inside_run_directory(ds_config, self.cfg.checkpoint_dir, "ds_config")), True
         new_cfg = msgspec.structs.replace(
             self.cfg, strategy=args.strategy, fsdp_sharding=args.fsdp_sharding or "full", ds_config=ds_config,
+            tp=self.cfg.tp if args.strategy == "tp" else None,  # a switch to fsdp is 1D
             ds_config_from_command=from_command,
             pp_schedule=args.pp_schedule or self.cfg.pp_schedule,
             micro_batches=args.micro_batches or self.cfg.micro_batches)

@@ -77,8 +77,10 @@ def strategy_label(strategy: str, options: dict[str, Any]) -> str:
     """A running strategy with the options that change its behaviour, as the header and the
     agent's switch events show it: `fsdp(full)`, `pp(1f1b, N=2, M=4)`."""
     if strategy == "fsdp":
-        mode = options.get("sharding")
-        return f"fsdp({mode})" if mode else "fsdp"
+        parts = [str(options["sharding"])] if options.get("sharding") else []
+        if isinstance(options.get("tp"), int) and options["tp"] > 1:
+            parts.append(f"tp={options['tp']}")
+        return f"fsdp({', '.join(parts)})" if parts else "fsdp"
     if strategy == "pp":
         parts = [str(options["schedule"])] if options.get("schedule") else []
         if isinstance(options.get("stages"), int):

@@ -91,6 +91,44 @@ def test_each_rank_holds_its_share_and_sends_two_all_reduces_per_layer_each_way(
         assert steps[-1].tokens == BATCH * SEQ // 2
 
 
+@pytest.mark.timeout(300)
+def test_fsdp_over_tp_groups_trains_like_one_process_and_holds_and_sends_what_it_predicts(tmp_path):
+    """2D on 4 ranks: --strategy fsdp --tp 2, a ("dp", "tp") mesh of 2 x 2; each tp group reads
+    one data shard, so the global batch is 2 x BATCH."""
+    from ringtop.agent.checkpoint_format import load_full_files
+
+    run = start_agents(tmp_path, 4, "--strategy", "fsdp", "--tp", "2", "--steps", str(STEPS), "--batch-size",
+                       str(BATCH), "--seq-len", str(SEQ), "--lr", str(LR), "--checkpoint-every", str(STEPS))
+    try:
+        assert run.wait(280) == 0, run.output()[-4000:]
+    finally:
+        stop_process_group(run.proc)
+    reference = reference_run(STEPS, 2 * BATCH, SEQ, LR)
+    steps = {rank: run.steps(rank) for rank in range(4)}
+    for first, second in ((0, 1), (2, 3)):  # a tp group: one batch, one loss
+        assert [s.loss for s in steps[first]] == [s.loss for s in steps[second]]
+    assert_series_close([(a.loss + b.loss) / 2 for a, b in zip(steps[0], steps[2])], reference.losses,
+                        rtol=LOSS_RTOL, what="loss")
+    for rank in range(4):
+        assert_series_close([s.grad_norm for s in steps[rank]], reference.grad_norms, rtol=GRAD_NORM_RTOL,
+                            what=f"rank {rank}'s gradient norm")
+    model_state, _, _ = load_full_files(run.checkpoint_dir / f"step-{STEPS:08d}-full")
+    assert_state_close(model_state, reference.state, steps=STEPS, lr=LR)
+
+    model = build_tiny_gpt("1m", 0)
+    held = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()) - split_parameters(model) // 2
+    for rank in range(4):
+        hello = next(m for m in run.messages(rank) if isinstance(m, Hello))
+        assert hello.strategy_options == {"sharding": "full", "tp": 2}
+        mem, predicted = steps[rank][-1].mem, hello.prediction
+        assert mem.params_bytes == 4 * held // 2  # the tp share, sharded again over the 2 dp ranks
+        assert (mem.params_bytes, mem.grads_bytes, mem.optimizer_bytes) == (
+            predicted.params_bytes, predicted.grads_bytes, predicted.optimizer_bytes), predicted.note
+        measured = {c.kind: c.bytes for c in steps[rank][-1].comm}
+        assert measured == predicted.comm_payload_bytes
+        assert measured["all_reduce"] == 4 * CFG.n_layer * BATCH * SEQ * CFG.d_model * 4 + 4
+
+
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory):
     out = tmp_path_factory.mktemp("tp-worker")
@@ -137,7 +175,9 @@ def test_the_qkv_layout_trap_fails_the_equivalence_check(worker, reference):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--tp", "2"], "--tp applies to --strategy tp only"),
+    (["--tp", "2"], "--tp applies to --strategy tp and fsdp only"),
+    (["--strategy", "fsdp", "--tp", "2", "--fsdp-sharding", "no-shard"], "use --fsdp-sharding full or grad-op"),
+    (["--strategy", "fsdp", "--tp", "2", "--dtype", "bf16"], "--tp trains in fp32 here"),
     (["--strategy", "tp", "--tp", "3"], "must divide tiny-gpt-1m's 4 attention heads"),
     (["--strategy", "tp", "--dtype", "bf16"], "trains in fp32 here"),
     (["--strategy", "tp", "--model", "user_factories:tiny"], "of the built-in tiny-gpt only"),
@@ -158,6 +198,10 @@ def test_the_degree_must_fit_the_world_and_the_heads():
         check_tensor_parallel_world(parse_agent_args(["--strategy", "tp", "--tp", "2"]), 4)
     with pytest.raises(ConfigError, match="3 must divide tiny-gpt-1m's 4 attention heads"):
         check_tensor_parallel_world(parse_agent_args(["--strategy", "tp"]), 3)
+    check_tensor_parallel_world(parse_agent_args(["--strategy", "fsdp", "--tp", "2"]), 4)  # 2 groups of 2
+    check_tensor_parallel_world(parse_agent_args(["--strategy", "fsdp"]), 3)  # no tp: 1D
+    with pytest.raises(ConfigError, match="--tp 2 must divide the world size"):
+        check_tensor_parallel_world(parse_agent_args(["--strategy", "fsdp", "--tp", "2"]), 3)
 
 
 @pytest.mark.timeout(240)
