@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_worker_script, start_agents, stop_process_group
+from conftest import further, run_worker_script, start_agents, stop_process_group
 from numerics import (
     GRAD_NORM_RTOL,
     LOSS_RTOL,
@@ -234,4 +234,34 @@ def test_a_sharded_checkpoint_of_tp_reads_into_the_plain_layout(worker):
     expected = saved["by_head"]["state"]
     assert set(template["model"]) == set(expected)
     assert max(float((template["model"][k] - expected[k]).abs().max()) for k in expected) == 0.0
+
+
+@further
+@pytest.mark.timeout(300)
+def test_live_switch_commands_into_and_out_of_tp(tmp_path):
+    """The `switch` command on a running agent, ddp -> tp -> fsdp (the runner's path: its data
+    rebuilt for the tp group's one shard, --tp left behind for fsdp): the losses are one
+    process's given each step's global batch (ddp, fsdp: 2 x BATCH; tp: BATCH). The state across
+    switch_strategy itself is checked to the bit in test_live_switches_ddp_to_tp_and_back_keep_the_state."""
+    run = start_agents(tmp_path, 2, "--strategy", "ddp", "--steps", "0", "--batch-size", str(BATCH),
+                       "--seq-len", str(SEQ), "--lr", str(LR))
+    try:
+        run.wait_for_step(2, 120)
+        into = list(run.send_command("switch", {"strategy": "tp"}, timeout_s=120))[-1]
+        assert into.status == "done", into
+        run.wait_for_step(into.result["step"] + 2, 120)
+        out = list(run.send_command("switch", {"strategy": "fsdp"}, timeout_s=120))[-1]
+        assert (out.status, out.result["to"]) == ("done", "fsdp(full)"), out
+        run.wait_for_step(out.result["step"] + 2, 120)
+        list(run.send_command("stop", {}, timeout_s=60))
+        assert run.wait(60) == 0, run.output()[-3000:]
+    finally:
+        stop_process_group(run.proc)
+    a, b = ({s.step: s.loss for s in run.steps(rank)} for rank in (0, 1))
+    last = min(max(a), max(b))
+    tp_steps = range(into.result["step"] + 1, out.result["step"] + 1)
+    batches = [BATCH if step in tp_steps else 2 * BATCH for step in range(1, last + 1)]
+    reference = reference_run(last, batches, SEQ, LR)
+    assert_series_close([(a[s] + b[s]) / 2 for s in range(1, last + 1)], reference.losses, rtol=LOSS_RTOL,
+                        what="loss")
 
