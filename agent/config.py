@@ -558,7 +558,7 @@ def check_tensor_parallel_world(cfg: AgentConfig, world_size: int) -> None:
                           f"--strategy fsdp --tp {degree}")
     heads = MODEL_SIZE_HEADS[cfg.model_size]
     if heads % degree:
-        raise ConfigError(f"--strategy tp over {degree} ranks: {degree} must divide tiny-gpt-{cfg.model_size}'s "
+        raise ConfigError(f"tensor parallelism over {degree} ranks: {degree} must divide tiny-gpt-{cfg.model_size}'s "
                           f"{heads} attention heads (each rank computes whole heads); pass --tp with a divisor")
 
 

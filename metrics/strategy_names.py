@@ -27,7 +27,7 @@ def fsdp_name(sharding: str) -> str:
 STRATEGIES: tuple[str, ...] = tuple(
     name for s in STRATEGY_CHOICES for name in ([fsdp_name(x) for x in FSDP_SHARDINGS] if s == "fsdp" else [s]))
 """Canonical (cost-model) names: `fsdp` + a sharding is one name per sharding (ddp, zero1-3,
-fsdp-full, fsdp-grad-op, fsdp-no-shard, pp)."""
+fsdp-full, fsdp-grad-op, fsdp-no-shard, pp, tp)."""
 MODEL_PARALLEL_STRATEGIES: tuple[str, ...] = ("pp", "tp")
 """Strategies that split the model itself (into stages, or each layer's matrices): a rank holds a
 part of it, priced from the model's shape, not its parameter count alone."""
