@@ -51,6 +51,8 @@ HANG_PLACES = ("forward", "before-collective")
 BUILTIN_MODEL = "tiny-gpt"
 BUILTIN_DATA = "synthetic"
 MODEL_SIZE_CHOICES = ("1m", "10m", "25m", "125m")
+MODEL_SIZE_HEADS = {"1m": 4, "10m": 5, "25m": 7, "125m": 12}
+"""Attention heads of each built-in size (agent/model.py's MODEL_SIZES, without importing torch)."""
 PIPELINE_OPTIONS = ("pp_stages", "pp_schedule", "micro_batches", "pp_split")
 ENDPOINT_NAMES = frozenset({"publish", "relay", "control"})
 
@@ -175,6 +177,10 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     pp_split: Annotated[tuple[int, ...] | None, Option(
         TRAINING, "with --strategy pp: layers per stage, e.g. 3,1", parse=_layers_per_stage,
         default_text="balanced")] = None
+    tp: Annotated[int | None, Option(
+        TRAINING, "with --strategy tp: ranks that split each layer's matrices (its tensor-parallel degree); they "
+        "see the same batch. With --strategy fsdp: 2D, FSDP over the world size / N groups of N",
+        ge=1, metavar="N", default_text="the world size with tp; 1 with fsdp")] = None
     dtype: Annotated[str, Option(
         TRAINING, "fp32, or bf16 mixed precision with fp32 master state", choices=("fp32", "bf16"))] = "fp32"
     grad_clip: Annotated[float, Option(
@@ -308,11 +314,13 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
         if self.strategy == "ddp":
             return {} if self.ddp_bucket_cap_mb is None else {"bucket_cap_mb": self.ddp_bucket_cap_mb}
         if self.strategy == "fsdp":
-            return {"sharding": self.fsdp_sharding}
+            return {"sharding": self.fsdp_sharding, **({"tp": self.tp} if self.tp is not None else {})}
         if self.strategy in ZERO_STRATEGIES and self.ds_config:
             if self.ds_config_from_command:
                 return {"ds_config": load_command_ds_config(self.ds_config)}
             return {"ds_config": load_ds_config(self.ds_config)}
+        if self.strategy == "tp":
+            return {} if self.tp is None else {"degree": self.tp}
         if self.strategy == "pp":
             options: dict[str, Any] = {"schedule": self.pp_schedule, "micro_batches": self.micro_batches}
             if self.pp_stages is not None:
@@ -481,6 +489,7 @@ def _check_combinations(cfg: AgentConfig, given: Set[str]) -> None:
     if "micro_batches" in given and (cfg.micro_batches < 1 or cfg.batch_size % cfg.micro_batches):
         raise ConfigError(f"--micro-batches {cfg.micro_batches} must be >= 1 and divide --batch-size "
                           f"{cfg.batch_size}")
+    _check_tensor_parallel(cfg, given)
     if cfg.ds_config is not None and cfg.strategy not in ZERO_STRATEGIES:
         raise ConfigError("--ds-config applies to --strategy zero1, zero2 or zero3 only")
     refusal = zero_refusal(cfg.strategy, cfg.on_nonfinite)
@@ -511,6 +520,46 @@ def _check_combinations(cfg: AgentConfig, given: Set[str]) -> None:
         if not cfg.allow_remote:
             raise ConfigError(f"refusing {where}: it is reachable from other machines. Keep 127.0.0.1 (a "
                               "Prometheus on this node, or ssh -L), or pass --allow-remote")
+
+
+def _check_tensor_parallel(cfg: AgentConfig, given: Set[str]) -> None:
+    """What can be checked before the world size is known (the runner checks the rest:
+    `check_tensor_parallel_world`)."""
+    if "tp" in given and cfg.strategy not in ("tp", "fsdp"):
+        raise ConfigError("--tp applies to --strategy tp and fsdp only")
+    if cfg.strategy != "tp" and not (cfg.strategy == "fsdp" and cfg.tp is not None and cfg.tp > 1):
+        return
+    what = "--strategy tp" if cfg.strategy == "tp" else "--tp"
+    if cfg.model != BUILTIN_MODEL:
+        raise ConfigError(f"{what} splits the layers of the built-in tiny-gpt only; drop --model or use "
+                          "another strategy")
+    if cfg.dtype != "fp32":
+        raise ConfigError(f"{what} trains in fp32 here; drop --dtype bf16")
+    if cfg.strategy == "fsdp" and cfg.fsdp_sharding == "no-shard":
+        raise ConfigError("--tp with --strategy fsdp shards over the data-parallel ranks: use --fsdp-sharding "
+                          "full or grad-op")
+    heads = MODEL_SIZE_HEADS[cfg.model_size]
+    if cfg.tp is not None and heads % cfg.tp:
+        raise ConfigError(f"--tp {cfg.tp} must divide tiny-gpt-{cfg.model_size}'s {heads} attention heads: each "
+                          "rank computes whole heads")
+
+
+def check_tensor_parallel_world(cfg: AgentConfig, world_size: int) -> None:
+    """The tensor-parallel degree against the run's ranks: --strategy tp runs one group over all of
+    them, --strategy fsdp --tp N world size / N groups."""
+    if cfg.strategy not in ("tp", "fsdp") or (cfg.strategy == "fsdp" and cfg.tp is None):
+        return
+    degree = cfg.tp or world_size
+    if world_size % degree:
+        raise ConfigError(f"--tp {degree} must divide the world size ({world_size} ranks)")
+    if cfg.strategy == "tp" and degree != world_size:
+        raise ConfigError(f"--strategy tp runs one tensor-parallel group over all {world_size} ranks; pass "
+                          f"--tp {world_size} or leave --tp out; for data-parallel replicas of tp groups, "
+                          f"--strategy fsdp --tp {degree}")
+    heads = MODEL_SIZE_HEADS[cfg.model_size]
+    if heads % degree:
+        raise ConfigError(f"tensor parallelism over {degree} ranks: {degree} must divide tiny-gpt-{cfg.model_size}'s "
+                          f"{heads} attention heads (each rank computes whole heads); pass --tp with a divisor")
 
 
 def _adopt_ds_config(cfg: AgentConfig, given: Set[str]) -> AgentConfig:

@@ -30,6 +30,11 @@ class Block(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.n_head = cfg.n_head
+        """Heads this module computes: all of them, or a tensor-parallel rank's share."""
+        self.head_dim = cfg.d_model // cfg.n_head
+        self.qkv_by_head = False
+        """The fused qkv's output rows are grouped by head (each head's q, k, v together) rather
+        than q|k|v: so that a split by rows hands a tensor-parallel rank whole heads."""
         self.ln1 = nn.LayerNorm(cfg.d_model)
         # No bias on q, k, v (as in LLaMA): the key third of one would have no true gradient (a
         # vector added to every key shifts a softmax row by a constant, which softmax ignores), so
@@ -41,11 +46,16 @@ class Block(nn.Module):
         self.fc_out = nn.Linear(4 * cfg.d_model, cfg.d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
-        q, k, v = (z.view(b, t, self.n_head, d // self.n_head).transpose(1, 2) for z in (q, k, v))
+        b, t, _ = x.shape
+        width = self.n_head * self.head_dim
+        qkv = self.qkv(self.ln1(x))
+        if self.qkv_by_head:
+            q, k, v = qkv.view(b, t, self.n_head, 3, self.head_dim).unbind(3)
+        else:
+            q, k, v = (z.view(b, t, self.n_head, self.head_dim) for z in qkv.split(width, dim=2))
+        q, k, v = (z.transpose(1, 2) for z in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, width))
         return x + self.fc_out(F.gelu(self.fc(self.ln2(x))))
 
 

@@ -9,12 +9,17 @@ from __future__ import annotations
 from ringtop.metrics.strategy_names import canonical_strategy
 from ringtop.protocol import Prediction
 from ringtop.strategies.cost_model import (
+    CollectiveBytes,
+    CommPerStep,
     ModelSpec,
     comm_per_step,
     implementation_cost,
     implementation_specs,
     memory_per_rank,
+    ring_all_reduce_sent_bytes,
+    shard_count,
 )
+from ringtop.strategies.mesh_cost import TP_ALL_REDUCES_PER_LAYER, Shape, tp_comm_per_step
 
 ADAM_STEP_BYTES = 4
 """torch's AdamW keeps `step` as a float32 scalar tensor per parameter tensor it updates."""
@@ -52,6 +57,41 @@ def predict(strategy: str, fsdp_sharding: str, world_size: int, param_count: int
         note="; ".join(notes),
     )
     return prediction, optimizer_bytes_per_param
+
+
+def predict_tensor_parallel(held_params: int, held_tensors: int, degree: int, layers: int, hidden: int,
+                            batch_size: int, seq_len: int, dp: int = 1, dp_strategy: str | None = None
+                            ) -> tuple[Prediction, int]:
+    """A tensor-parallel rank holds its share of the split matrices and all of the replicated
+    parameters (embeddings, LayerNorms, RowwiseParallel biases) in fp32, their gradients and AdamW
+    state. Its traffic is the activations' all-reduces, 4 per layer (mesh_cost.py), plus the one
+    fp32 scalar of the global gradient norm (over all ranks). With `dp_strategy` (FSDP over `dp`
+    groups, 2D) that share is sharded again dp ways and moves as that strategy moves it."""
+    shape = Shape(layers=layers, hidden=hidden, seq_len=seq_len, micro_batch_size=batch_size, activation_bytes=4)
+    comm = {c.kind: c for c in tp_comm_per_step(shape, degree, layers).collectives}
+    norm = CollectiveBytes("all_reduce", NORM_BYTES, ring_all_reduce_sent_bytes(NORM_BYTES, degree * dp))
+    kinds = [*comm.values(), norm]
+    held = held_params
+    if dp_strategy is not None and dp > 1:
+        kinds += comm_per_step(dp_strategy, dp, ModelSpec(held_params, 4, 4, 8)).collectives
+        held = shard_count(held_params, dp)
+    if degree * dp == 1:
+        kinds = []
+    step = CommPerStep(tuple(kinds))
+    prediction = Prediction(
+        params_bytes=4 * held, grads_bytes=4 * held, optimizer_bytes=8 * held + ADAM_STEP_BYTES * held_tensors,
+        comm_payload_bytes={kind: c.payload_bytes for kind, c in step.by_kind().items()},
+        comm_sent_bytes=step.sent_bytes,
+        note=f"this rank's share of the split matrices plus the replicated parameters ({held_params:,})"
+             + (f", sharded {dp} ways" if held != held_params else "")
+             + f"; traffic: {TP_ALL_REDUCES_PER_LAYER} all-reduces of [batch, seq, hidden] per layer and the "
+             "gradient norm's scalar",
+    )
+    return prediction, 8
+
+
+NORM_BYTES = 4
+"""The fp32 sum of squares a tensor-parallel rank all-reduces for the global gradient norm."""
 
 
 def predict_pipeline_stage(stage_params: int, stage_tensors: int, world_size: int,

@@ -49,7 +49,7 @@ from ringtop.strategies.torch_native import full_optimizer_template
 from . import checkpoint_format as ckpt
 from . import nonfinite
 from .checkpoint_saver import CheckpointManager
-from .config import BUILTIN_DATA, BUILTIN_MODEL, AgentConfig, ConfigError
+from .config import BUILTIN_DATA, BUILTIN_MODEL, AgentConfig, ConfigError, check_tensor_parallel_world
 from .control import ControlServer, PendingCommand, StepSync, all_gather_fixed, broadcast_bytes, scatter_fixed
 from .data import synthetic_batches
 from .diagnosis_exchange import Diagnostician
@@ -67,7 +67,7 @@ from .instruments.step_clock import StepClock, StepTiming, apply_device_phases, 
 from .model import MODEL_SIZES, TinyGPT, build_tiny_gpt, count_params
 from .node_relay import NodeLayout, NodeRelay
 from .peers import Peers
-from .prediction import predict, predict_pipeline_stage
+from .prediction import predict, predict_pipeline_stage, predict_tensor_parallel
 from .prewarm import Prewarm
 from .profiling import ProfileSession, gather_results
 from .relay import Relay
@@ -198,6 +198,7 @@ class Runner:
         """Samples of the global stream consumed so far: the data position checkpoints carry."""
         self._timeline_due = True
         self._check_fault_ranks()
+        check_tensor_parallel_world(cfg, ctx.world_size)
         self.run_id = self._agree_on_run_id()
         self.strategy: Strategy = build_strategy(cfg.strategy, cfg.strategy_options(), ctx.device)
         self._pending: list[_PendingStep] = []
@@ -596,7 +597,13 @@ class Runner:
         name = self.cfg.model if self.cfg.model != BUILTIN_MODEL else f"{BUILTIN_MODEL}-{self.cfg.model_size}"
         sharding = self.strategy.sharding
         stage = self.strategy.stage_size()
-        if stage is not None:
+        tp = getattr(self.strategy, "tensor_parallel_shape", lambda: None)()
+        if tp is not None:
+            prediction, optimizer_bytes_per_param = predict_tensor_parallel(
+                tp.params, tp.tensors, tp.degree, tp.layers, tp.hidden, self.cfg.batch_size, self.cfg.seq_len,
+                dp=self.ctx.world_size // tp.degree,
+                dp_strategy=self.cfg.canonical_strategy if self.cfg.strategy == "fsdp" else None)
+        elif stage is not None:
             prediction, optimizer_bytes_per_param = predict_pipeline_stage(
                 *stage, self.ctx.world_size, self.strategy.num_stages, getattr(self.strategy, "tied", None) is not None)
         else:
@@ -837,9 +844,9 @@ class Runner:
             start, _ = self.strategy.last_window_ns()
             timeline = [StageSpan(e.micro_batch, e.kind, (e.start_ns - start) / 1e6, (e.end_ns - start) / 1e6)
                         for e in self.strategy.last_timeline()]
-        # Each stage does its share of the work on its replica's tokens (all of it, without stages).
+        # Each stage (or tensor-parallel rank) does its share of the work on its replica's tokens.
         return _PendingStep(self.step, None if loss is None else loss.detach(), timing, marks, comm,
-                            tokens // self.strategy.num_stages,
+                            tokens // (self.strategy.num_stages * self.strategy.work_split),
                             self.strategy.last_grad_norm(), bubble, timeline, start / 1e6,
                             skipped=self.strategy.last_step_skipped())
 
@@ -1059,6 +1066,7 @@ class Runner:
             ds_config, from_command = str(inside_run_directory(ds_config, self.cfg.checkpoint_dir, "ds_config")), True
         new_cfg = msgspec.structs.replace(
             self.cfg, strategy=args.strategy, fsdp_sharding=args.fsdp_sharding or "full", ds_config=ds_config,
+            tp=self.cfg.tp if args.strategy == "tp" else None,  # a switch to fsdp is 1D
             ds_config_from_command=from_command,
             pp_schedule=args.pp_schedule or self.cfg.pp_schedule,
             micro_batches=args.micro_batches or self.cfg.micro_batches)

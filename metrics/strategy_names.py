@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-STRATEGY_CHOICES: tuple[str, ...] = ("ddp", "zero1", "zero2", "zero3", "fsdp", "pp")
+STRATEGY_CHOICES: tuple[str, ...] = ("ddp", "zero1", "zero2", "zero3", "fsdp", "pp", "tp")
 """What `--strategy` and the `switch` command take."""
 ZERO_STRATEGIES: tuple[str, ...] = ("zero1", "zero2", "zero3")
 """The DeepSpeed ZeRO stages (they take a DeepSpeed config)."""
@@ -27,8 +27,11 @@ def fsdp_name(sharding: str) -> str:
 STRATEGIES: tuple[str, ...] = tuple(
     name for s in STRATEGY_CHOICES for name in ([fsdp_name(x) for x in FSDP_SHARDINGS] if s == "fsdp" else [s]))
 """Canonical (cost-model) names: `fsdp` + a sharding is one name per sharding (ddp, zero1-3,
-fsdp-full, fsdp-grad-op, fsdp-no-shard, pp)."""
-DATA_PARALLEL_STRATEGIES: tuple[str, ...] = tuple(s for s in STRATEGIES if s != "pp")
+fsdp-full, fsdp-grad-op, fsdp-no-shard, pp, tp)."""
+MODEL_PARALLEL_STRATEGIES: tuple[str, ...] = ("pp", "tp")
+"""Strategies that split the model itself (into stages, or each layer's matrices): a rank holds a
+part of it, priced from the model's shape, not its parameter count alone."""
+DATA_PARALLEL_STRATEGIES: tuple[str, ...] = tuple(s for s in STRATEGIES if s not in MODEL_PARALLEL_STRATEGIES)
 """What the switch picker offers and the Memory tab's fit table compares: the same model whole on
 every rank, so one parameter count prices them all."""
 
@@ -74,8 +77,10 @@ def strategy_label(strategy: str, options: dict[str, Any]) -> str:
     """A running strategy with the options that change its behaviour, as the header and the
     agent's switch events show it: `fsdp(full)`, `pp(1f1b, N=2, M=4)`."""
     if strategy == "fsdp":
-        mode = options.get("sharding")
-        return f"fsdp({mode})" if mode else "fsdp"
+        parts = [str(options["sharding"])] if options.get("sharding") else []
+        if isinstance(options.get("tp"), int) and options["tp"] > 1:
+            parts.append(f"tp={options['tp']}")
+        return f"fsdp({', '.join(parts)})" if parts else "fsdp"
     if strategy == "pp":
         parts = [str(options["schedule"])] if options.get("schedule") else []
         if isinstance(options.get("stages"), int):
@@ -83,6 +88,8 @@ def strategy_label(strategy: str, options: dict[str, Any]) -> str:
         if isinstance(options.get("micro_batches"), int):
             parts.append(f"M={options['micro_batches']}")
         return f"pp({', '.join(parts)})" if parts else "pp"
+    if strategy == "tp":
+        return f"tp(N={options['degree']})" if isinstance(options.get("degree"), int) else "tp"
     return strategy
 
 

@@ -25,7 +25,7 @@ class StopArgs(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class SwitchArgs(msgspec.Struct, forbid_unknown_fields=True):
-    strategy: Literal["ddp", "zero1", "zero2", "zero3", "fsdp", "pp"]
+    strategy: Literal["ddp", "zero1", "zero2", "zero3", "fsdp", "pp", "tp"]
     fsdp_sharding: Literal["full", "grad-op", "no-shard"] | None = None
     ds_config: str | None = None
     pp_schedule: Literal["gpipe", "1f1b"] | None = None

@@ -120,6 +120,9 @@ class Strategy(ABC):
         self.num_stages = 1
         """A strategy that splits the model into stages (a pipeline) sets these in `setup`; any
         other is one stage: each rank holds the whole model and does all of a step's work."""
+        self.work_split = 1
+        """Ranks that split each layer's work on the same batch (tensor parallelism sets its degree):
+        a rank's share of the tokens it counts, as a stage's."""
 
     @classmethod
     def unavailable_reason(cls, device: torch.device) -> str | None:

@@ -372,6 +372,79 @@ def trace_pipeline_p2p() -> None:
                                      lambda a, k: [op.tensor for op in (_arg(a, k, 0, "p2p_ops") or [])])
 
 
+# name -> (kind, position of its group argument, whether the payload is the gathered output)
+_FUNCTIONAL_OPS: dict[str, tuple[str, int, bool]] = {
+    "all_reduce": ("all_reduce", 2, False),
+    "all_gather_single": ("all_gather", 2, True),
+    "reduce_scatter_single": ("reduce_scatter", 3, False),
+    "all_to_all_single": ("all_to_all", 3, False),
+}
+"""torch.distributed._functional_collectives' functions DTensor calls by attribute (its
+redistributions: a RowwiseParallel output's all-reduce, a ColwiseParallel input gradient's), with
+the payload counted as `_OPS` counts it (an all-gather by its output)."""
+_functional_on = False
+
+
+def _functional_group(group: Any) -> Any:
+    from torch.distributed import _functional_collectives as funcol
+
+    return funcol._resolve_group(group)
+
+
+def _wrap_functional(fn: Callable[..., Any], kind: str, group_at: int, gathered: bool) -> Callable[..., Any]:
+    """Records each call's kind, bytes and group at its issue. Its completion is not seen (the
+    wait happens inside the tensor DTensor hands back), so it counts as done when issued:
+    bytes and counts, no busy or exposed time."""
+    @functools.wraps(fn)
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        recorder = _recorder
+        if recorder is None or not _functional_on or getattr(_state, "inside", False):
+            return fn(*args, **kwargs)
+        try:
+            group = _functional_group(_arg(args, kwargs, group_at, "group"))
+            size, label = dist.get_world_size(group), group_name(group)
+        except Exception:  # noqa: BLE001 - still counted, under a name of its own
+            size, label = 0, "functional"
+        tensor = _arg(args, kwargs, 0, "self")
+        if before_issue is not None:
+            before_issue(kind)
+        handle = recorder.begin(kind, _nbytes(tensor) * (size if gathered else 1), size, label,
+                                shapes_digest(tensor))
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _finish(recorder, handle)
+
+    traced.__ringtop_traced__ = True
+    return traced
+
+
+def trace_functional_collectives() -> None:
+    """Wrap the functional collectives once (idempotent); they record only inside
+    `functional_collectives_traced`. Called by the strategy that imports DTensor (tensor
+    parallelism), so no other rank's start-up pays for the import."""
+    from torch.distributed import _functional_collectives as funcol
+
+    with _install_lock:
+        for name, (kind, group_at, gathered) in _FUNCTIONAL_OPS.items():
+            fn = getattr(funcol, name, None)
+            if fn is not None and not getattr(fn, "__ringtop_traced__", False):
+                setattr(funcol, name, _wrap_functional(fn, kind, group_at, gathered))
+
+
+@contextlib.contextmanager
+def functional_collectives_traced() -> Iterator[None]:
+    """Count the functional collectives issued inside (a tensor-parallel step), with `active`'s
+    recorder. Elsewhere they stay uncounted: FSDP's gradient norm reduces through them, and its
+    traffic prediction leaves that scalar out."""
+    global _functional_on
+    before, _functional_on = _functional_on, True
+    try:
+        yield
+    finally:
+        _functional_on = before
+
+
 @contextlib.contextmanager
 def untraced() -> Iterator[None]:
     """Collectives issued inside are not recorded: one its caller records itself (a comm hook)."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ringtop.metrics.strategy_names import STRATEGIES, canonical_strategy
+from ringtop.metrics.strategy_names import DATA_PARALLEL_STRATEGIES, canonical_strategy
 from ringtop.metrics.units import GB
 
 from .links import Link
@@ -155,6 +155,7 @@ _SHARDING: dict[str, Sharding] = {
     "fsdp-grad-op": Sharding(grads=True, optimizer=True),              # SHARD_GRAD_OP ~ ZeRO-2
     "fsdp-no-shard": Sharding(),                                        # NO_SHARD = DDP
     "pp": Sharding(),  # each stage replicated across its data-parallel group (DDP inside a stage)
+    "tp": Sharding(params=True, grads=True, optimizer=True),  # each layer's matrices split (mesh_cost.py)
 }
 
 
@@ -245,6 +246,9 @@ def comm_per_step(strategy: str, ranks: int, model: ModelSpec, *, pp_stages: int
                            activations when `activation_bytes_per_micro_batch` is given (kind "send").
     """
     s = canonical_strategy(strategy)
+    if s == "tp":
+        raise ValueError("tp sends activations, not gradients: its bytes come from the model's shape "
+                         "(mesh_cost.tp_comm_per_step)")
     stages = pp_stages if s == "pp" else 1
     dp = _check_ranks(ranks, stages)
     params = shard_count(model.params, stages)
@@ -412,7 +416,7 @@ def which_fit(model: ModelSpec, ranks: int, capacity_bytes: int | float, other_b
     and beyond do.
     """
     if strategies is None:
-        strategies = tuple(s for s in STRATEGIES if s != "pp" or pp_stages > 1)
+        strategies = DATA_PARALLEL_STRATEGIES + (("pp",) if pp_stages > 1 else ())
     out = []
     for name in strategies:
         cost = strategy_cost(name, ranks, model, pp_stages=pp_stages,

@@ -194,12 +194,12 @@ def _comm_bound(summary: RunSummary, run: RunContext) -> list[Verdict]:
 
 def _comm_advice(run: RunContext) -> str:
     spec = ModelSpec(run.param_count, run.param_bytes, run.grad_bytes)
-    now = comm_per_step(run.strategy, run.world_size, spec).sent_bytes
     tips = ["overlap communication with compute (DDP buckets, FSDP prefetch)",
             "gradient accumulation: one exchange per several micro-batches",
             "a faster link, and keep tensor parallelism inside the node"]
     alt = LESS_SHARDED.get(run.strategy)
     if alt is not None:
+        now = comm_per_step(run.strategy, run.world_size, spec).sent_bytes
         then = comm_per_step(alt, run.world_size, spec).sent_bytes
         tips.insert(0, f"{alt} instead of {run.strategy} drops the backward all-gather: "
                        f"{now / 1e6:.1f} -> {then / 1e6:.1f} MB sent per rank per step (cost model)")

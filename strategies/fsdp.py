@@ -12,6 +12,7 @@ from torch import nn
 from ringtop.metrics.strategy_names import strategy_label
 
 from .base import DistContext, OptimizerFactory, ShardingSpec, StrategyError, TrainSettings
+from .tensor_parallel import HeadOrderedQkv, check_splittable, parallelize_blocks
 from .torch_native import TorchNativeStrategy
 
 SHARDINGS = {
@@ -30,18 +31,31 @@ def transformer_blocks(model: nn.Module) -> list[nn.Module]:
 
 
 @dataclass
-class FSDPStrategy(TorchNativeStrategy):
+class FSDPStrategy(HeadOrderedQkv, TorchNativeStrategy):
+    """With option `tp` > 1, 2D: a ("dp", "tp") mesh, each block split over "tp" as
+    `--strategy tp` splits it, then fully sharded over "dp"."""
+
     name = "fsdp"
     takes_meta_model = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        unknown = set(self.options) - {"sharding"}
+        unknown = set(self.options) - {"sharding", "tp"}
         if unknown:
-            raise StrategyError(f"fsdp does not take option(s) {sorted(unknown)}; it takes sharding")
+            raise StrategyError(f"fsdp does not take option(s) {sorted(unknown)}; it takes sharding and tp")
         self.options.setdefault("sharding", "full")
         if self.options["sharding"] not in SHARDINGS:
             raise StrategyError(f"fsdp sharding {self.options['sharding']!r} is not one of {', '.join(SHARDINGS)}")
+        tp = self.options.get("tp", 1)
+        if not (isinstance(tp, int) and tp >= 1):
+            raise StrategyError(f"fsdp tp must be an integer >= 1, got {tp!r}")
+        if tp > 1 and self.options["sharding"] == "no-shard":
+            raise StrategyError("fsdp with tp shards over the data-parallel ranks: use sharding full or grad-op")
+
+    def data_shard(self, ctx: DistContext) -> tuple[int, int]:
+        """A tensor-parallel group (consecutive ranks) reads one data-parallel shard."""
+        tp = self.options.get("tp", 1)
+        return ctx.rank // tp, max(1, ctx.world_size // tp)
 
     @property
     def sharding(self) -> ShardingSpec:  # type: ignore[override]
@@ -57,7 +71,16 @@ class FSDPStrategy(TorchNativeStrategy):
 
         self.settings = settings
         sharding = self.options["sharding"]
-        if sharding == "no-shard":
+        tp = self.options.get("tp", 1)
+        if tp > 1:
+            check_splittable(model, tp, settings.dtype)
+            if ctx.world_size % tp:
+                raise StrategyError(f"fsdp with tp {tp} needs a world size it divides, not {ctx.world_size}")
+            mesh_2d = init_device_mesh(ctx.device.type, (ctx.world_size // tp, tp), mesh_dim_names=("dp", "tp"))
+            self._rows, self._tp_shape = parallelize_blocks(model, mesh_2d["tp"])
+            self.work_split = tp
+            mesh = mesh_2d["dp"]
+        elif sharding == "no-shard":
             mesh = init_device_mesh(ctx.device.type, (ctx.world_size, 1), mesh_dim_names=("replicate", "shard"))
         else:
             mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))

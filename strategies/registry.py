@@ -16,6 +16,7 @@ _STRATEGIES: dict[str, str] = {
     "zero3": "ringtop.strategies.zero:Zero3Strategy",
     "fsdp": "ringtop.strategies.fsdp:FSDPStrategy",
     "pp": "ringtop.strategies.pipeline:PipelineStrategy",
+    "tp": "ringtop.strategies.tensor_parallel:TensorParallelStrategy",
 }
 
 

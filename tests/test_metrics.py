@@ -158,7 +158,7 @@ def test_outliers_names_every_slow_rank_and_the_slowest_among_them():
 
 
 def test_strategy_names_and_labels():
-    assert DATA_PARALLEL_STRATEGIES == tuple(s for s in STRATEGIES if s != "pp")
+    assert DATA_PARALLEL_STRATEGIES == tuple(s for s in STRATEGIES if s not in ("pp", "tp"))
     assert set(ZERO_STRATEGIES) < set(STRATEGY_CHOICES)
     names = {canonical_strategy(s, sh) for s in STRATEGY_CHOICES for sh in (FSDP_SHARDINGS if s == "fsdp" else [None])}
     assert names == set(STRATEGIES)
@@ -172,6 +172,8 @@ def test_strategy_names_and_labels():
     assert strategy_label("fsdp", {"sharding": "full"}) == "fsdp(full)" and strategy_label("fsdp", {}) == "fsdp"
     assert strategy_label("pp", {"schedule": "1f1b", "stages": 2, "micro_batches": 4}) == "pp(1f1b, N=2, M=4)"
     assert strategy_label("pp", {}) == "pp" and strategy_label("zero3", {"stage": 3}) == "zero3"
+    assert strategy_label("tp", {"degree": 2}) == "tp(N=2)" and strategy_label("tp", {}) == "tp"
+    assert strategy_label("fsdp", {"sharding": "full", "tp": 2}) == "fsdp(full, tp=2)"
 
     class Sh(typing.NamedTuple):
         params: bool

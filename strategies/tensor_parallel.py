@@ -1,0 +1,249 @@
+"""Tensor parallelism (Megatron's layout through DTensor's `parallelize_module`) for the built-in
+TinyGPT: in every block the fused qkv and the MLP's up projection are split by output rows
+(ColwiseParallel), the attention's and the MLP's output projections by input columns
+(RowwiseParallel), so each rank computes whole heads and a slice of the MLP, and the block's two
+outputs are all-reduced (2 per layer in forward, 2 in backward: their input gradients).
+Embeddings, LayerNorms and the tied head stay whole on every rank, which all see the same batch.
+
+The trap: the fused qkv's rows are q|k|v. Split in N row blocks, rank 0 would get half of q and
+part of k, and train without an error but wrong (shared/notes/tensor-parallel-facts.md). So before
+it is split its rows are reordered by head (each head's q, k, v together) and the block reads them
+that way; every full state this strategy gives or takes (checkpoints, switches) is in the plain
+layout of the unparallelized model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ringtop.metrics.strategy_names import strategy_label
+
+from . import collective_hooks
+from .base import DistContext, ModelCall, OptimizerFactory, PhaseMarker, ShardingSpec, StrategyError, TrainSettings
+from .torch_native import TorchNativeStrategy, _is_dtensor
+
+QKV_BY_HEAD = True
+"""Reorder the fused qkv's rows by head before splitting them. Only a test turns it off, to show
+that the equivalence check catches the q|k|v layout trap."""
+
+
+def qkv_rows_by_head(n_head: int, head_dim: int) -> torch.Tensor:
+    """Row index into a q|k|v weight for each row of the by-head layout: row (h, part, i) of the
+    new layout is row part·d + h·head_dim + i of the old (d = n_head·head_dim)."""
+    d = n_head * head_dim
+    return torch.tensor([part * d + h * head_dim + i for h in range(n_head) for part in range(3)
+                         for i in range(head_dim)], dtype=torch.long)
+
+
+@dataclass(frozen=True)
+class TensorParallelShape:
+    """What the cost model needs of a tensor-parallel rank, counted in `setup` on the whole model."""
+
+    degree: int
+    params: int
+    """Parameters this rank holds: the split matrices' share plus everything replicated."""
+    tensors: int
+    layers: int
+    hidden: int
+
+
+def check_splittable(model: nn.Module, degree: int, dtype: str) -> None:
+    from ringtop.agent.model import TinyGPT
+
+    if dtype != "fp32":
+        raise StrategyError("tensor parallelism trains in fp32 here; drop --dtype bf16")
+    if not isinstance(model, TinyGPT):
+        raise StrategyError("tensor parallelism splits the built-in tiny-gpt's layers only")
+    if model.cfg.n_head % degree:
+        raise StrategyError(f"tensor parallelism over {degree} ranks: {degree} must divide the model's "
+                            f"{model.cfg.n_head} heads")
+
+
+def parallelize_blocks(model: nn.Module, tp_mesh: Any) -> tuple[torch.Tensor | None, TensorParallelShape]:
+    """Split every block of a TinyGPT over `tp_mesh` (its qkv rows first reordered by head unless
+    QKV_BY_HEAD is off); returns (the reordering, or None; the rank's shape)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    degree = tp_mesh.size()
+    heads = model.cfg.n_head
+    rows = qkv_rows_by_head(heads, model.cfg.d_model // heads) if QKV_BY_HEAD else None
+    plan = {"qkv": ColwiseParallel(), "proj": RowwiseParallel(), "fc": ColwiseParallel(),
+            "fc_out": RowwiseParallel()}
+    total = sum(p.numel() for p in unique_tensors(model))
+    split = 0  # Colwise splits weight and bias by rows; Rowwise its weight by columns, its bias stays whole
+    for block in model.blocks:
+        if rows is not None:  # a new tensor: the given one may be another wrapping's live state
+            block.qkv.weight = nn.Parameter(block.qkv.weight.detach().index_select(0, rows.to(block.qkv.weight.device)))
+        block.qkv_by_head = rows is not None
+        split += sum(p.numel() for name, style in plan.items()
+                     for pname, p in getattr(block, name).named_parameters()
+                     if isinstance(style, ColwiseParallel) or pname == "weight")
+        parallelize_module(block, tp_mesh, plan)
+        block.n_head = heads // degree
+    collective_hooks.trace_functional_collectives()
+    shape = TensorParallelShape(degree=degree, params=total - split + split // degree,
+                                tensors=len(unique_tensors(model)), layers=len(model.blocks),
+                                hidden=model.cfg.d_model)
+    return rows, shape
+
+
+class HeadOrderedQkv:
+    """What a strategy whose model went through `parallelize_blocks` adds to TorchNativeStrategy:
+    full states in the plain layout (qkv rows back in q|k|v order, and in by-head order on the
+    way in), the functional collectives counted, and the global gradient norm over DTensors on
+    different meshes. Inert while `_rows` and `_tp_shape` are None (a strategy without --tp)."""
+
+    _rows: torch.Tensor | None = None
+    _tp_shape: TensorParallelShape | None = None
+
+    def tensor_parallel_shape(self) -> TensorParallelShape | None:
+        return self._tp_shape
+
+    def _relayout(self, state: dict[str, Any], rows: torch.Tensor | None) -> dict[str, Any]:
+        """`state` (model state, or the optimizer's per-parameter state by name) with each qkv
+        weight's rows taken in `rows`' order; other entries as they are."""
+        if rows is None:
+            return state
+        out = dict(state)
+        for name, value in state.items():
+            if not name.endswith(".qkv.weight"):
+                continue
+            if isinstance(value, torch.Tensor):
+                out[name] = value.index_select(0, rows.to(value.device))
+            elif isinstance(value, dict):
+                out[name] = {k: v.index_select(0, rows.to(v.device))
+                             if isinstance(v, torch.Tensor) and v.dim() == 2 else v for k, v in value.items()}
+        return out
+
+    def _plain(self, state: tuple[dict[str, Any], dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+        model_state, optim_state = state
+        if self._rows is None:
+            return model_state, optim_state
+        inverse = torch.argsort(self._rows)
+        optim = dict(optim_state)
+        if "state" in optim:
+            optim["state"] = self._relayout(optim["state"], inverse)
+        return self._relayout(model_state, inverse), optim
+
+    def full_state_dict(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        return self._plain(super().full_state_dict())
+
+    def full_state_dict_on_every_rank(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        return self._plain(super().full_state_dict_on_every_rank())
+
+    def sharded_state_dict(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """With reordered rows, the plain full state on every rank (DCP writes each replicated
+        tensor once): a by-head shard saved as is would load, under the same names and shapes,
+        into another strategy's qkv in the wrong order."""
+        if self._rows is None:
+            return super().sharded_state_dict()
+        return self.full_state_dict_on_every_rank()
+
+    def load_full_state_dict(self, model_state: dict[str, Any], optim_state: dict[str, Any], *,
+                             weights_loaded: bool = False) -> None:
+        optim = dict(optim_state)
+        if "state" in optim:
+            optim["state"] = self._relayout(optim["state"], self._rows)
+        model = model_state if weights_loaded else self._relayout(model_state, self._rows)
+        super().load_full_state_dict(model, optim, weights_loaded=weights_loaded)
+
+    def run_step(self, batch: Any, call_model: ModelCall, phases: PhaseMarker) -> torch.Tensor:
+        if self._tp_shape is None:
+            return super().run_step(batch, call_model, phases)
+        with collective_hooks.functional_collectives_traced():
+            return super().run_step(batch, call_model, phases)
+
+    def _optimizer_step(self) -> None:
+        """The global norm over every rank's own part of each gradient (torch's get_total_norm
+        cannot stack norms of DTensors on different meshes: a 2D mesh's split matrices, its dp
+        sub-mesh's LayerNorms), one scalar all-reduce; clipping scales each rank's own part."""
+        if self._tp_shape is None:
+            return super()._optimizer_step()
+        grads = [p.grad for p in unique_tensors(self.model) if p.grad is not None]
+        locals_ = [_local(g) for g in grads]
+        world = dist.get_world_size()
+        squares = torch.stack([torch.linalg.vector_norm(t, dtype=torch.float32).pow(2) / _copies(g, world)
+                               for g, t in zip(grads, locals_)]).sum()
+        if world > 1:
+            dist.all_reduce(squares)
+        norm = squares.sqrt()
+        self._grad_norm = norm.detach()
+        if self._skip_if_not_finite(norm):
+            return
+        if self.settings.grad_clip > 0:
+            scale = torch.clamp(self.settings.grad_clip / (norm + 1e-6), max=1.0)
+            for t in locals_:
+                t.mul_(scale)
+        self.optimizer.step()
+
+
+@dataclass
+class TensorParallelStrategy(HeadOrderedQkv, TorchNativeStrategy):
+    name = "tp"
+    sharding = ShardingSpec(params=True, grads=True, optimizer=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        unknown = set(self.options) - {"degree"}
+        if unknown:
+            raise StrategyError(f"tp does not take option(s) {sorted(unknown)}; it takes degree")
+        degree = self.options.get("degree")
+        if degree is not None and not (isinstance(degree, int) and degree >= 1):
+            raise StrategyError(f"tp degree must be an integer >= 1, got {degree!r}")
+
+    def describe(self) -> str:
+        return strategy_label(self.name, self.options)
+
+    def live_facts(self) -> dict[str, Any]:
+        return {"degree": self._tp_shape.degree} if self._tp_shape is not None else {}
+
+    def data_shard(self, ctx: DistContext) -> tuple[int, int]:
+        """A tensor-parallel group reads one data-parallel shard: its ranks are consecutive."""
+        degree = self.options.get("degree") or ctx.world_size
+        return ctx.rank // degree, max(1, ctx.world_size // degree)
+
+    def setup(self, model: nn.Module, make_optimizer: OptimizerFactory, ctx: DistContext,
+              settings: TrainSettings) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        degree = self.options.get("degree") or ctx.world_size
+        check_splittable(model, degree, settings.dtype)
+        if degree != ctx.world_size:
+            raise StrategyError(f"tp over {degree} ranks needs a world of {degree} ranks (this one has "
+                                f"{ctx.world_size}); use --strategy fsdp --tp {degree} for data-parallel replicas")
+        self.settings = settings
+        mesh = init_device_mesh(ctx.device.type, (degree,), mesh_dim_names=("tp",))
+        self._rows, self._tp_shape = parallelize_blocks(model, mesh)
+        self.work_split = degree
+        self.model = model
+        self.optimizer = make_optimizer(model.parameters())
+
+
+def unique_tensors(module: nn.Module) -> list[nn.Parameter]:
+    return list({id(p): p for p in module.parameters()}.values())
+
+
+def _copies(t: torch.Tensor, world: int) -> int:
+    """Ranks that hold this same part of `t`: every rank for a plain tensor; for a DTensor the
+    ranks outside its mesh (other copies of the mesh) times those its Replicate dims spread it on."""
+    if not _is_dtensor(t):
+        return world
+    mesh = t.device_mesh
+    replicated = 1
+    for dim, placement in enumerate(t.placements):
+        if placement.is_replicate():
+            replicated *= mesh.size(dim)
+    return world // mesh.size() * replicated
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    if _is_dtensor(t):
+        if any(p.is_partial() for p in t.placements):
+            raise StrategyError("a gradient is still a partial sum after backward")
+        return t.to_local()
+    return t

@@ -1,0 +1,267 @@
+"""Tensor parallelism (`--strategy tp`) on 2 gloo ranks trains like one process with the global
+batch (both ranks see it whole), holds and sends what the formulas say, writes checkpoints a plain
+model loads, and the q|k|v layout trap is caught by the same equivalence check.
+
+Two multi-rank runs, each checked for several things: one agent run (`tp_run`) and one run of
+`tp_worker.py`, which drives the strategy itself for what an agent cannot show (logits, the trap)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import further, run_worker_script, start_agents, stop_process_group
+from numerics import (
+    GRAD_NORM_RTOL,
+    LOSS_RTOL,
+    assert_series_close,
+    assert_state_close,
+    assert_trains_like_the_reference,
+)
+from reference import reference_run
+
+from ringtop.agent.config import MODEL_SIZE_HEADS, ConfigError, check_tensor_parallel_world, parse_agent_args
+from ringtop.agent.model import MODEL_SIZES, build_tiny_gpt
+from ringtop.protocol import Hello
+
+STEPS, BATCH, SEQ, LR = 8, 4, 32, 1e-3
+CFG = MODEL_SIZES["1m"]
+TESTS_DIR = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """One process with the global batch: a tp group is one data-parallel replica, so BATCH."""
+    return reference_run(STEPS, BATCH, SEQ, LR)
+
+
+@pytest.fixture(scope="module")
+def tp_run(tmp_path_factory):
+    run = start_agents(tmp_path_factory.mktemp("tp"), 2, "--strategy", "tp", "--tp", "2", "--steps", str(STEPS),
+                       "--batch-size", str(BATCH), "--seq-len", str(SEQ), "--lr", str(LR),
+                       "--checkpoint-every", str(STEPS))
+    try:
+        assert run.wait(200) == 0, run.output()[-4000:]
+    finally:
+        stop_process_group(run.proc)
+    return run
+
+
+@pytest.mark.timeout(240)
+def test_tp_trains_like_one_process_with_the_global_batch(tp_run, reference):
+    # Both ranks compute the same loss from the same batch (the replicated head's logits), to the bit
+    assert [s.loss for s in tp_run.steps(0)] == [s.loss for s in tp_run.steps(1)]
+    # losses, both ranks' gradient norms, and every parameter of the full checkpoint at STEPS; the
+    # checkpoint is read by name into the plain model's layout (shapes checked there)
+    assert_trains_like_the_reference(tp_run, reference, STEPS, LR)
+    hello = next(m for m in tp_run.messages(0) if isinstance(m, Hello))
+    assert (hello.strategy, hello.strategy_options) == ("tp", {"degree": 2})
+
+
+def split_parameters(model) -> int:
+    """Parameters ColwiseParallel (qkv, fc: weight and bias) and RowwiseParallel (proj, fc_out:
+    the weight; the bias is added once, after the all-reduce) split across the group."""
+    return sum(b.qkv.weight.numel() + b.fc.weight.numel() + b.fc.bias.numel() + b.proj.weight.numel()
+               + b.fc_out.weight.numel() for b in model.blocks)
+
+
+@pytest.mark.timeout(240)
+def test_each_rank_holds_its_share_and_sends_two_all_reduces_per_layer_each_way(tp_run):
+    model = build_tiny_gpt("1m", 0)
+    tensors = len({id(p) for p in model.parameters()})
+    total = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    held = total - split_parameters(model) // 2
+    activations = BATCH * SEQ * CFG.d_model * 4  # one fp32 [batch, seq, d] all-reduce
+    per_step = 4 * CFG.n_layer * activations + 4  # + the gradient norm's fp32 sum of squares
+    for rank in (0, 1):
+        steps = tp_run.steps(rank)
+        mem = steps[-1].mem
+        assert (mem.params_bytes, mem.grads_bytes, mem.optimizer_bytes) == (4 * held, 4 * held,
+                                                                            8 * held + 4 * tensors)
+        predicted = next(m for m in tp_run.messages(rank) if isinstance(m, Hello)).prediction
+        assert (predicted.params_bytes, predicted.grads_bytes, predicted.optimizer_bytes) == (
+            mem.params_bytes, mem.grads_bytes, mem.optimizer_bytes), predicted.note
+        assert predicted.comm_payload_bytes == {"all_reduce": per_step}
+        for step in steps:
+            kinds = {c.kind: c for c in step.comm}
+            assert set(kinds) == {"all_reduce"}, step.comm
+            assert (kinds["all_reduce"].count, kinds["all_reduce"].bytes) == (4 * CFG.n_layer + 1, per_step)
+        # each rank does half of the work on the group's tokens
+        assert steps[-1].tokens == BATCH * SEQ // 2
+
+
+@pytest.mark.timeout(300)
+def test_fsdp_over_tp_groups_trains_like_one_process_and_holds_and_sends_what_it_predicts(tmp_path):
+    """2D on 4 ranks: --strategy fsdp --tp 2, a ("dp", "tp") mesh of 2 x 2; each tp group reads
+    one data shard, so the global batch is 2 x BATCH."""
+    from ringtop.agent.checkpoint_format import load_full_files
+
+    run = start_agents(tmp_path, 4, "--strategy", "fsdp", "--tp", "2", "--steps", str(STEPS), "--batch-size",
+                       str(BATCH), "--seq-len", str(SEQ), "--lr", str(LR), "--checkpoint-every", str(STEPS))
+    try:
+        assert run.wait(280) == 0, run.output()[-4000:]
+    finally:
+        stop_process_group(run.proc)
+    reference = reference_run(STEPS, 2 * BATCH, SEQ, LR)
+    steps = {rank: run.steps(rank) for rank in range(4)}
+    for first, second in ((0, 1), (2, 3)):  # a tp group: one batch, one loss
+        assert [s.loss for s in steps[first]] == [s.loss for s in steps[second]]
+    assert_series_close([(a.loss + b.loss) / 2 for a, b in zip(steps[0], steps[2])], reference.losses,
+                        rtol=LOSS_RTOL, what="loss")
+    for rank in range(4):
+        assert_series_close([s.grad_norm for s in steps[rank]], reference.grad_norms, rtol=GRAD_NORM_RTOL,
+                            what=f"rank {rank}'s gradient norm")
+    model_state, _, _ = load_full_files(run.checkpoint_dir / f"step-{STEPS:08d}-full")
+    assert_state_close(model_state, reference.state, steps=STEPS, lr=LR)
+
+    model = build_tiny_gpt("1m", 0)
+    held = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()) - split_parameters(model) // 2
+    for rank in range(4):
+        hello = next(m for m in run.messages(rank) if isinstance(m, Hello))
+        assert hello.strategy_options == {"sharding": "full", "tp": 2}
+        mem, predicted = steps[rank][-1].mem, hello.prediction
+        assert mem.params_bytes == 4 * held // 2  # the tp share, sharded again over the 2 dp ranks
+        assert (mem.params_bytes, mem.grads_bytes, mem.optimizer_bytes) == (
+            predicted.params_bytes, predicted.grads_bytes, predicted.optimizer_bytes), predicted.note
+        measured = {c.kind: c.bytes for c in steps[rank][-1].comm}
+        assert measured == predicted.comm_payload_bytes
+        assert measured["all_reduce"] == 4 * CFG.n_layer * BATCH * SEQ * CFG.d_model * 4 + 4
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tp-worker")
+    found = run_worker_script(TESTS_DIR / "tp_worker.py", [str(STEPS), str(BATCH), str(SEQ), str(LR)], out,
+                              nproc=2, timeout_s=200)
+    return found, torch.load(out / "rank-0.pt"), out
+
+
+@pytest.mark.timeout(240)
+def test_a_full_state_of_a_tp_model_gives_a_plain_model_its_logits(worker):
+    from tp_worker import SEED, logits_of, probe_batch
+
+    found, saved, _ = worker
+    plain = build_tiny_gpt("1m", SEED + 1)
+    plain.load_state_dict(saved["by_head"]["state"])  # strict: the plain model's names and shapes
+    with torch.no_grad():
+        logits = logits_of(plain, probe_batch(SEQ))
+    tp_logits = saved["by_head"]["logits"]
+    # One forward each, differing only in the order of fp32 sums (a RowwiseParallel layer adds its
+    # two halves after the all-reduce): rounding, bounded like a loss's (numerics.LOSS_RTOL)
+    worst = float((logits - tp_logits).abs().max())
+    assert worst <= LOSS_RTOL * float(logits.abs().max()), worst
+    assert found[0]["local_heads"] == [CFG.n_head // 2] * CFG.n_layer
+    # a full state loaded into a fresh tp model, then one more step on both: the same bits
+    for rank in found:
+        assert (rank["reloaded_loss_diff"], rank["reloaded_param_diff"], rank["reloaded_moment_diff"]) == (0, 0, 0)
+
+
+def check_equivalence(run: dict, reference) -> None:
+    assert_series_close(run["losses"], reference.losses, rtol=LOSS_RTOL, what="loss")
+    assert_series_close(run["norms"], reference.grad_norms, rtol=GRAD_NORM_RTOL, what="gradient norm")
+    assert_state_close(run["state"], reference.state, steps=STEPS, lr=LR)
+
+
+@pytest.mark.timeout(240)
+def test_the_qkv_layout_trap_fails_the_equivalence_check(worker, reference):
+    """Split as q|k|v, rank 0 gets all of q's heads and rank 1 k and v: it trains without an error."""
+    _, saved, _ = worker
+    check_equivalence(saved["by_head"], reference)
+    trap = saved["qkv"]
+    assert all(torch.isfinite(torch.tensor(trap["losses"])))
+    with pytest.raises(AssertionError, match="loss: largest relative difference"):
+        check_equivalence(trap, reference)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--tp", "2"], "--tp applies to --strategy tp and fsdp only"),
+    (["--strategy", "fsdp", "--tp", "2", "--fsdp-sharding", "no-shard"], "use --fsdp-sharding full or grad-op"),
+    (["--strategy", "fsdp", "--tp", "2", "--dtype", "bf16"], "--tp trains in fp32 here"),
+    (["--strategy", "tp", "--tp", "3"], "must divide tiny-gpt-1m's 4 attention heads"),
+    (["--strategy", "tp", "--dtype", "bf16"], "trains in fp32 here"),
+    (["--strategy", "tp", "--model", "user_factories:tiny"], "of the built-in tiny-gpt only"),
+    (["--strategy", "tp", "--tp", "0"], "--tp must be >= 1"),
+])
+def test_bad_tensor_parallel_options_fail_with_one_line(argv, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_agent_args(argv)
+
+
+def test_the_degree_must_fit_the_world_and_the_heads():
+    assert MODEL_SIZE_HEADS == {size: cfg.n_head for size, cfg in MODEL_SIZES.items()}
+    check_tensor_parallel_world(parse_agent_args(["--strategy", "tp"]), 4)  # 4 heads over 4 ranks
+    check_tensor_parallel_world(parse_agent_args(["--strategy", "ddp"]), 3)
+    with pytest.raises(ConfigError, match="--tp 2 must divide the world size"):
+        check_tensor_parallel_world(parse_agent_args(["--strategy", "tp", "--tp", "2"]), 3)
+    with pytest.raises(ConfigError, match="pass --tp 4 or leave --tp out"):
+        check_tensor_parallel_world(parse_agent_args(["--strategy", "tp", "--tp", "2"]), 4)
+    with pytest.raises(ConfigError, match="3 must divide tiny-gpt-1m's 4 attention heads"):
+        check_tensor_parallel_world(parse_agent_args(["--strategy", "tp"]), 3)
+    check_tensor_parallel_world(parse_agent_args(["--strategy", "fsdp", "--tp", "2"]), 4)  # 2 groups of 2
+    check_tensor_parallel_world(parse_agent_args(["--strategy", "fsdp"]), 3)  # no tp: 1D
+    with pytest.raises(ConfigError, match="--tp 2 must divide the world size"):
+        check_tensor_parallel_world(parse_agent_args(["--strategy", "fsdp", "--tp", "2"]), 3)
+
+
+@pytest.mark.timeout(240)
+def test_live_switches_ddp_to_tp_and_back_keep_the_state(worker):
+    """ddp, ddp, tp, ddp through the agent's switch: the full state (weights and AdamW's moments)
+    is the same to the bit across each switch, and the run trains like one process given each
+    step's global batch (ddp: both ranks' shards; tp: one batch)."""
+    found, saved, _ = worker
+    for rank in found:
+        assert rank["switch_diffs"] == [0.0, 0.0]
+    run = saved["switched"]
+    reference = reference_run(len(run["losses"]), run["batches"], SEQ, LR)
+    assert_series_close(run["losses"], reference.losses, rtol=LOSS_RTOL, what="loss")
+    assert_state_close(run["state"], reference.state, steps=len(run["losses"]), lr=LR)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_sharded_checkpoint_of_tp_reads_into_the_plain_layout(worker):
+    """What a resume into any strategy or world size reads: the plain model's full state, filled
+    by DCP from the tp run's files in one process, equals the tp model's full state exactly."""
+    from ringtop.agent import checkpoint_format as ckpt
+    from ringtop.strategies.torch_native import full_optimizer_template
+
+    _, saved, out = worker
+    fresh = build_tiny_gpt("1m", 1)
+    template = {"model": {k: v.detach().clone() for k, v in fresh.state_dict().items()},
+                "optim": full_optimizer_template(fresh, lambda p: torch.optim.AdamW(p, lr=LR))}
+    ckpt.load_sharded_into(out / "checkpoints" / ckpt.checkpoint_name(STEPS, ckpt.SHARDED), template, no_dist=True)
+    expected = saved["by_head"]["state"]
+    assert set(template["model"]) == set(expected)
+    assert max(float((template["model"][k] - expected[k]).abs().max()) for k in expected) == 0.0
+
+
+@further
+@pytest.mark.timeout(300)
+def test_live_switch_commands_into_and_out_of_tp(tmp_path):
+    """The `switch` command on a running agent, ddp -> tp -> fsdp (the runner's path: its data
+    rebuilt for the tp group's one shard, --tp left behind for fsdp): the losses are one
+    process's given each step's global batch (ddp, fsdp: 2 x BATCH; tp: BATCH). The state across
+    switch_strategy itself is checked to the bit in test_live_switches_ddp_to_tp_and_back_keep_the_state."""
+    run = start_agents(tmp_path, 2, "--strategy", "ddp", "--steps", "0", "--batch-size", str(BATCH),
+                       "--seq-len", str(SEQ), "--lr", str(LR))
+    try:
+        run.wait_for_step(2, 120)
+        into = list(run.send_command("switch", {"strategy": "tp"}, timeout_s=120))[-1]
+        assert into.status == "done", into
+        run.wait_for_step(into.result["step"] + 2, 120)
+        out = list(run.send_command("switch", {"strategy": "fsdp"}, timeout_s=120))[-1]
+        assert (out.status, out.result["to"]) == ("done", "fsdp(full)"), out
+        run.wait_for_step(out.result["step"] + 2, 120)
+        list(run.send_command("stop", {}, timeout_s=60))
+        assert run.wait(60) == 0, run.output()[-3000:]
+    finally:
+        stop_process_group(run.proc)
+    a, b = ({s.step: s.loss for s in run.steps(rank)} for rank in (0, 1))
+    last = min(max(a), max(b))
+    tp_steps = range(into.result["step"] + 1, out.result["step"] + 1)
+    batches = [BATCH if step in tp_steps else 2 * BATCH for step in range(1, last + 1)]
+    reference = reference_run(last, batches, SEQ, LR)
+    assert_series_close([(a[s] + b[s]) / 2 for s in range(1, last + 1)], reference.losses, rtol=LOSS_RTOL,
+                        what="loss")
+

@@ -1,0 +1,180 @@
+"""Tensor parallelism on 2 gloo ranks, driven through the strategy itself (no agent), for what an
+agent run cannot show: the tp model's logits, a full state loaded back into a fresh tp model, and
+the same training with the fused qkv split as q|k|v (the layout trap).
+
+`python -m torch.distributed.run --nproc_per_node=2 tp_worker.py STEPS BATCH SEQ LR OUT`: rank 0
+writes OUT/rank-0.pt (per layout: losses, gradient norms, the final full state, logits of a fixed
+batch), every rank OUT/rank-R.json (what it found).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ringtop.agent.data import batch_from
+from ringtop.agent.distributed import exit_rank
+from ringtop.agent.factories import call_model
+from ringtop.agent.model import MODEL_SIZES, build_tiny_gpt
+from ringtop.strategies import tensor_parallel
+from ringtop.strategies.base import DistContext, TrainSettings
+
+SIZE, SEED = "1m", 0
+
+
+class _NoPhases:
+    def mark(self, phase: str) -> None:
+        pass
+
+
+def logits_of(model: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    """TinyGPT's forward up to the logits (its own forward returns the loss)."""
+    x = model.tok_emb(inputs) + model.pos_emb(torch.arange(inputs.shape[1]))
+    for block in model.blocks:
+        x = block(x)
+    return model.head(model.ln_f(x))
+
+
+def probe_batch(seq: int) -> torch.Tensor:
+    """Inputs no training step saw, whose logits the tp model and a plain one are compared on."""
+    return batch_from(10_000, 2, seq, MODEL_SIZES[SIZE].vocab_size, SEED)[0]
+
+
+def trained(ctx: DistContext, steps: int, batch: int, seq: int, lr: float, by_head: bool):
+    tensor_parallel.QKV_BY_HEAD = by_head
+    strategy = tensor_parallel.TensorParallelStrategy()
+    strategy.setup(build_tiny_gpt(SIZE, SEED), lambda p: torch.optim.AdamW(p, lr=lr), ctx,
+                   TrainSettings(batch_size=batch))
+    vocab = MODEL_SIZES[SIZE].vocab_size
+    losses, norms = [], []
+    for step in range(steps):
+        loss = strategy.run_step(batch_from(step * batch, batch, seq, vocab, SEED), call_model, _NoPhases())
+        losses.append(loss.item())
+        norms.append(float(strategy.last_grad_norm()))
+    return strategy, losses, norms
+
+
+def _max_diff(a, b) -> float:
+    """Largest absolute difference between two nested states; inf where their structures differ."""
+    if isinstance(a, dict):
+        return max((_max_diff(a[k], b[k]) for k in a), default=0.0) if isinstance(b, dict) and a.keys() == b.keys() \
+            else float("inf")
+    if isinstance(a, torch.Tensor):
+        return float((a.double() - b.double()).abs().max()) if isinstance(b, torch.Tensor) and a.shape == b.shape \
+            else float("inf")
+    if isinstance(a, (list, tuple)):
+        return max((_max_diff(x, y) for x, y in zip(a, b)), default=0.0) if len(a) == len(b) else float("inf")
+    return 0.0 if a == b else float("inf")
+
+
+def _cloned(state):
+    if isinstance(state, dict):
+        return {k: _cloned(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(_cloned(v) for v in state)
+    return state.clone() if isinstance(state, torch.Tensor) else state
+
+
+SWITCHED_PLAN = ("ddp", "ddp", "tp", "ddp")
+"""The strategy of each step of the switching run: live switches ddp -> tp -> ddp between them."""
+
+
+def switched(ctx: DistContext, batch: int, seq: int, lr: float):
+    """Steps under SWITCHED_PLAN through the agent's own switch (state taken on every rank, a
+    model built on meta and handed it, the new wrapping loaded); a ddp step reads a shard of
+    2 x batch samples, a tp step one batch on both ranks. Returns (rank 0's result: each step's
+    loss over its global batch and the final full state; the state differences across each switch)."""
+    from ringtop.agent.switching import switch_strategy
+    from ringtop.strategies.registry import build_strategy
+
+    tensor_parallel.QKV_BY_HEAD = True
+    group = dist.new_group(backend="gloo")
+    vocab = MODEL_SIZES[SIZE].vocab_size
+    settings = TrainSettings(batch_size=batch)
+
+    def adamw(params):
+        return torch.optim.AdamW(params, lr=lr)
+
+    def build():
+        return build_tiny_gpt(SIZE, SEED)
+
+    strategy = build_strategy(SWITCHED_PLAN[0], {}, ctx.device)
+    strategy.setup(build(), adamw, ctx, settings)
+    losses, diffs, first = [], [], 0
+    for name in SWITCHED_PLAN:
+        if name != strategy.name:
+            before = _cloned(strategy.full_state_dict_on_every_rank())
+            strategy, _ = switch_strategy(strategy, name, dict, ctx, group, build, adamw, settings)
+            diffs.append(_max_diff(before, _cloned(strategy.full_state_dict_on_every_rank())))
+        shard, shards = strategy.data_shard(ctx)
+        loss = strategy.run_step(batch_from(first + shard * batch, batch, seq, vocab, SEED), call_model, _NoPhases())
+        mean = loss.detach().clone()
+        dist.all_reduce(mean, group=group)
+        losses.append(float(mean) / ctx.world_size)  # tp: both ranks' loss is the same
+        first += shards * batch
+    model_state = _cloned(strategy.full_state_dict()[0])
+    return {"losses": losses, "batches": [batch * (2 if n == "ddp" else 1) for n in SWITCHED_PLAN],
+            "state": model_state}, diffs
+
+
+def main() -> int:
+    steps, batch, seq = (int(a) for a in sys.argv[1:4])
+    lr, out = float(sys.argv[4]), Path(sys.argv[5])
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(1234)
+    ctx = DistContext(rank, dist.get_world_size(), rank, torch.device("cpu"), "gloo")
+    vocab = MODEL_SIZES[SIZE].vocab_size
+    probe = probe_batch(seq)
+    found: dict = {}
+    saved: dict = {}
+    for by_head in (True, False):
+        strategy, losses, norms = trained(ctx, steps, batch, seq, lr, by_head)
+        with torch.no_grad():
+            logits = logits_of(strategy.model, probe)
+        # cloned: the replicated tensors of a full state are the live ones, which the next step moves
+        model_state = {k: v.clone() for k, v in strategy.full_state_dict()[0].items()}
+        saved["by_head" if by_head else "qkv"] = {"losses": losses, "norms": norms, "logits": logits,
+                                                  "state": model_state}
+        if by_head:
+            from ringtop.agent.checkpoint_saver import CheckpointManager
+
+            group = dist.new_group(backend="gloo")
+            CheckpointManager(str(out / "checkpoints"), rank, group, group).save(strategy, steps, "sharded", {},
+                                                                                  background=False)
+            # The full state into a fresh tp model (a resume or a switch into tp), then one more
+            # step in both: the same operations on the same state, so equal to the bit.
+            again = tensor_parallel.TensorParallelStrategy()
+            again.setup(build_tiny_gpt(SIZE, SEED + 1), lambda p: torch.optim.AdamW(p, lr=lr), ctx,
+                        TrainSettings(batch_size=batch))
+            everywhere = strategy.full_state_dict_on_every_rank()
+            again.load_full_state_dict(copy.deepcopy(everywhere[0]), copy.deepcopy(everywhere[1]))
+            more = batch_from(steps * batch, batch, seq, vocab, SEED)
+            loss_a = strategy.run_step(more, call_model, _NoPhases()).item()
+            loss_b = again.run_step(more, call_model, _NoPhases()).item()
+            state_a, state_b = strategy.full_state_dict_on_every_rank(), again.full_state_dict_on_every_rank()
+            found["reloaded_loss_diff"] = abs(loss_a - loss_b)
+            found["reloaded_param_diff"] = max(float((state_a[0][k] - state_b[0][k]).abs().max()) for k in state_a[0])
+            found["reloaded_moment_diff"] = max(
+                float((state_a[1]["state"][k][m] - state_b[1]["state"][k][m]).abs().max())
+                for k in state_a[1]["state"] for m in ("exp_avg", "exp_avg_sq"))
+            found["local_heads"] = [b.n_head for b in strategy.model.blocks]
+            found["full_names"] = sorted(model_state) if rank == 0 else []
+    saved["switched"], found["switch_diffs"] = switched(ctx, batch, seq, lr)
+    if rank == 0:
+        torch.save(saved, out / "rank-0.pt")
+    (out / f"rank-{rank}.json").write_text(json.dumps(found))
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    exit_rank(main())
