@@ -11,6 +11,7 @@ from textual.widgets import DataTable, Static
 
 from ..tables import Column
 from .drawing import Drawn, TableWidth
+from .fast_table import FastTable
 from .spark import Spark
 
 
@@ -58,13 +59,13 @@ class CommPanel(TableWidth, VerticalScroll):
 
     def compose(self) -> ComposeResult:
         yield Static(id="comm-caption", classes="caption")
-        yield DataTable(id="comm-kinds", cursor_type="none", zebra_stripes=True)
+        yield FastTable(id="comm-kinds", cursor_type="none", zebra_stripes=True)
         with Horizontal(classes="comm-chart"):
             yield Static(id="comm-chart-label")
             yield Spark(id="comm-spark")
         yield Static(id="comm-exposed")
         yield Static(id="comm-table-caption", classes="scale-line")
-        table = DataTable(id="comm-ranks", cursor_type="none", zebra_stripes=True)
+        table = FastTable(id="comm-ranks", cursor_type="none", zebra_stripes=True)
         table.can_focus = False  # the app's keys move through a large run's rows (only those on screen exist)
         yield table
         yield Static(id="comm-standouts", classes="scale-line")

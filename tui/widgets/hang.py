@@ -12,6 +12,7 @@ from textual.widgets import DataTable, Static
 
 from ..tables import Column
 from .drawing import Drawn, TableWidth, text_signature
+from .fast_table import FastTable
 
 
 class HangBanner(Static):
@@ -59,7 +60,7 @@ class HangPanel(TableWidth, VerticalScroll):
 
     def compose(self) -> ComposeResult:
         yield Static(id="hang-caption")
-        yield DataTable(id="hang-ranks", cursor_type="row", zebra_stripes=True)
+        yield FastTable(id="hang-ranks", cursor_type="row", zebra_stripes=True)
         yield Static(id="hang-stack")
         yield Static(id="hang-reply")
 

@@ -12,6 +12,7 @@ from textual.widgets import DataTable, Static
 
 from ..tables import Column
 from .drawing import Drawn, TableWidth
+from .fast_table import FastTable
 
 
 @dataclass(frozen=True)
@@ -51,12 +52,12 @@ class MemoryPanel(TableWidth, VerticalScroll):
     def compose(self) -> ComposeResult:
         yield Static(id="mem-caption", classes="caption")
         yield Static(id="mem-table-caption", classes="scale-line")
-        table = DataTable(id="mem-ranks", cursor_type="none", zebra_stripes=True)
+        table = FastTable(id="mem-ranks", cursor_type="none", zebra_stripes=True)
         table.can_focus = False  # the app's keys move through a large run's rows (only those on screen exist)
         yield table
         yield Static(id="mem-standouts", classes="scale-line")
         yield Static(id="fit-caption", classes="caption")
-        yield DataTable(id="fit", cursor_type="none")
+        yield FastTable(id="fit", cursor_type="none")
 
     def show(self, model: MemoryModel) -> None:
         d = self._drawn

@@ -12,6 +12,7 @@ from textual.widgets import DataTable, Static
 
 from ..tables import Column
 from .drawing import Drawn, TableWidth
+from .fast_table import FastTable
 from .hang import HangBanner
 from .spark import Spark
 
@@ -106,7 +107,7 @@ class OverviewPanel(TableWidth, Vertical):
         yield HangBanner()
         yield Static(id="health")
         yield Static(id="table-caption")
-        table = DataTable(id="ranks", cursor_type="none", zebra_stripes=True)
+        table = FastTable(id="ranks", cursor_type="none", zebra_stripes=True)
         table.can_focus = False  # the app's keys move through a large run's rows (only those on screen exist)
         yield table
         yield Static(id="parts-legend")

@@ -11,6 +11,7 @@ from textual.widgets import DataTable, Static
 
 from ..tables import Column
 from .drawing import Drawn
+from .fast_table import FastTable
 
 DETAIL_IDS = ("#pp-legend", "#pp-bubble", "#pp-stages", "#pp-history-caption", "#pp-history")
 
@@ -51,9 +52,9 @@ class PipelinePanel(VerticalScroll):
         yield Static(id="pp-timeline")
         yield Static(id="pp-legend")
         yield Static(id="pp-bubble")
-        yield DataTable(id="pp-stages", cursor_type="none", zebra_stripes=True)
+        yield FastTable(id="pp-stages", cursor_type="none", zebra_stripes=True)
         yield Static(id="pp-history-caption")
-        yield DataTable(id="pp-history", cursor_type="none", zebra_stripes=True)
+        yield FastTable(id="pp-history", cursor_type="none", zebra_stripes=True)
 
     @property
     def timeline_width(self) -> int:
