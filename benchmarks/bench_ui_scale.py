@@ -118,6 +118,9 @@ def worker(args: argparse.Namespace) -> None:
     app = RingtopApp(publish_addr=info.publish, control_addr=info.control, keys=info.keys)
     hz = args.hz
 
+    rss_series: list[float] = []
+    """RSS (MB) each second of the window: flat once the view's bounded histories are full."""
+
     def row_so_far(start: dict, lags: list[int], now_status: dict | None, final: bool) -> dict:
         now = time.monotonic()
         cpu = proc.cpu_times()
@@ -147,7 +150,7 @@ def worker(args: argparse.Namespace) -> None:
             "paints_per_tick_median": statistics.median(c["paints"] for c in window) if window else None,
             "lag_s_max": None,  # below: by the step rate the simulator reached (below --hz at scale)
             "received_msgs_per_s": round((app.client.received - start["received"]) / wall, 1) if app.client else None,
-            "window_s": round(wall, 2), "final": final,
+            "window_s": round(wall, 2), "final": final, "rss_mb_each_s": list(rss_series),
         }
         if now_status and start["status"]:
             first = start["status"]
@@ -179,6 +182,7 @@ def worker(args: argparse.Namespace) -> None:
                      "applied": app.view.messages_total, "received": app.client.received if app.client else 0,
                      "status": _read_status(args.status_file)}
             lags: list[int] = []
+            rss_series.clear()
             profile = None
             if args.profile:  # the UI thread's calls over the window (cProfile: this thread only)
                 import cProfile
@@ -193,6 +197,7 @@ def worker(args: argparse.Namespace) -> None:
                 if status is not None and shown["step"] >= 0:
                     lags.append(status["step"] - shown["step"])
                 if time.monotonic() >= next_write:
+                    rss_series.append(round(proc.memory_info().rss / 2**20, 1))
                     write(row_so_far(start, lags, status, final=False))
                     next_write += 1.0
             if profile is not None:
