@@ -94,3 +94,24 @@ async def test_escape_sequences_are_shown_visibly_and_phantom_ranks_are_refused(
                 assert not any(ord(ch) < 0x20 and ch != "\n" or 0x7f <= ord(ch) <= 0x9f for ch in text)
             await eventually(pilot, stack_drawn_safely)
             assert 5000 not in app.view.ranks and 7 not in app.view.ranks
+
+
+def test_sanitized_escapes_every_string_of_a_message_and_keeps_clean_ones_as_they_are():
+    """The receive thread's pass over each message: a control character anywhere (the second
+    collective's kind, a dict key) is escaped in a copy; a clean message comes back as itself."""
+    from ringtop.protocol import CommStat
+    from ringtop.tui.sanitize import sanitized
+
+    def step(*kinds: str) -> Step:
+        return Step(rank=0, seq=1, ts=1.0, step=3, loss=2.0, step_ms=10.0, comm=[CommStat(kind=k) for k in kinds])
+
+    clean = step("all_reduce", "all_gather")
+    assert sanitized(clean) is clean
+    dirty = step("all_reduce", f"ag{ESCAPES}", f"rs{ESCAPES}")
+    out = sanitized(dirty)
+    assert [c.kind for c in out.comm] == ["all_reduce", visible(f"ag{ESCAPES}"), visible(f"rs{ESCAPES}")]
+    assert out.comm[0] is dirty.comm[0] and dirty.comm[1].kind == f"ag{ESCAPES}"  # the original is untouched
+    assert not any(ch in kind for kind in (c.kind for c in out.comm) for ch in "\x1b\x07\x9b\r")
+    event = Event(rank=0, seq=2, ts=1.0, kind="note", text="ok", data={f"k{ESCAPES}": [f"v{ESCAPES}", 1]})
+    (key, value), = sanitized(event).data.items()
+    assert key == visible(f"k{ESCAPES}") and value == [visible(f"v{ESCAPES}"), 1]
