@@ -13,13 +13,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ringtop.strategies.base import (
     CommRecorder,
+    CountsOwnTensors,
     HeldBytes,
     PhaseMarker,
     ShardingSpec,
     Strategy,
-    optimizer_state_tensors,
-    tensor_bytes,
-    unique_parameters,
 )
 from ringtop.strategies.ddp import register_traced_allreduce
 from ringtop.strategies.fsdp import SHARDINGS
@@ -58,7 +56,7 @@ def _tokens_of(args: tuple, kwargs: dict) -> int:
     return 0
 
 
-class OwnLoop(Strategy):
+class OwnLoop(CountsOwnTensors, Strategy):
     """The user's wrapping as it is. ringtop runs none of its step (`run_step`, state moves and
     switches are refused with the reason); it only listens."""
 
@@ -153,17 +151,6 @@ class OwnLoop(Strategy):
 
     def set_grad_norm(self, norm: Any) -> None:
         self._grad_norm = norm.detach() if isinstance(norm, torch.Tensor) else norm
-
-    # ------------------------------------------------------------------ bytes held
-
-    def _count_params(self) -> int:
-        return tensor_bytes(unique_parameters(self.module))
-
-    def _count_grads(self) -> int:
-        return tensor_bytes(p.grad for p in unique_parameters(self.module))
-
-    def _count_optimizer(self) -> int:
-        return tensor_bytes(optimizer_state_tensors(self.optimizer))
 
     # ------------------------------------------------------------------ not ringtop's to do
 

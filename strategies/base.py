@@ -345,3 +345,21 @@ def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> Iterable[torch.
 
 def unique_parameters(module: nn.Module) -> list[nn.Parameter]:
     return list({id(p): p for p in module.parameters()}.values())
+
+
+class CountsOwnTensors:
+    """The `_count_*` hooks of a strategy whose module and optimizer hold its tensors as they are
+    (each local, a DTensor by its shard): the bytes of `_counted_module()`'s parameters, their
+    gradients and `self.optimizer`'s state."""
+
+    def _counted_module(self) -> nn.Module:
+        return self.module
+
+    def _count_params(self) -> int:
+        return tensor_bytes(unique_parameters(self._counted_module()))
+
+    def _count_grads(self) -> int:
+        return tensor_bytes(p.grad for p in unique_parameters(self._counted_module()))
+
+    def _count_optimizer(self) -> int:
+        return tensor_bytes(optimizer_state_tensors(self.optimizer))

@@ -52,6 +52,7 @@ from torch import nn
 
 from . import pipeline_schedule as ps
 from .base import (
+    CountsOwnTensors,
     DistContext,
     ModelCall,
     OptimizerFactory,
@@ -59,8 +60,6 @@ from .base import (
     Strategy,
     StrategyError,
     TrainSettings,
-    optimizer_state_tensors,
-    tensor_bytes,
     unique_parameters,
 )
 
@@ -245,7 +244,7 @@ def _schedule_class(schedule: str, micro_batches: int, stages: int):
 
 
 @dataclass
-class PipelineStrategy(Strategy):
+class PipelineStrategy(CountsOwnTensors, Strategy):
     """Options: `stages` (default: world size), `schedule` ("gpipe" | "1f1b", default gpipe),
     `micro_batches` (default 4; must divide the per-rank batch), `split` (layers per stage,
     default balanced). The built-in model and hf models. See the module docstring."""
@@ -566,17 +565,6 @@ class PipelineStrategy(Strategy):
         dist.all_gather_object(gathered, (self._last_events, self._window_ns), group=self.object_group)
         events = [PipelineEvent(*e) for evs, _ in gathered for e in evs]
         return events, [tuple(w) for _, w in gathered]
-
-    # ------------------------------------------------------------------ bytes held
-
-    def _count_params(self) -> int:
-        return tensor_bytes(unique_parameters(self.module))
-
-    def _count_grads(self) -> int:
-        return tensor_bytes(p.grad for p in unique_parameters(self.module))
-
-    def _count_optimizer(self) -> int:
-        return tensor_bytes(optimizer_state_tensors(self.optimizer))
 
     # ------------------------------------------------------------------ state
 

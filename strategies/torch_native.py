@@ -12,7 +12,13 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from .base import ModelCall, Strategy, StrategyError, optimizer_state_tensors, tensor_bytes, unique_parameters
+from .base import (
+    CountsOwnTensors,
+    ModelCall,
+    Strategy,
+    StrategyError,
+    unique_parameters,
+)
 
 
 def _is_dtensor(value: Any) -> bool:
@@ -35,7 +41,7 @@ def _full_out():
 
 
 @dataclass
-class TorchNativeStrategy(Strategy):
+class TorchNativeStrategy(CountsOwnTensors, Strategy):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.model: nn.Module | None = None
@@ -62,14 +68,8 @@ class TorchNativeStrategy(Strategy):
             torch.nn.utils.clip_grads_with_norm_(params, self.settings.grad_clip, norm)
         self.optimizer.step()
 
-    def _count_params(self) -> int:
-        return tensor_bytes(unique_parameters(self.model))
-
-    def _count_grads(self) -> int:
-        return tensor_bytes(p.grad for p in unique_parameters(self.model))
-
-    def _count_optimizer(self) -> int:
-        return tensor_bytes(optimizer_state_tensors(self.optimizer))
+    def _counted_module(self) -> nn.Module:
+        return self.model
 
     def full_state_dict(self) -> tuple[dict[str, Any], dict[str, Any]]:
         api, options = _state_dict_api(), _full_out()
