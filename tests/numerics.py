@@ -34,6 +34,7 @@ import json
 import math
 import os
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -138,3 +139,30 @@ def assert_trains_like_the_reference(run, reference, steps: int, lr: float, firs
     model_state, _, payload = load_full_files(run.checkpoint_dir / f"step-{steps:08d}-full")
     assert payload["step"] == steps
     assert_state_close(model_state, reference.state, steps=steps, lr=lr)
+
+
+def state_max_diff(a: Any, b: Any) -> float:
+    """Largest absolute difference between two nested states of the same structure; inf when the
+    structures or shapes differ."""
+    if isinstance(a, dict):
+        if not isinstance(b, dict) or set(a) != set(b):
+            return float("inf")
+        return max((state_max_diff(a[k], b[k]) for k in a), default=0.0)
+    if isinstance(a, (list, tuple)):
+        if not isinstance(b, (list, tuple)) or len(a) != len(b):
+            return float("inf")
+        return max((state_max_diff(x, y) for x, y in zip(a, b)), default=0.0)
+    if isinstance(a, torch.Tensor):
+        if not isinstance(b, torch.Tensor) or a.shape != b.shape:
+            return float("inf")
+        return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
+    return 0.0 if a == b else float("inf")
+
+
+def cloned_state(state: Any) -> Any:
+    """A deep copy of a nested state's tensors (a full state may alias live ones)."""
+    if isinstance(state, dict):
+        return {k: cloned_state(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(cloned_state(v) for v in state)
+    return state.clone() if isinstance(state, torch.Tensor) else state

@@ -26,6 +26,7 @@ TESTS_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS_DIR))
 
 from conftest import agent_env, run_worker_script  # noqa: E402
+from numerics import cloned_state, state_max_diff  # noqa: E402
 
 HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 STRATEGIES = [("ddp", {}), ("fsdp", {"sharding": "full"})]
@@ -35,33 +36,7 @@ if HAS_DEEPSPEED:
     STRATEGIES += [("zero1", {}), ("zero2", {}), ("zero3", {})]
 
 
-# ---------------------------------------------------------------- the worker (runs under torchrun)
-
-
-def _max_diff(a: dict, b: dict) -> float:
-    """Largest absolute difference between two nested states of the same structure; inf when the
-    structures or shapes differ."""
-    if isinstance(a, dict):
-        if not isinstance(b, dict) or set(a) != set(b):
-            return float("inf")
-        return max((_max_diff(a[k], b[k]) for k in a), default=0.0)
-    if isinstance(a, (list, tuple)):
-        if not isinstance(b, (list, tuple)) or len(a) != len(b):
-            return float("inf")
-        return max((_max_diff(x, y) for x, y in zip(a, b)), default=0.0)
-    if isinstance(a, torch.Tensor):
-        if not isinstance(b, torch.Tensor) or a.shape != b.shape:
-            return float("inf")
-        return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
-    return 0.0 if a == b else float("inf")
-
-
-def _cloned(state):
-    if isinstance(state, dict):
-        return {k: _cloned(v) for k, v in state.items()}
-    if isinstance(state, (list, tuple)):
-        return type(state)(_cloned(v) for v in state)
-    return state.clone() if isinstance(state, torch.Tensor) else state
+# ---------------------------------------------------------------- the worker (runs under rank_launcher)
 
 
 def _worker(out_dir: str) -> None:
@@ -89,7 +64,7 @@ def _worker(out_dir: str) -> None:
     def full(strategy):
         """Rank 0's full state on both ranks (full_state_dict is collective, complete on rank 0)."""
         state = strategy.full_state_dict()
-        return _cloned(broadcast_state(state if rank == 0 else None, rank, group))
+        return cloned_state(broadcast_state(state if rank == 0 else None, rank, group))
 
     def step(strategy, seed: int) -> float:
         g = torch.Generator().manual_seed(seed * 10 + rank)
@@ -105,21 +80,21 @@ def _worker(out_dir: str) -> None:
         for i in range(2):
             step(source, i)
         via_rank0 = full(source)
-        everywhere = _cloned(source.full_state_dict_on_every_rank())  # it may alias live tensors
-        every_rank_vs_rank0 = _max_diff(everywhere, via_rank0)
+        everywhere = cloned_state(source.full_state_dict_on_every_rank())  # it may alias live tensors
+        every_rank_vs_rank0 = state_max_diff(everywhere, via_rank0)
         # Load rank 0's full state into a fresh wrapping of the same kind, whose own weights differ
         # (another seed), then read it back and train both one more step on the same batch. The
         # loaded strategy may keep the tensors it is given: it gets a copy.
         target = build_strategy(name, dict(options), ctx.device)
         target.setup(build_tiny_gpt("1m", 1), adamw, ctx, settings)
-        target.load_full_state_dict(*_cloned(via_rank0))
-        loaded_reread_vs_loaded = _max_diff(full(target), via_rank0)
+        target.load_full_state_dict(*cloned_state(via_rank0))
+        loaded_reread_vs_loaded = state_max_diff(full(target), via_rank0)
         source_loss, target_loss = step(source, 7), step(target, 7)
         found[label] = {
             "every_rank_vs_rank0": every_rank_vs_rank0,
             "loaded_reread_vs_loaded": loaded_reread_vs_loaded,
             "next_loss_source": source_loss, "next_loss_target": target_loss,
-            "after_next_step_diff": _max_diff(full(target), full(source)),
+            "after_next_step_diff": state_max_diff(full(target), full(source)),
         }
         source.teardown()
         target.teardown()

@@ -25,6 +25,9 @@ from ringtop.agent.model import MODEL_SIZES, build_tiny_gpt
 from ringtop.strategies import tensor_parallel
 from ringtop.strategies.base import DistContext, TrainSettings
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from numerics import cloned_state, state_max_diff  # noqa: E402
+
 SIZE, SEED = "1m", 0
 
 
@@ -60,27 +63,6 @@ def trained(ctx: DistContext, steps: int, batch: int, seq: int, lr: float, by_he
     return strategy, losses, norms
 
 
-def _max_diff(a, b) -> float:
-    """Largest absolute difference between two nested states; inf where their structures differ."""
-    if isinstance(a, dict):
-        return max((_max_diff(a[k], b[k]) for k in a), default=0.0) if isinstance(b, dict) and a.keys() == b.keys() \
-            else float("inf")
-    if isinstance(a, torch.Tensor):
-        return float((a.double() - b.double()).abs().max()) if isinstance(b, torch.Tensor) and a.shape == b.shape \
-            else float("inf")
-    if isinstance(a, (list, tuple)):
-        return max((_max_diff(x, y) for x, y in zip(a, b)), default=0.0) if len(a) == len(b) else float("inf")
-    return 0.0 if a == b else float("inf")
-
-
-def _cloned(state):
-    if isinstance(state, dict):
-        return {k: _cloned(v) for k, v in state.items()}
-    if isinstance(state, (list, tuple)):
-        return type(state)(_cloned(v) for v in state)
-    return state.clone() if isinstance(state, torch.Tensor) else state
-
-
 SWITCHED_PLAN = ("ddp", "ddp", "tp", "ddp")
 """The strategy of each step of the switching run: live switches ddp -> tp -> ddp between them."""
 
@@ -109,16 +91,16 @@ def switched(ctx: DistContext, batch: int, seq: int, lr: float):
     losses, diffs, first = [], [], 0
     for name in SWITCHED_PLAN:
         if name != strategy.name:
-            before = _cloned(strategy.full_state_dict_on_every_rank())
+            before = cloned_state(strategy.full_state_dict_on_every_rank())
             strategy, _ = switch_strategy(strategy, name, dict, ctx, group, build, adamw, settings)
-            diffs.append(_max_diff(before, _cloned(strategy.full_state_dict_on_every_rank())))
+            diffs.append(state_max_diff(before, cloned_state(strategy.full_state_dict_on_every_rank())))
         shard, shards = strategy.data_shard(ctx)
         loss = strategy.run_step(batch_from(first + shard * batch, batch, seq, vocab, SEED), call_model, _NoPhases())
         mean = loss.detach().clone()
         dist.all_reduce(mean, group=group)
         losses.append(float(mean) / ctx.world_size)  # tp: both ranks' loss is the same
         first += shards * batch
-    model_state = _cloned(strategy.full_state_dict()[0])
+    model_state = cloned_state(strategy.full_state_dict()[0])
     return {"losses": losses, "batches": [batch * (2 if n == "ddp" else 1) for n in SWITCHED_PLAN],
             "state": model_state}, diffs
 
