@@ -23,7 +23,7 @@ from reference import reference_run
 
 from ringtop.agent.config import MODEL_SIZE_HEADS, ConfigError, check_tensor_parallel_world, parse_agent_args
 from ringtop.agent.model import MODEL_SIZES, build_tiny_gpt
-from ringtop.protocol import Hello
+from ringtop.protocol import Event, Hello
 
 STEPS, BATCH, SEQ, LR = 8, 4, 32, 1e-3
 CFG = MODEL_SIZES["1m"]
@@ -137,6 +137,17 @@ def test_fsdp_over_tp_groups_trains_like_one_process_and_holds_and_sends_what_it
         assert by_group[("all_reduce", "tp")] == (activations, 2), steps[rank][-1].comm
         assert by_group[("all_reduce", "")] == (4, 4)
         assert {c.group for c in steps[rank][-1].comm if c.kind in ("all_gather", "reduce_scatter")} == {"dp"}
+    # what the Comm tab lists for this run's logs: one row per kind and mesh dimension
+    from ringtop.tui.comm import comm_window
+    from ringtop.tui.view_model import RunView
+
+    view = RunView(watch_liveness=False)
+    view.apply_many([m for rank in range(4) for m in run.messages(rank)], now=1.0)
+    assert sorted((k.kind, k.group, k.group_sizes) for k in comm_window(view).kinds) == [
+        ("all_gather", "dp", (2,)), ("all_reduce", "", (4,)), ("all_reduce", "tp", (2,)),
+        ("reduce_scatter", "dp", (2,))]
+    # the tp pairs' collectives under their own groups' names ("0-1", "2-3"): no desync read into them
+    assert not [m.text for m in run.messages(0) if isinstance(m, Event) and m.kind in ("desync", "hang")]
 
 
 @pytest.fixture(scope="module")
