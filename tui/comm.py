@@ -14,6 +14,9 @@ Definitions (per rank and step, from `Step`):
   overlap % = 1 - exposed / busy (union), clamped to 0..100; idle % = (data + exposed) / step.
 
 A window aggregated over ranks sums every rank-step in it, so per-step figures are means per rank.
+Where its collectives carry more than one mesh dimension (CommStat.group: a 2D run's tp and dp),
+each kind is one row per dimension; the prediction, per kind, goes on a kind's row only where the
+kind has one row (always on the total).
 """
 
 from __future__ import annotations
