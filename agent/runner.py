@@ -350,7 +350,7 @@ class Runner:
         self.sync = StepSync(self.ctx.rank, self.control, self.control_group)
         gpu_index = self.ctx.device.index if self.ctx.device.type == "cuda" else None
         self.sampler = SystemSampler(self.telemetry.emit, gpu_index=gpu_index)
-        self.tracer = CommTracer()
+        self.tracer = CommTracer(dimension_of=collective_hooks.dimension_of)
         self.watch = StallWatch(self.tracer, self.telemetry.emit, self.peers,
                                 WatchSettings(factor=cfg.stall_factor, floor_s=cfg.stall_floor_s),
                                 training_thread=threading.get_ident(), escape=self._escape)

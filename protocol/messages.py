@@ -130,6 +130,9 @@ class MemorySample(msgspec.Struct, kw_only=True):
     cuda_ooms: Count = 0
 
 
+MAX_DIMENSION_CHARS = 32
+
+
 class CommStat(msgspec.Struct, kw_only=True, array_like=False):
     """Collectives of one kind issued since the previous step. The one shape of a kind's totals
     from the agent's tracer to the UI's windows, which sum these over steps and ranks."""
@@ -139,6 +142,10 @@ class CommStat(msgspec.Struct, kw_only=True, array_like=False):
     bytes: Count = 0
     busy_ms: Real = 0.0
     group_size: Count = 0
+    group: Annotated[str, msgspec.Meta(max_length=MAX_DIMENSION_CHARS)] = ""
+    """The mesh dimension these calls ran on (`tp`, `dp`, `pp`) where the strategy's device mesh
+    names a group smaller than the world; "" otherwise (a 1D run, the world group, an older agent).
+    A step carries one entry per (kind, group)."""
 
     def add(self, other: CommStat) -> None:
         """Sum `other`'s calls into these totals (the kind and group size stay); a busy time

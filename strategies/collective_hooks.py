@@ -115,6 +115,30 @@ def group_name(group: Any) -> str:
     return name
 
 
+_dimensions: dict[str, str] = {}
+"""This rank's groups named by a device mesh: group name -> its dimension (tp, dp, pp)."""
+
+
+def name_mesh_dimensions(mesh: Any) -> None:
+    """Name this rank's group on each of `mesh`'s named dimensions, for CommStat.group (the Comm
+    tab's split by group). Replaces what an earlier strategy named (None: names nothing); a
+    dimension whose group is the whole world, or one rank, stays unnamed, so a 1D run is as before."""
+    names: dict[str, str] = {}
+    for index, dim in enumerate(getattr(mesh, "mesh_dim_names", None) or ()):
+        if mesh.size(index) < 2:
+            continue
+        label = group_name(mesh.get_group(dim))
+        if label != rank_sets.WORLD:
+            names[label] = dim
+    _dimensions.clear()
+    _dimensions.update(names)
+
+
+def dimension_of(group: str) -> str:
+    """The mesh dimension a group (by its `group_name`) is on; "" when no mesh named it."""
+    return _dimensions.get(group, "")
+
+
 def _arg(args: tuple, kwargs: dict, index: int, *names: str) -> Any:
     for name in names:
         if name in kwargs:
@@ -386,9 +410,13 @@ _functional_on = False
 
 
 def _functional_group(group: Any) -> Any:
+    """The ProcessGroup a functional collective runs on (DTensor passes a mesh dimension, which
+    resolves to the group's registered name)."""
     from torch.distributed import _functional_collectives as funcol
+    from torch.distributed import distributed_c10d
 
-    return funcol._resolve_group(group)
+    resolved = funcol._resolve_group(group)
+    return distributed_c10d._resolve_process_group(resolved) if isinstance(resolved, str) else resolved
 
 
 def _wrap_functional(fn: Callable[..., Any], kind: str, group_at: int, gathered: bool) -> Callable[..., Any]:

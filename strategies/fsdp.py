@@ -11,6 +11,7 @@ from torch import nn
 
 from ringtop.metrics.strategy_names import strategy_label
 
+from . import collective_hooks
 from .base import DistContext, OptimizerFactory, ShardingSpec, StrategyError, TrainSettings
 from .tensor_parallel import HeadOrderedQkv, check_splittable, parallelize_blocks
 from .torch_native import TorchNativeStrategy
@@ -84,6 +85,7 @@ class FSDPStrategy(HeadOrderedQkv, TorchNativeStrategy):
             mesh = init_device_mesh(ctx.device.type, (ctx.world_size, 1), mesh_dim_names=("replicate", "shard"))
         else:
             mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+        collective_hooks.name_mesh_dimensions(mesh_2d if tp > 1 else mesh)
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
             if settings.dtype == "bf16" else MixedPrecisionPolicy()
         reshard = sharding != "grad-op"

@@ -50,6 +50,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from . import collective_hooks
 from . import pipeline_schedule as ps
 from .base import (
     CountsOwnTensors,
@@ -399,6 +400,7 @@ class PipelineStrategy(CountsOwnTensors, Strategy):
         s, r = self.num_stages, self.replicas
         mesh = init_device_mesh(ctx.device.type, (r, s), mesh_dim_names=("dp", "pp"))
         self.mesh = mesh
+        collective_hooks.name_mesh_dimensions(mesh)
         self.pp_group = mesh.get_group("pp")
         self.dp_group = mesh.get_group("dp") if r > 1 else None
         # The tied weight's two holders: first and last stage of each replica.

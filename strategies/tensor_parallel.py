@@ -218,6 +218,7 @@ class TensorParallelStrategy(HeadOrderedQkv, TorchNativeStrategy):
                                 f"{ctx.world_size}); use --strategy fsdp --tp {degree} for data-parallel replicas")
         self.settings = settings
         mesh = init_device_mesh(ctx.device.type, (degree,), mesh_dim_names=("tp",))
+        collective_hooks.name_mesh_dimensions(mesh)
         self._rows, self._tp_shape = parallelize_blocks(model, mesh)
         self.work_split = degree
         self.model = model

@@ -8,7 +8,7 @@ from test_tui_app import cell, column_labels, static_text, table_cell, wait_unti
 from textual.widgets import DataTable, TabbedContent
 from ui_waits import eventually
 
-from ringtop.protocol import Event
+from ringtop.protocol import CommStat, Event, Prediction
 from ringtop.tui.app import RingtopApp
 from ringtop.tui.feeds import TelemetryBatch
 
@@ -168,3 +168,37 @@ async def test_overview_idle_column_and_busbw_line_with_a_configured_peak():
         def _shown_8():
             assert static_text(app, "#comm-chart-label").startswith("busbw 2.50 GB/s of 25.0 (10 %)")
         await eventually(pilot, _shown_8)
+
+
+# A 2D run (fsdp --tp 2 on 4 ranks), every rank and step: the activations' all-reduce on its tp
+# group (8e6 B in 4 ms, n = 2), the gradient norm's on the world (1e6 B in 1 ms, n = 4: no
+# dimension), FSDP's reduce-scatter and all-gather on its dp group (3e6 B in 1.5 ms each, n = 2).
+TWO_D = [CommStat(kind="all_reduce", count=16, bytes=8_000_000, busy_ms=4.0, group_size=2, group="tp"),
+         CommStat(kind="all_reduce", count=1, bytes=1_000_000, busy_ms=1.0, group_size=4),
+         CommStat(kind="reduce_scatter", count=5, bytes=3_000_000, busy_ms=1.5, group_size=2, group="dp"),
+         CommStat(kind="all_gather", count=10, bytes=3_000_000, busy_ms=1.5, group_size=2, group="dp")]
+TWO_D_PRED = Prediction(comm_payload_bytes={"all_reduce": 9_000_000, "reduce_scatter": 3_000_000,
+                                            "all_gather": 3_000_000})
+
+
+async def test_comm_tab_splits_a_kind_by_mesh_dimension_on_a_2d_run():
+    msgs: list = [hello(r, TWO_D_PRED) for r in range(4)]
+    msgs += [step(r, n, comm=TWO_D) for n in (1, 2, 3) for r in range(4)]
+    app = RingtopApp(messages=msgs, source="2d")
+    async with app.run_test(size=(160, 50)) as pilot:  # the wider kind column leaves Δ in at 160
+        await open_comm(app, pilot)
+        k = lambda row, col: table_cell(app, "#comm-kinds", row, col)  # noqa: E731
+        assert app.query_one("#comm-kinds", DataTable).row_count == 5  # 4 (kind, group) rows and all
+        # tp: algbw 8e6 B / 4 ms = 2.00 GB/s, busbw x 2(2-1)/2 = 2.00
+        assert (k("k:all_reduce:tp", "kind"), k("k:all_reduce:tp", "mb"), k("k:all_reduce:tp", "count")) == \
+            ("all_reduce · tp n=2", "8.00", "16")
+        assert (k("k:all_reduce:tp", "algbw"), k("k:all_reduce:tp", "busbw")) == ("2.00", "2.00")
+        # the world's: 1e6 B / 1 ms = 1.00 GB/s, busbw x 2(4-1)/4 = 1.50
+        assert (k("k:all_reduce", "kind"), k("k:all_reduce", "mb"), k("k:all_reduce", "busbw")) == \
+            ("all_reduce n=4", "1.00", "1.50")
+        # the prediction is per kind: against neither part of a split all-reduce, against a whole kind
+        assert (k("k:all_reduce:tp", "pred"), k("k:all_reduce", "delta")) == ("-", "-")
+        assert (k("k:reduce_scatter:dp", "kind"), k("k:reduce_scatter:dp", "mb")) == ("reduce_scatter · dp n=2",
+                                                                                      "3.00")
+        assert (k("k:all_gather:dp", "pred"), k("k:all_gather:dp", "delta")) == ("3.00", "=")
+        assert (k("all", "mb"), k("all", "pred"), k("all", "delta")) == ("15.0", "15.0", "=")

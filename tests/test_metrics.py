@@ -243,6 +243,20 @@ def test_the_tracer_hands_the_step_message_its_own_struct():
     assert decode(encode(msg)).comm == kinds
 
 
+def test_the_tracer_totals_a_kind_per_mesh_dimension_it_is_told_of():
+    from ringtop.agent.instruments.comm_tracer import CommTracer
+
+    t = CommTracer(dimension_of={"0-1": "tp", "0-2/2": "dp"}.get)
+    for nbytes, group in ((100, "0-1"), (300, "0-1"), (4, "world"), (50, "0-2/2")):
+        t.end(t.begin("all_reduce", nbytes, 4 if group == "world" else 2, group))
+    assert [(k.kind, k.group, k.count, k.bytes, k.group_size) for k in t.drain().kinds] == [
+        ("all_reduce", "tp", 2, 400, 2), ("all_reduce", "", 1, 4, 4), ("all_reduce", "dp", 1, 50, 2)]
+    plain = CommTracer()  # the agent's default names no dimension: one total per kind, as before
+    for group in ("0-1", "world"):
+        plain.end(plain.begin("all_reduce", 10, 2, group))
+    assert [(k.group, k.count) for k in plain.drain().kinds] == [("", 2)]
+
+
 def test_comm_stat_add_sums_calls_and_skips_a_time_that_is_not_finite():
     c = CommStat(kind="all_gather", group_size=2)
     c.add(CommStat(kind="all_gather", count=2, bytes=10, busy_ms=1.5))

@@ -204,8 +204,12 @@ def _scenario_four(ctx, out: Path) -> dict:
     if ctx.rank == 0:
         torch.save(model_state, out / "four.pt")
     result = {"losses": losses, "replica": s.replica, "stage": s.stage_index, "describe": s.describe()}
+    from ringtop.strategies.collective_hooks import dimension_of, group_name
+
+    result["dimensions"] = [dimension_of(group_name(g)) for g in (s.pp_group, s.dp_group)]
     s.teardown()
     s = _new_pp(ctx, {"schedule": "1f1b", "micro_batches": 2})
+    result["deep_dimensions"] = [dimension_of(group_name(s.pp_group))]
     result["deep_losses"] = _train(s, 0, 6)
     result["deep_layers"] = list(s.stage_layers())
     model_state, _ = s.full_state_dict()
@@ -376,6 +380,9 @@ def test_two_stages_times_two_replicas(tmp_path):
     results = _launch(tmp_path, "four", 4, 180)
     assert [(r["replica"], r["stage"]) for r in results] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert results[0]["describe"] == "pp(1f1b, 2 stages x 2, M=2)"
+    # CommStat.group of its collectives: the mesh names a stage pair pp and a replica pair dp; 4
+    # stages of one replica: the pipeline is the world, named nothing (a 1D run's Comm tab)
+    assert all(r["dimensions"] == ["pp", "dp"] and r["deep_dimensions"] == [""] for r in results), results
     assert results[0]["losses"] == results[1]["losses"] and results[2]["losses"] == results[3]["losses"]
     ref = reference_run(6, 2 * BATCH, SEQ, LR)
     losses = [(a + b) / 2 for a, b in zip(results[0]["losses"], results[2]["losses"])]

@@ -117,7 +117,7 @@ STEP = Step(
     tflops=5.79, mem=MemorySample(params_bytes=100, grads_bytes=200, optimizer_bytes=400, rss_bytes=5000,
                      cuda_allocated_bytes=6000, cuda_reserved_bytes=7000, cuda_peak_bytes=6500,
                      cuda_peak_reserved_bytes=7500, cuda_alloc_retries=3, cuda_ooms=1),
-    comm=[CommStat(kind="all_reduce", count=4, bytes=1 << 20, busy_ms=12.5, group_size=8),
+    comm=[CommStat(kind="all_reduce", count=4, bytes=1 << 20, busy_ms=12.5, group_size=8, group="tp"),
           CommStat(kind="broadcast", count=1, bytes=64, busy_ms=0.25, group_size=8)],
     cpu_percent=98.5, drops=2, idle_ms=20.0, skipped=True,
     collectives=[GroupCursor(group="world", issued=412, completed=411, count=4, digest="9a0c13fe")],
@@ -131,8 +131,8 @@ STEP_WIRE = {
             "cuda_allocated_bytes": 6000, "cuda_reserved_bytes": 7000, "cuda_peak_bytes": 6500,
             "cuda_peak_reserved_bytes": 7500, "cuda_alloc_retries": 3, "cuda_ooms": 1},
     "comm": [
-        {"kind": "all_reduce", "count": 4, "bytes": 1048576, "busy_ms": 12.5, "group_size": 8},
-        {"kind": "broadcast", "count": 1, "bytes": 64, "busy_ms": 0.25, "group_size": 8},
+        {"kind": "all_reduce", "count": 4, "bytes": 1048576, "busy_ms": 12.5, "group_size": 8, "group": "tp"},
+        {"kind": "broadcast", "count": 1, "bytes": 64, "busy_ms": 0.25, "group_size": 8, "group": ""},
     ],
     "cpu_percent": 98.5, "drops": 2, "idle_ms": 20.0, "skipped": True,
     "collectives": [{"group": "world", "issued": 412, "completed": 411, "count": 4, "digest": "9a0c13fe"}],
@@ -314,6 +314,9 @@ def test_defaults_fill_omitted_fields():
     assert msg.mem == MemorySample(params_bytes=0, grads_bytes=0, optimizer_bytes=0)
     assert msg.comm == [] and msg.drops == 0
     assert msg.tflops == 0.0  # an older agent's Step: no TFLOP/s known
+    old = from_json_line(json.dumps({"type": "step", "v": 1, "step": 1, "loss": 1.0, "step_ms": 1.0,
+                                     "comm": [{"kind": "all_reduce", "bytes": 8, "group_size": 2}]}))
+    assert old.comm == [CommStat(kind="all_reduce", bytes=8, group_size=2, group="")]  # a log before `group`
     ev = decode(mp(base("event")))
     assert (ev.level, ev.kind, ev.text, ev.step, ev.data) == ("info", "", "", -1, {})
     bye = decode(mp(base("bye")))

@@ -23,7 +23,7 @@ from reference import reference_run
 
 from ringtop.agent.config import MODEL_SIZE_HEADS, ConfigError, check_tensor_parallel_world, parse_agent_args
 from ringtop.agent.model import MODEL_SIZES, build_tiny_gpt
-from ringtop.protocol import Hello
+from ringtop.protocol import Event, Hello
 
 STEPS, BATCH, SEQ, LR = 8, 4, 32, 1e-3
 CFG = MODEL_SIZES["1m"]
@@ -85,8 +85,9 @@ def test_each_rank_holds_its_share_and_sends_two_all_reduces_per_layer_each_way(
         assert predicted.comm_payload_bytes == {"all_reduce": per_step}
         for step in steps:
             kinds = {c.kind: c for c in step.comm}
-            assert set(kinds) == {"all_reduce"}, step.comm
-            assert (kinds["all_reduce"].count, kinds["all_reduce"].bytes) == (4 * CFG.n_layer + 1, per_step)
+            assert [(c.kind, c.group) for c in step.comm] == [("all_reduce", "")], step.comm  # 1D: the world
+            assert (kinds["all_reduce"].count, kinds["all_reduce"].bytes, kinds["all_reduce"].group_size) == (
+                4 * CFG.n_layer + 1, per_step, 2)
         # each rank does half of the work on the group's tokens
         assert steps[-1].tokens == BATCH * SEQ // 2
 
@@ -124,9 +125,29 @@ def test_fsdp_over_tp_groups_trains_like_one_process_and_holds_and_sends_what_it
         assert mem.params_bytes == 4 * held // 2  # the tp share, sharded again over the 2 dp ranks
         assert (mem.params_bytes, mem.grads_bytes, mem.optimizer_bytes) == (
             predicted.params_bytes, predicted.grads_bytes, predicted.optimizer_bytes), predicted.note
-        measured = {c.kind: c.bytes for c in steps[rank][-1].comm}
+        measured: dict[str, int] = {}
+        for c in steps[rank][-1].comm:
+            measured[c.kind] = measured.get(c.kind, 0) + c.bytes
         assert measured == predicted.comm_payload_bytes
-        assert measured["all_reduce"] == 4 * CFG.n_layer * BATCH * SEQ * CFG.d_model * 4 + 4
+        activations = 4 * CFG.n_layer * BATCH * SEQ * CFG.d_model * 4
+        assert measured["all_reduce"] == activations + 4
+        # split by mesh dimension: the activations' all-reduces on this rank's tp pair, FSDP's
+        # gathers and reductions on its dp pair, the gradient norm's scalar on the world (unnamed)
+        by_group = {(c.kind, c.group): (c.bytes, c.group_size) for c in steps[rank][-1].comm}
+        assert by_group[("all_reduce", "tp")] == (activations, 2), steps[rank][-1].comm
+        assert by_group[("all_reduce", "")] == (4, 4)
+        assert {c.group for c in steps[rank][-1].comm if c.kind in ("all_gather", "reduce_scatter")} == {"dp"}
+    # what the Comm tab lists for this run's logs: one row per kind and mesh dimension
+    from ringtop.tui.comm import comm_window
+    from ringtop.tui.view_model import RunView
+
+    view = RunView(watch_liveness=False)
+    view.apply_many([m for rank in range(4) for m in run.messages(rank)], now=1.0)
+    assert sorted((k.kind, k.group, k.group_sizes) for k in comm_window(view).kinds) == [
+        ("all_gather", "dp", (2,)), ("all_reduce", "", (4,)), ("all_reduce", "tp", (2,)),
+        ("reduce_scatter", "dp", (2,))]
+    # the tp pairs' collectives under their own groups' names ("0-1", "2-3"): no desync read into them
+    assert not [m.text for m in run.messages(0) if isinstance(m, Event) and m.kind in ("desync", "hang")]
 
 
 @pytest.fixture(scope="module")

@@ -68,7 +68,7 @@ def reference_sums(msgs: list[Step]) -> dict[int, dict]:
         s["blocked_ms"] += plain(m.comm_blocked_ms)
         s["busy_ms"] += plain(m.comm_busy_ms)
         for c in m.comm:
-            k = s["kinds"].setdefault((c.kind, c.group_size), [0, 0, 0.0])
+            k = s["kinds"].setdefault((c.kind, c.group_size, c.group), [0, 0, 0.0])
             k[0] += c.count
             k[1] += c.bytes
             k[2] += plain(c.busy_ms)

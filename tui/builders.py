@@ -316,7 +316,7 @@ class Builders:
         nav, n = nav or comm_nav(), len(view.ranks)
         if not (nav.scaled(n) or nav.filter or nav.sort is not None):
             slow = self.comm.slowest(view)
-            return CommModel(comm_caption(view, window, rank, slowest=slow), tuple(kinds_columns(table_width)),
+            return CommModel(comm_caption(view, window, rank, slowest=slow), tuple(kinds_columns(table_width, window)),
                              tuple(kinds_rows(window)), busbw_label(window, ref), tuple(series),
                              exposed_text(window), tuple(ranks_columns(table_width)),
                              tuple(ranks_rows(view, rank, slowest=slow)), verdict_panel(view, slowest=slow))
@@ -343,7 +343,7 @@ class Builders:
                 lambda shown: ranks_rows(view, rank, slowest=slow, rows=[view.ranks[r] for r in shown]))
         table_cap = table_caption(level, nodes=len(nodes), ranks=n, shown=len(rows), first=first, total=total,
                                   sort=sort, host=nav.host, filter_text=nav.filter)
-        return CommModel(comm_caption(view, window, rank, slowest=slow), tuple(kinds_columns(table_width)),
+        return CommModel(comm_caption(view, window, rank, slowest=slow), tuple(kinds_columns(table_width, window)),
                          tuple(kinds_rows(window)), busbw_label(window, ref), tuple(series), exposed_text(window),
                          tuple(columns), tuple(rows), verdict_panel(view, slowest=slow), table_caption=table_cap,
                          standouts=standouts if nav.scaled(n) else Text(""), cursor=cursor, cursor_key=cursor_key)

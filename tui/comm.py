@@ -14,6 +14,9 @@ Definitions (per rank and step, from `Step`):
   overlap % = 1 - exposed / busy (union), clamped to 0..100; idle % = (data + exposed) / step.
 
 A window aggregated over ranks sums every rank-step in it, so per-step figures are means per rank.
+Where its collectives carry more than one mesh dimension (CommStat.group: a 2D run's tp and dp),
+each kind is one row per dimension; the prediction, per kind, goes on a kind's row only where the
+kind has one row (always on the total).
 """
 
 from __future__ import annotations
@@ -50,6 +53,9 @@ class KindRow:
     """Hello.prediction.comm_payload_bytes[kind] (mean over the ranks shown); None when absent."""
     measured: bool = True
     """False for a kind the prediction names but no rank counted in the window."""
+    group: str = ""
+    """The mesh dimension (CommStat.group) when the window's collectives ran on more than one
+    (a 2D run: tp and dp): one row per (kind, group). "" on a 1D run: one row per kind."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,24 +130,32 @@ def summarize(samples: Iterable[CommStep], *, rank: int | None, world_size: int,
         total.add(s)
         first, last = min(first, s.step), max(last, s.step)
     n = total.ranks
-    per_kind: dict[str, CommStat] = {}
-    bus_bytes: dict[str, float] = {}
-    groups: dict[str, set[int]] = {}
-    for (kind, group), c in total.kinds.items():
+    split = len({dim for (_, _, dim) in total.kinds}) > 1
+    per_kind: dict[tuple[str, str], CommStat] = {}
+    bus_bytes: dict[tuple[str, str], float] = {}
+    groups: dict[tuple[str, str], set[int]] = {}
+    for (kind, group, dim), c in total.kinds.items():
         ranks = group or world_size
-        per_kind.setdefault(kind, CommStat(kind=kind)).add(c)
-        bus_bytes[kind] = bus_bytes.get(kind, 0.0) + c.bytes * busbw_factor_or_nan(kind, ranks)
-        groups.setdefault(kind, set()).add(ranks)
+        key = (kind, dim if split else "")
+        per_kind.setdefault(key, CommStat(kind=kind)).add(c)
+        bus_bytes[key] = bus_bytes.get(key, 0.0) + c.bytes * busbw_factor_or_nan(kind, ranks)
+        groups.setdefault(key, set()).add(ranks)
+    rows_of_kind: dict[str, int] = {}
+    for kind, _ in per_kind:
+        rows_of_kind[kind] = rows_of_kind.get(kind, 0) + 1
     rows: list[KindRow] = []
-    for kind in sorted(per_kind, key=kind_sort_key):
-        c = per_kind[kind]
+    for key in sorted(per_kind, key=lambda k: (kind_sort_key(k[0]), k[1])):
+        kind, dim = key
+        c = per_kind[key]
+        # the prediction is per kind: held against a row only where the kind has one row
         rows.append(KindRow(
             kind=kind, count_per_step=c.count / n, bytes_per_step=c.bytes / n, busy_ms_per_step=c.busy_ms / n,
-            algbw_gbps=rate_gbps(c.bytes, c.busy_ms), busbw_gbps=rate_gbps(bus_bytes[kind], c.busy_ms),
-            group_sizes=tuple(sorted(groups[kind])),
-            predicted_bytes=None if predicted is None else predicted.get(kind)))
+            algbw_gbps=rate_gbps(c.bytes, c.busy_ms), busbw_gbps=rate_gbps(bus_bytes[key], c.busy_ms),
+            group_sizes=tuple(sorted(groups[key])),
+            predicted_bytes=None if predicted is None or rows_of_kind[kind] > 1 else predicted.get(kind),
+            group=dim))
     if predicted is not None and n:
-        for kind in sorted(set(predicted) - set(per_kind), key=kind_sort_key):
+        for kind in sorted(set(predicted) - set(rows_of_kind), key=kind_sort_key):
             rows.append(KindRow(kind=kind, count_per_step=0.0, bytes_per_step=0.0, busy_ms_per_step=0.0,
                                 algbw_gbps=math.nan, busbw_gbps=math.nan, group_sizes=(),
                                 predicted_bytes=predicted[kind], measured=False))
@@ -219,7 +233,7 @@ def slowest_rank(view: RunView, window: int = COMM_WINDOW,
 
 def step_busbw_gbps(s: CommStep, world_size: int) -> float:
     """busbw of one CommStep: bus bytes of every kind / union busy time (kinds' time if no union)."""
-    bus = sum(c.bytes * busbw_factor_or_nan(kind, group or world_size) for (kind, group), c in s.kinds.items())
+    bus = sum(c.bytes * busbw_factor_or_nan(kind, group or world_size) for (kind, group, _), c in s.kinds.items())
     busy = s.busy_ms if s.busy_ms > 0 else sum(c.busy_ms for c in s.kinds.values())
     return rate_gbps(bus, busy)
 

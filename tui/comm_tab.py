@@ -27,9 +27,14 @@ KINDS_PRIORITY = {"delta": 5, "pred": 4, "algbw": 3, "count": 2}
 RANKS_PRIORITY = {"mb": 4, "busbw": 3, "busy": 2}
 
 
-def kinds_columns(width: int = 0) -> list[Column]:
+KIND_WIDTH, KIND_GROUP_WIDTH = 18, 25
+"""The kind column; wider where rows name a mesh dimension ("reduce_scatter · dp n=2")."""
+
+
+def kinds_columns(width: int = 0, w: CommWindow | None = None) -> list[Column]:
+    split = w is not None and any(k.group for k in w.kinds)
     cols = [
-        Column("kind", "kind", 18),
+        Column("kind", "kind", KIND_GROUP_WIDTH if split else KIND_WIDTH),
         Column("count", "calls/step", 10, True),
         Column("mb", "MB/step", 8, True),
         Column("pred", "pred MB", 8, True),
@@ -45,6 +50,8 @@ def kinds_columns(width: int = 0) -> list[Column]:
 
 def _kind_label(k: KindRow) -> Text:
     t = Text(k.kind)
+    if k.group:
+        t.append(" · " + k.group)
     if k.group_sizes:
         t.append(" n=" + ",".join(str(n) for n in k.group_sizes), style="dim")
     return t
@@ -75,7 +82,7 @@ def kinds_rows(w: CommWindow) -> list[tuple[str, dict[str, Text]]]:
         if not k.measured:
             for key in ("kind", "count", "mb"):
                 cells[key].stylize("yellow")
-        out.append((f"k:{k.kind}", cells))
+        out.append((f"k:{k.kind}:{k.group}" if k.group else f"k:{k.kind}", cells))
     if not w.empty:
         overlap = w.overlap_pct
         out.append(("all", {

@@ -38,7 +38,7 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ringtop.protocol import CommStat, GroupCursor, InFlight
 
@@ -52,12 +52,12 @@ class LedgerEntry:
     """One collective: what, on which group, its place there, when issued and completed (perf ns,
     0 until completed). Written by `begin` and `end`, read by the stall watch and `ctl dump`."""
 
-    __slots__ = ("group", "seq", "kind", "nbytes", "shapes", "group_size", "issued_ns", "done_ns")
+    __slots__ = ("group", "seq", "kind", "nbytes", "shapes", "group_size", "issued_ns", "done_ns", "dim")
 
     def __init__(self, group: str, seq: int, kind: str, nbytes: int, shapes: str, group_size: int,
-                 issued_ns: int) -> None:
+                 issued_ns: int, dim: str = "") -> None:
         self.group, self.seq, self.kind, self.nbytes, self.shapes = group, seq, kind, nbytes, shapes
-        self.group_size, self.issued_ns, self.done_ns = group_size, issued_ns, 0
+        self.group_size, self.issued_ns, self.done_ns, self.dim = group_size, issued_ns, 0, dim
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -66,7 +66,7 @@ class LedgerEntry:
 @dataclass(frozen=True)
 class CommSummary:
     kinds: list[CommStat]
-    """Per kind, the totals the Step message carries as they are."""
+    """Per kind and mesh dimension, the totals the Step message carries as they are."""
     blocked_ms: float
     """Exposed communication: the training thread's measured waits when the strategy reports them;
     for DDP (whose reducer waits in C++) the time from the last bucket's issue to the last
@@ -93,10 +93,18 @@ class _DeviceRecord:
     start: Any
     end: Any
     lane: Any
+    dim: str = ""
+
+
+def _no_dimension(group: str) -> str:
+    return ""
 
 
 class CommTracer:
-    def __init__(self, ledger_capacity: int = LEDGER_CAPACITY) -> None:
+    def __init__(self, ledger_capacity: int = LEDGER_CAPACITY,
+                 dimension_of: Callable[[str], str] = _no_dimension) -> None:
+        self._dimension_of = dimension_of
+        """A group's name -> the mesh dimension it is on ("" if none): CommStat.group."""
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._open: dict[int, LedgerEntry] = {}
@@ -121,10 +129,11 @@ class CommTracer:
 
     def begin(self, kind: str, nbytes: int, group_size: int, group: str = "world", shapes: str = "") -> int:
         handle = next(self._ids)
+        dim = self._dimension_of(group) or ""
         now = time.perf_counter_ns()
         with self._lock:
             seq = self._issued[group] = self._issued.get(group, 0) + 1
-            entry = LedgerEntry(group, seq, kind, nbytes, shapes, group_size, now)
+            entry = LedgerEntry(group, seq, kind, nbytes, shapes, group_size, now, dim)
             self._open[handle] = entry
             self.ledger.append(entry)
             count, digest = self._step_calls.get(group, (0, 0))
@@ -137,7 +146,7 @@ class CommTracer:
             entry = self._open.pop(handle, None)
             if entry is not None:
                 self._close(entry, now)
-                self._done.append((entry.kind, entry.nbytes, entry.group_size, entry.issued_ns, now))
+                self._done.append((entry.kind, entry.nbytes, entry.group_size, entry.issued_ns, now, entry.dim))
 
     def _close(self, entry: LedgerEntry, now_ns: int) -> None:
         entry.done_ns = now_ns
@@ -178,7 +187,7 @@ class CommTracer:
             if entry is not None:
                 self._close(entry, time.perf_counter_ns())  # enqueued: the device's own end is in the events
                 self._device.append(_DeviceRecord(handle, entry.kind, entry.nbytes, entry.group_size, start_event,
-                                                  end_event, lane))
+                                                  end_event, lane, entry.dim))
                 self._trim()
 
     def blocked_device(self, start_event: Any, end_event: Any, p2p: bool = False) -> None:
@@ -205,9 +214,9 @@ class CommTracer:
             collectives = [GroupCursor(group=g, issued=self._issued[g], completed=self._completed.get(g, 0),
                                        count=n, digest=f"{digest:08x}")
                            for g, (n, digest) in sorted(step_calls.items())]
-        totals: dict[str, CommStat] = {}
-        for kind, nbytes, group_size, t0, t1 in done:
-            _add(totals, kind, nbytes, group_size, (t1 - t0) / 1e6)
+        totals: dict[tuple[str, str], CommStat] = {}
+        for kind, nbytes, group_size, t0, t1, dim in done:
+            _add(totals, kind, dim, nbytes, group_size, (t1 - t0) / 1e6)
         collective = [d for d in done if d[0] != "p2p"]
         if blocked:
             blocked_ms = union_ns(blocked) / 1e6
@@ -229,7 +238,7 @@ class CommTracer:
                            p2p_wait_ms=p2p_wait_ms, pending=pending, collectives=collectives)
 
     def _resolve_device(self, device: list[_DeviceRecord], stalls: list[tuple[Any, Any, bool]],
-                        totals: dict[str, CommStat]) -> tuple[float, float, float, int]:
+                        totals: dict[tuple[str, str], CommStat]) -> tuple[float, float, float, int]:
         """(busy, exposed, p2p wait) ms of the device records whose events have completed; the
         others go back to the pending lists. Only `Event.query()` and `elapsed_time` on completed
         events: nothing here waits for the device."""
@@ -270,7 +279,7 @@ class CommTracer:
             intervals.append((s, e))
             if r.kind != "p2p":
                 collective.append((s, e))
-            _add(totals, r.kind, r.nbytes, r.group_size, (e - s) / 1e6)
+            _add(totals, r.kind, r.dim, r.nbytes, r.group_size, (e - s) / 1e6)
         busy_ms = union_ns(intervals) / 1e6
         stall_iv, p2p_iv = [], []
         for a, b, p2p in ready_stalls:
@@ -294,11 +303,12 @@ def _split(items: list, complete: Any) -> tuple[list, list]:
     return done, waiting
 
 
-def _add(totals: dict[str, CommStat], kind: str, nbytes: int, group_size: int, ms: float) -> None:
-    """One call into its kind's totals; a kind keeps the group size of its first call."""
-    agg = totals.get(kind)
+def _add(totals: dict[tuple[str, str], CommStat], kind: str, dim: str, nbytes: int, group_size: int,
+         ms: float) -> None:
+    """One call into its (kind, mesh dimension)'s totals, which keep the group size of their first call."""
+    agg = totals.get((kind, dim))
     if agg is None:
-        agg = totals[kind] = CommStat(kind=kind, group_size=group_size)
+        agg = totals[(kind, dim)] = CommStat(kind=kind, group_size=group_size, group=dim)
     agg.count += 1
     agg.bytes += nbytes
     agg.busy_ms += ms

@@ -29,8 +29,9 @@ class CommStep:
     """Exposed communication (Step.comm_blocked_ms)."""
     busy_ms: float = 0.0
     """Union of in-flight collective intervals (Step.comm_busy_ms)."""
-    kinds: dict[tuple[str, int], CommStat] = field(default_factory=dict)
-    """(kind, group size) -> the kind's totals, summed; busy_ms per kind adds each call's own time."""
+    kinds: dict[tuple[str, int, str], CommStat] = field(default_factory=dict)
+    """(kind, group size, mesh dimension) -> the kind's totals there, summed; busy_ms per kind adds
+    each call's own time."""
 
     def add(self, other: "CommStep") -> None:
         self.ranks += other.ranks
@@ -42,13 +43,14 @@ class CommStep:
         for key, c in other.kinds.items():
             acc = kinds.get(key)
             if acc is None:
-                acc = kinds[key] = CommStat(kind=c.kind, group_size=c.group_size)
+                acc = kinds[key] = CommStat(kind=c.kind, group_size=c.group_size, group=c.group)
             acc.add(c)
 
     def add_comm(self, c: CommStat) -> None:
-        acc = self.kinds.get((c.kind, c.group_size))
+        key = (c.kind, c.group_size, c.group)
+        acc = self.kinds.get(key)
         if acc is None:
-            acc = self.kinds[(c.kind, c.group_size)] = CommStat(kind=c.kind, group_size=c.group_size)
+            acc = self.kinds[key] = CommStat(kind=c.kind, group_size=c.group_size, group=c.group)
         acc.add(c)
 
 
@@ -132,9 +134,10 @@ class CommLedger:
         kinds = agg.kinds
         for c in comm:
             seen.add(c.kind)
-            acc = kinds.get((c.kind, c.group_size))
+            key = (c.kind, c.group_size, c.group)
+            acc = kinds.get(key)
             if acc is None:
-                acc = kinds[(c.kind, c.group_size)] = CommStat(kind=c.kind, group_size=c.group_size)
+                acc = kinds[key] = CommStat(kind=c.kind, group_size=c.group_size, group=c.group)
             acc.add(c)
         return own
 
