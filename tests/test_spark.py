@@ -64,3 +64,36 @@ def test_the_comparison_sees_a_wrong_bar():
     ours = cells(SparkBars(data[:-1] + [1.5], 4, 2, LOW, HIGH), 4)
     theirs = cells(Sparkline(data, width=4, height=2, min_color=LOW.rich_color, max_color=HIGH.rich_color), 4)
     assert ["".join(g for g, _ in line) for line in ours] != ["".join(g for g, _ in line) for line in theirs]
+
+
+async def test_the_widget_draws_what_textual_draws_from_its_render_and_draws_again_on_new_data():
+    """Spark keeps its drawn lines (render_line) until its data changes: each drawing equals the
+    one Textual makes of the same widget's render() (Widget.render_line, through the console)."""
+    from textual.app import App
+    from textual.widget import Widget
+
+    from ringtop.tui.widgets.spark import Spark
+
+    class Charts(App):
+        CSS = "Spark { height: 3; width: 40; }"
+
+        def compose(self):
+            yield Spark(id="spark")
+
+    def lines(widget: Spark, textuals: bool) -> list[list[tuple[str, object]]]:
+        draw = (lambda y: Widget.render_line(widget, y)) if textuals else widget.render_line
+        if textuals:
+            widget._dirty_regions.add(widget.region)  # Textual's own cache: draw afresh
+        return [[(seg.text, seg.style) for seg in draw(y)] for y in range(3)]
+
+    async with Charts().run_test(size=(60, 10)) as pilot:
+        spark = pilot.app.query_one(Spark)
+        drawn = []
+        for data in ((1.0, 3.0, 2.0, 5.0), (5.0, 1.0, 1.0, 4.0, 2.0)):
+            spark.data = data
+            await pilot.pause()
+            ours = lines(spark, textuals=False)
+            assert ours == lines(spark, textuals=True)
+            assert "".join(text for line in ours for text, _ in line).strip(), "bars were drawn"
+            drawn.append(ours)
+        assert drawn[0] != drawn[1], "new data, new bars"

@@ -9,12 +9,14 @@ glyphs, the colour between min and max by the bar's height) with the colour quan
 
 from __future__ import annotations
 
+from itertools import islice
 from typing import ClassVar, Sequence
 
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.segment import Segment
 from rich.style import Style
 from textual.color import Color
+from textual.strip import Strip
 from textual.widget import Widget
 
 BARS = "▁▂▃▄▅▆▇█"
@@ -97,6 +99,8 @@ class Spark(Widget):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self._data: tuple[float, ...] = ()
+        self._drawn_key: tuple = ()
+        self._drawn: list[Strip] = []
 
     @property
     def data(self) -> tuple[float, ...]:
@@ -114,3 +118,18 @@ class Spark(Widget):
         return SparkBars(self._data, self.size.width, self.size.height,
                          base + self.get_component_styles("sparkline--min-color").color,
                          base + self.get_component_styles("sparkline--max-color").color)
+
+    def render_line(self, y: int) -> Strip:
+        """The bars' lines, drawn once per change of the data, size or style and kept (Textual's
+        way, render() through a Visual and the console, took ~2 ms a chart every repaint). They
+        are what that way draws: the bars' segments on the widget's style, cut into lines."""
+        width, height = self.size
+        style = self.visual_style.rich_style
+        key = (self._data, width, height, style, self.app.current_theme.name)
+        if key != self._drawn_key:
+            bars = self.render()
+            segments = Segment.apply_style(bars.__rich_console__(self.app.console, self.app.console_options), style)
+            self._drawn = [Strip(line) for line in islice(Segment.split_and_crop_lines(
+                segments, width, include_new_lines=False, pad=False), None, height)]
+            self._drawn_key = key
+        return self._drawn[y] if 0 <= y < len(self._drawn) else Strip.blank(width, style)
