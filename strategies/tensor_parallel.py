@@ -1,10 +1,11 @@
 """Tensor parallelism (Megatron's layout through DTensor's `parallelize_module`) for the built-in
-TinyGPT: in every block the fused qkv and the MLP's up projection are split by output rows
-(ColwiseParallel), the attention's and the MLP's output projections by input columns
-(RowwiseParallel), so each rank computes whole heads and a slice of the MLP, and the block's two
-outputs are all-reduced (2 per layer in forward, 2 in backward: their input gradients).
-Embeddings, LayerNorms and the tied head stay whole on every rank, which all see the same batch.
-
+TinyGPT and the llama-like hf models (LLAMA_PLAN: separate q, k, v, so no layout to fix; GPT-2's
+fused Conv1D c_attn is refused). TinyGPT: in every block the fused qkv and the MLP's up
+projection are split by output rows (ColwiseParallel), the attention's and the MLP's output
+projections by input columns (RowwiseParallel), so each rank computes whole heads and a slice of
+the MLP, and the block's two outputs are all-reduced (2 per layer in forward, 2 in backward: their
+input gradients). Embeddings, norms and the head stay whole on every rank, which all see the
+same batch.
 The trap: the fused qkv's rows are q|k|v. Split in N row blocks, rank 0 would get half of q and
 part of k, and train without an error but wrong (shared/notes/tensor-parallel-facts.md). So before
 it is split its rows are reordered by head (each head's q, k, v together) and the block reads them
@@ -52,21 +53,43 @@ class TensorParallelShape:
     hidden: int
 
 
+LLAMA_PLAN = {"self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise", "self_attn.v_proj": "colwise",
+              "self_attn.o_proj": "rowwise", "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise",
+              "mlp.down_proj": "rowwise"}
+"""A llama-like decoder layer's split: separate q, k, v (each rank whole query and key/value heads,
+in order, so a rank's query heads use its own key/value heads under GQA), the SwiGLU's gate and up
+by rows, the attention's and MLP's output projections by columns."""
+
+
 def check_splittable(model: nn.Module, degree: int, dtype: str) -> None:
     from ringtop.agent.model import TinyGPT
 
     if dtype != "fp32":
         raise StrategyError("tensor parallelism trains in fp32 here; drop --dtype bf16")
-    if not isinstance(model, TinyGPT):
-        raise StrategyError("tensor parallelism splits the built-in tiny-gpt's layers only")
-    if model.cfg.n_head % degree:
-        raise StrategyError(f"tensor parallelism over {degree} ranks: {degree} must divide the model's "
-                            f"{model.cfg.n_head} heads")
+    if isinstance(model, TinyGPT):
+        if model.cfg.n_head % degree:
+            raise StrategyError(f"tensor parallelism over {degree} ranks: {degree} must divide the model's "
+                                f"{model.cfg.n_head} heads")
+        return
+    from ringtop.agent.hf_catalogue import tensor_parallel_refusal
+    from ringtop.agent.hf_models import HFCausalLM
+
+    if not isinstance(model, HFCausalLM):
+        raise StrategyError("tensor parallelism splits the layers of the built-in tiny-gpt and of llama-like hf "
+                            "models only")
+    refusal = tensor_parallel_refusal(model.spec, degree)
+    if refusal:
+        raise StrategyError(refusal)
 
 
 def parallelize_blocks(model: nn.Module, tp_mesh: Any) -> tuple[torch.Tensor | None, TensorParallelShape]:
-    """Split every block of a TinyGPT over `tp_mesh` (its qkv rows first reordered by head unless
-    QKV_BY_HEAD is off); returns (the reordering, or None; the rank's shape)."""
+    """Split every block of a TinyGPT (its qkv rows first reordered by head unless QKV_BY_HEAD is
+    off) or every decoder layer of a llama-like hf model over `tp_mesh`; returns (the reordering,
+    or None; the rank's shape)."""
+    from ringtop.agent.model import TinyGPT
+
+    if not isinstance(model, TinyGPT):
+        return None, _parallelize_llama_layers(model, tp_mesh)
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     degree = tp_mesh.size()
@@ -75,14 +98,12 @@ def parallelize_blocks(model: nn.Module, tp_mesh: Any) -> tuple[torch.Tensor | N
     plan = {"qkv": ColwiseParallel(), "proj": RowwiseParallel(), "fc": ColwiseParallel(),
             "fc_out": RowwiseParallel()}
     total = sum(p.numel() for p in unique_tensors(model))
-    split = 0  # Colwise splits weight and bias by rows; Rowwise its weight by columns, its bias stays whole
+    split = 0
     for block in model.blocks:
         if rows is not None:  # a new tensor: the given one may be another wrapping's live state
             block.qkv.weight = nn.Parameter(block.qkv.weight.detach().index_select(0, rows.to(block.qkv.weight.device)))
         block.qkv_by_head = rows is not None
-        split += sum(p.numel() for name, style in plan.items()
-                     for pname, p in getattr(block, name).named_parameters()
-                     if isinstance(style, ColwiseParallel) or pname == "weight")
+        split += _split_numel(block, plan)
         parallelize_module(block, tp_mesh, plan)
         block.n_head = heads // degree
     collective_hooks.trace_functional_collectives()
@@ -90,6 +111,50 @@ def parallelize_blocks(model: nn.Module, tp_mesh: Any) -> tuple[torch.Tensor | N
                                 tensors=len(unique_tensors(model)), layers=len(model.blocks),
                                 hidden=model.cfg.d_model)
     return rows, shape
+
+
+def _split_numel(block: nn.Module, plan: dict[str, Any]) -> int:
+    """Elements the plan splits: Colwise splits weight and bias by rows; Rowwise its weight by
+    columns, its bias stays whole (added once, after the all-reduce)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return sum(p.numel() for name, style in plan.items() if isinstance(style, (ColwiseParallel, RowwiseParallel))
+               for pname, p in block.get_submodule(name).named_parameters()
+               if isinstance(style, ColwiseParallel) or pname == "weight")
+
+
+def _parallelize_llama_layers(model: nn.Module, tp_mesh: Any) -> TensorParallelShape:
+    """LLAMA_PLAN on every decoder layer, each sublayer's input declared replicated once
+    (PrepareModuleInput, kept a DTensor), so the input gradients of q, k, v (and of gate, up) are
+    summed as partial sums and all-reduced once: 2 all-reduces per layer each way, as TinyGPT's.
+    transformers' attention infers its local head count (`view(..., -1, head_dim)`) and keeps
+    heads / key-value heads, the GQA group, unchanged; nothing else is set."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    plan: dict[str, Any] = {
+        # the decoder layer calls self_attn(hidden_states=...), mlp(x)
+        "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": Replicate()},
+                                        desired_input_kwarg_layouts={"hidden_states": Replicate()}),
+        "mlp": PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),)),
+        **{name: styles[style]() for name, style in LLAMA_PLAN.items()},
+    }
+    layers = model._layers()
+    total = sum(p.numel() for p in unique_tensors(model))
+    split = 0
+    for layer in layers:
+        split += _split_numel(layer, plan)
+        parallelize_module(layer, tp_mesh, plan)
+    collective_hooks.trace_functional_collectives()
+    degree = tp_mesh.size()
+    return TensorParallelShape(degree=degree, params=total - split + split // degree,
+                               tensors=len(unique_tensors(model)), layers=len(layers), hidden=model.spec.dims.hidden)
 
 
 class HeadOrderedQkv:

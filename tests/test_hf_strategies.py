@@ -2,9 +2,9 @@
 with the whole batch, on 2 gloo ranks; what each rank holds matches the cost model to the byte, and
 its Hello carries the FLOPs per token of the 6N + 12LHS formula, counted here from the model.
 
-One run per case, a handful of steps: the llama (untied, GQA) under DDP, FSDP full-shard and a
-2-stage pipeline, the GPT-2 (tied head, learned positions) under a 2-stage pipeline, whose split
-tied weight is the case a Llama does not have; with RINGTOP_SUITE_ALL=1 also every other strategy
+One run per case, a handful of steps: the llama (untied, GQA) under DDP, FSDP full-shard, a
+2-stage pipeline and tensor parallelism, the GPT-2 (tied head, learned positions) under a 2-stage
+pipeline, whose split tied weight is the case a Llama does not have; with RINGTOP_SUITE_ALL=1 also every other strategy
 (ZeRO-1/2/3, the other FSDP shardings; GPT-2 under DDP, ZeRO-2/3 and FSDP)."""
 
 from __future__ import annotations
@@ -121,3 +121,73 @@ def test_an_hf_model_trains_like_one_process_and_holds_what_the_model_predicts(t
         if pipeline:  # a stage holds its own layers, not the whole model
             assert 0 < predicted.params_bytes < 4 * hello.param_count
         assert all(s.tflops > 0 for s in run.steps(rank))
+
+
+def split_by_tensor_parallelism(model) -> int:
+    """Elements of a llama's q, k, v, gate, up (by rows) and o, down (by columns) weights: what
+    tensor parallelism divides between the ranks (llama-tiny has no biases)."""
+    return sum(p.numel() for n, p in model.named_parameters()
+               if n.endswith(tuple(f"{m}.weight" for m in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                           "up_proj", "down_proj"))))
+
+
+def test_llama_under_tensor_parallelism_trains_like_one_process_and_a_plain_transformers_model_loads_it(tmp_path):
+    """`--strategy tp --tp 2`: both ranks see the one batch (the reference's BATCH), split each
+    decoder layer's projections, and write a checkpoint at STEPS; one more step's loss, the tp
+    model's on the checkpointed weights, is the loss of transformers' own model (its own forward)
+    loaded with that checkpoint."""
+    import torch
+    import torch.nn.functional as F
+    import transformers
+
+    from ringtop.agent.checkpoint_format import load_full_files
+    from ringtop.agent.data import synthetic_sample
+    from ringtop.agent.hf_catalogue import resolve
+    from ringtop.agent.hf_models import build_meta_model, hf_config
+
+    name = "llama-tiny"
+    run = start_agents(tmp_path, 2, "--model", f"hf:{name}", "--strategy", "tp", "--tp", "2", "--steps",
+                       str(STEPS + 1), "--batch-size", str(BATCH), "--seq-len", str(SEQ), "--lr", str(LR),
+                       "--checkpoint-every", str(STEPS))
+    try:
+        assert run.wait(200) == 0, run.output()[-4000:]
+    finally:
+        stop_process_group(run.proc)
+    expected = reference(name, BATCH)
+    steps = {rank: run.steps(rank) for rank in (0, 1)}
+    assert [s.loss for s in steps[0]] == [s.loss for s in steps[1]], "one batch, one replicated head: one loss"
+    assert_series_close([s.loss for s in steps[0]][:STEPS], expected.losses, rtol=LOSS_RTOL, what="loss")
+    for rank in (0, 1):
+        assert_series_close([s.grad_norm for s in steps[rank]][:STEPS], expected.grad_norms, rtol=GRAD_NORM_RTOL,
+                            what=f"rank {rank}'s gradient norm")
+    model_state, _, _ = load_full_files(run.checkpoint_dir / f"step-{STEPS:08d}-full")
+    assert set(model_state) == set(expected.state), "the checkpoint keeps transformers' parameter names"
+    assert_state_close(model_state, expected.state, steps=STEPS, lr=LR)
+
+    spec = resolve(f"hf:{name}")
+    plain = transformers.AutoModelForCausalLM.from_config(hf_config(spec))
+    plain.load_state_dict(model_state, strict=True)  # transformers' names and whole (unsplit) shapes
+    rows = torch.stack([synthetic_sample(STEPS * BATCH + i, SEQ, spec.dims.vocab, 0) for i in range(BATCH)])
+    with torch.no_grad():
+        logits = plain(input_ids=rows[:, :-1]).logits
+    plain_loss = float(F.cross_entropy(logits.reshape(-1, logits.size(-1)), rows[:, 1:].reshape(-1)))
+    assert_series_close([steps[0][STEPS].loss], [plain_loss], rtol=LOSS_RTOL, what="loss on the checkpoint")
+
+    meta = build_meta_model(f"hf:{name}")
+    total = sum(p.numel() for p in {id(p): p for p in meta.parameters()}.values())
+    held = total - split_by_tensor_parallelism(meta) // 2
+    tensors = len({id(p) for p in meta.parameters()})
+    d = spec.dims
+    per_step = 4 * d.layers * BATCH * SEQ * d.hidden * 4 + 4  # 2 fp32 activation all-reduces per layer each way
+    for rank in (0, 1):
+        hello = next(m for m in run.messages(rank) if isinstance(m, Hello))
+        assert (hello.strategy, hello.strategy_options) == ("tp", {"degree": 2})
+        mem, predicted = steps[rank][-1].mem, hello.prediction
+        assert (mem.params_bytes, mem.grads_bytes, mem.optimizer_bytes) == (4 * held, 4 * held,
+                                                                            8 * held + 4 * tensors)
+        assert (predicted.params_bytes, predicted.grads_bytes, predicted.optimizer_bytes) == (
+            mem.params_bytes, mem.grads_bytes, mem.optimizer_bytes), predicted.note
+        assert predicted.comm_payload_bytes == {"all_reduce": per_step}
+        for step in steps[rank]:
+            assert [(c.kind, c.count, c.bytes) for c in step.comm] == [("all_reduce", 4 * d.layers + 1, per_step)]
+        assert steps[rank][-1].tokens == BATCH * SEQ // 2
