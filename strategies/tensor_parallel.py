@@ -6,7 +6,8 @@ projections by input columns (RowwiseParallel), so each rank computes whole head
 the MLP, and the block's two outputs are all-reduced (2 per layer in forward, 2 in backward: their
 input gradients). Embeddings, norms and the head stay whole on every rank, which all see the
 same batch.
-The trap: the fused qkv's rows are q|k|v. Split in N row blocks, rank 0 would get half of q and
+
+The trap (TinyGPT): the fused qkv's rows are q|k|v. Split in N row blocks, rank 0 would get half of q and
 part of k, and train without an error but wrong (shared/notes/tensor-parallel-facts.md). So before
 it is split its rows are reordered by head (each head's q, k, v together) and the block reads them
 that way; every full state this strategy gives or takes (checkpoints, switches) is in the plain
