@@ -531,10 +531,9 @@ def _check_tensor_parallel(cfg: AgentConfig, given: Set[str]) -> None:
         return
     what = "--strategy tp" if cfg.strategy == "tp" else "--tp"
     hf = is_hf_spec(cfg.model)
-    if cfg.model != BUILTIN_MODEL and not (hf and cfg.strategy == "tp"):
-        which = ("the built-in tiny-gpt only (a llama-like hf model: under --strategy tp)" if cfg.strategy == "fsdp"
-                 else "the built-in tiny-gpt and of llama-like hf models (--model hf:NAME) only")
-        raise ConfigError(f"{what} splits the layers of {which}; drop --model or use another strategy")
+    if cfg.model != BUILTIN_MODEL and not hf:
+        raise ConfigError(f"{what} splits the layers of the built-in tiny-gpt and of llama-like hf models "
+                          "(--model hf:NAME) only; drop --model or use another strategy")
     if cfg.dtype != "fp32":
         raise ConfigError(f"{what} trains in fp32 here; drop --dtype bf16")
     if cfg.strategy == "fsdp" and cfg.fsdp_sharding == "no-shard":

@@ -191,3 +191,37 @@ def test_llama_under_tensor_parallelism_trains_like_one_process_and_a_plain_tran
         for step in steps[rank]:
             assert [(c.kind, c.count, c.bytes) for c in step.comm] == [("all_reduce", 4 * d.layers + 1, per_step)]
         assert steps[rank][-1].tokens == BATCH * SEQ // 2
+
+
+@further
+@pytest.mark.timeout(300)
+def test_llama_under_fsdp_over_tensor_parallel_groups_trains_like_one_process(tmp_path):
+    """2D on 4 ranks, `--strategy fsdp --tp 2`: 2 tp groups, each one data shard (global batch
+    2 x BATCH); memory and bytes per kind as predicted."""
+    from ringtop.agent.checkpoint_format import load_full_files
+
+    name = "llama-tiny"
+    run = start_agents(tmp_path, 4, "--model", f"hf:{name}", "--strategy", "fsdp", "--tp", "2", "--steps", str(STEPS),
+                       "--batch-size", str(BATCH), "--seq-len", str(SEQ), "--lr", str(LR), "--checkpoint-every",
+                       str(STEPS))
+    try:
+        assert run.wait(280) == 0, run.output()[-4000:]
+    finally:
+        stop_process_group(run.proc)
+    expected = reference(name, 2 * BATCH)
+    steps = {rank: run.steps(rank) for rank in range(4)}
+    for first, second in ((0, 1), (2, 3)):
+        assert [s.loss for s in steps[first]] == [s.loss for s in steps[second]]
+    assert_series_close([(a.loss + b.loss) / 2 for a, b in zip(steps[0], steps[2])], expected.losses,
+                        rtol=LOSS_RTOL, what="loss")
+    for rank in range(4):
+        assert_series_close([s.grad_norm for s in steps[rank]], expected.grad_norms, rtol=GRAD_NORM_RTOL,
+                            what=f"rank {rank}'s gradient norm")
+        hello = next(m for m in run.messages(rank) if isinstance(m, Hello))
+        mem, predicted = steps[rank][-1].mem, hello.prediction
+        assert (mem.params_bytes, mem.grads_bytes, mem.optimizer_bytes) == (
+            predicted.params_bytes, predicted.grads_bytes, predicted.optimizer_bytes), predicted.note
+        assert {c.kind: c.bytes for c in steps[rank][-1].comm} == predicted.comm_payload_bytes
+    model_state, _, _ = load_full_files(run.checkpoint_dir / f"step-{STEPS:08d}-full")
+    assert set(model_state) == set(expected.state)
+    assert_state_close(model_state, expected.state, steps=STEPS, lr=LR)

@@ -181,7 +181,7 @@ def test_the_qkv_layout_trap_fails_the_equivalence_check(worker, reference):
     (["--strategy", "tp", "--tp", "3"], "must divide tiny-gpt-1m's 4 attention heads"),
     (["--strategy", "tp", "--dtype", "bf16"], "trains in fp32 here"),
     (["--strategy", "tp", "--model", "user_factories:tiny"], "of the built-in tiny-gpt and of llama-like hf models"),
-    (["--strategy", "fsdp", "--tp", "2", "--model", "hf:llama-tiny"], "of the built-in tiny-gpt only"),
+    (["--strategy", "fsdp", "--tp", "2", "--model", "hf:gpt2-tiny"], r"fused c_attn .* \(the layout trap\)"),
     (["--strategy", "tp", "--model", "hf:gpt2-tiny"], r"fused c_attn .* \(the layout trap\)"),
     (["--strategy", "tp", "--tp", "4", "--model", "hf:llama-tiny"], "4 must divide hf:llama-tiny's 2 key/value heads"),
     (["--strategy", "tp", "--tp", "0"], "--tp must be >= 1"),
