@@ -225,3 +225,24 @@ def test_llama_under_fsdp_over_tensor_parallel_groups_trains_like_one_process(tm
     model_state, _, _ = load_full_files(run.checkpoint_dir / f"step-{STEPS:08d}-full")
     assert set(model_state) == set(expected.state)
     assert_state_close(model_state, expected.state, steps=STEPS, lr=LR)
+
+
+@further
+def test_live_switches_of_a_llama_into_and_out_of_tp_keep_the_state(tmp_path):
+    """ddp -> tp -> fsdp through the agent's switch (tests/hf_tp_worker.py): the full state
+    (weights and AdamW's moments, transformers' names) is the same to the bit across each switch,
+    and the run trains like one process given each step's global batch (tp: one batch)."""
+    from pathlib import Path
+
+    import torch
+    from conftest import run_worker_script
+
+    found = run_worker_script(Path(__file__).resolve().parent / "hf_tp_worker.py", [str(BATCH), str(SEQ), str(LR)],
+                              tmp_path, nproc=2, timeout_s=200)
+    assert [rank["switch_diffs"] for rank in found] == [[0.0, 0.0]] * 2
+    run = torch.load(tmp_path / "rank-0.pt")
+    assert run["batches"] == [2 * BATCH, BATCH, BATCH, 2 * BATCH]
+    expected = reference_run(len(run["losses"]), run["batches"], SEQ, LR, model="hf:llama-tiny")
+    assert_series_close(run["losses"], expected.losses, rtol=LOSS_RTOL, what="loss")
+    assert set(run["state"]) == set(expected.state)
+    assert_state_close(run["state"], expected.state, steps=len(run["losses"]), lr=LR)
