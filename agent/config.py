@@ -532,8 +532,8 @@ def _check_tensor_parallel(cfg: AgentConfig, given: Set[str]) -> None:
     what = "--strategy tp" if cfg.strategy == "tp" else "--tp"
     hf = is_hf_spec(cfg.model)
     if cfg.model != BUILTIN_MODEL and not hf:
-        raise ConfigError(f"{what} splits the layers of the built-in tiny-gpt and of llama-like hf models "
-                          "(--model hf:NAME) only; drop --model or use another strategy")
+        raise ConfigError(f"{what} splits the layers of the built-in tiny-gpt and of the hf models "
+                          "(--model hf:NAME or hf-config:PATH) only; drop --model or use another strategy")
     if cfg.dtype != "fp32":
         raise ConfigError(f"{what} trains in fp32 here; drop --dtype bf16")
     if cfg.strategy == "fsdp" and cfg.fsdp_sharding == "no-shard":

@@ -251,18 +251,14 @@ def estimated_params(d: Dims) -> int:
     return d.layers * (attn + mlp) + embed + positions
 
 
-TP_GPT2_REFUSAL = ("tensor parallelism cannot split GPT-2 here: its fused c_attn (a Conv1D whose columns are "
-                   "q|k|v) split in blocks would give a rank part of q and part of k, not whole heads (the layout "
-                   "trap); use a llama-like hf model or another strategy")
-
-
 def tensor_parallel_refusal(model: HFModel, degree: int) -> str | None:
     """Why `model` cannot be split over `degree` tensor-parallel ranks (one line), or None: each
     rank must get whole query heads, whole key/value heads (in order: a rank's query heads then use
-    its own key/value heads under GQA) and an equal slice of the MLP."""
+    its own key/value heads under GQA; GPT-2 has as many as query heads) and an equal slice of
+    the MLP."""
     d = model.dims
-    if d.model_type not in LLAMA_LIKE:
-        return TP_GPT2_REFUSAL if d.model_type == "gpt2" else f"tensor parallelism does not split {d.model_type} models"
+    if d.model_type not in MODEL_TYPES:
+        return f"tensor parallelism does not split {d.model_type} models"
     for count, what in ((d.heads, "attention heads"), (d.kv_heads, "key/value heads"),
                         (d.intermediate, "MLP width (intermediate_size)")):
         if count % degree:

@@ -1,7 +1,7 @@
-"""Live switches of an hf Llama into and out of tensor parallelism on 2 gloo ranks, through the
+"""Live switches of an hf model into and out of tensor parallelism on 2 gloo ranks, through the
 agent's own switch (`switch_strategy`), driven without an agent.
 
-`python tests/rank_launcher.py ... hf_tp_worker.py BATCH SEQ LR OUT`: rank 0 writes OUT/rank-0.pt
+`python tests/rank_launcher.py ... hf_tp_worker.py MODEL BATCH SEQ LR OUT` (MODEL: hf:NAME): rank 0 writes OUT/rank-0.pt
 (each step's loss over its global batch, each step's global batch, the final full state), every
 rank OUT/rank-R.json (the full state's largest difference across each switch).
 """
@@ -25,14 +25,15 @@ from ringtop.agent.switching import switch_strategy
 from ringtop.strategies.base import DistContext, TrainSettings
 from ringtop.strategies.registry import build_strategy
 
-MODEL, SEED = "hf:llama-tiny", 0
+SEED = 0
 PLAN = ("ddp", "tp", "tp", "fsdp")
 """The strategy of each step: ddp -> tp -> fsdp between them."""
 
 
 def main() -> int:
-    batch, seq = (int(a) for a in sys.argv[1:3])
-    lr, out = float(sys.argv[3]), Path(sys.argv[4])
+    model = sys.argv[1]
+    batch, seq = (int(a) for a in sys.argv[2:4])
+    lr, out = float(sys.argv[4]), Path(sys.argv[5])
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(1234)
@@ -44,9 +45,9 @@ def main() -> int:
         return torch.optim.AdamW(params, lr=lr)
 
     def build():
-        return build_hf_model(MODEL, SEED)
+        return build_hf_model(model, SEED)
 
-    vocab = build_hf_model(MODEL, SEED).spec.dims.vocab
+    vocab = build_hf_model(model, SEED).spec.dims.vocab
     strategy = build_strategy(PLAN[0], {}, ctx.device)
     strategy.setup(build(), adamw, ctx, settings)
     losses, batches, diffs, first = [], [], [], 0
