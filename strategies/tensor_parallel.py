@@ -30,8 +30,8 @@ from .base import DistContext, ModelCall, OptimizerFactory, PhaseMarker, Shardin
 from .torch_native import TorchNativeStrategy, _is_dtensor
 
 QKV_BY_HEAD = True
-"""Reorder the fused qkv's rows by head before splitting them. Only a test turns it off, to show
-that the equivalence check catches the q|k|v layout trap."""
+"""Reorder the fused qkv's rows by head (GPT-2's c_attn columns by rank) before splitting them.
+Only a test turns it off, to show that the equivalence check catches the q|k|v layout trap."""
 
 
 def qkv_rows_by_head(n_head: int, head_dim: int) -> torch.Tensor:
@@ -85,8 +85,8 @@ def check_splittable(model: nn.Module, degree: int, dtype: str) -> None:
 
 def parallelize_blocks(model: nn.Module, tp_mesh: Any) -> tuple[torch.Tensor | None, TensorParallelShape]:
     """Split every block of a TinyGPT (its qkv rows first reordered by head unless QKV_BY_HEAD is
-    off) or every decoder layer of a llama-like hf model over `tp_mesh`; returns (the reordering,
-    or None; the rank's shape)."""
+    off) or of an hf model (a GPT-2's c_attn columns first reordered by rank) over `tp_mesh`;
+    returns (the reordering, or None; the rank's shape)."""
     from ringtop.agent.model import TinyGPT
 
     if not isinstance(model, TinyGPT):
@@ -201,16 +201,16 @@ def _conv1d_styles() -> tuple[type, type]:
     return ColwiseConv1D, RowwiseConv1D
 
 
-def _parallelize_gpt2_blocks(model: nn.Module, tp_mesh: Any) -> tuple[torch.Tensor, TensorParallelShape]:
-    """GPT-2: c_attn's columns reordered by rank (the trap: split as q|k|v, rank 0 would get q and
-    part of k), then c_attn and c_fc split by columns, the two c_proj by rows; the attention splits
-    its local block by its local width."""
+def _parallelize_gpt2_blocks(model: nn.Module, tp_mesh: Any) -> tuple[torch.Tensor | None, TensorParallelShape]:
+    """GPT-2: c_attn's columns reordered by rank unless QKV_BY_HEAD is off (the trap: split as
+    q|k|v, rank 0 would get q and part of k), then c_attn and c_fc split by columns, the two
+    c_proj by rows; the attention splits its local block by its local width."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     colwise, rowwise = _conv1d_styles()
     degree = tp_mesh.size()
     d = model.spec.dims.hidden
-    cols = qkv_columns_by_rank(d, degree)
+    cols = qkv_columns_by_rank(d, degree) if QKV_BY_HEAD else torch.arange(3 * d)
     plan = {"attn.c_attn": colwise(), "attn.c_proj": rowwise(), "mlp.c_fc": colwise(), "mlp.c_proj": rowwise()}
     layers = model._layers()
     total = sum(p.numel() for p in unique_tensors(model))
@@ -224,7 +224,7 @@ def _parallelize_gpt2_blocks(model: nn.Module, tp_mesh: Any) -> tuple[torch.Tens
         parallelize_module(layer, tp_mesh, plan)
         attn.split_size, attn.num_heads = d // degree, attn.num_heads // degree
     collective_hooks.trace_functional_collectives()
-    return cols, TensorParallelShape(degree=degree, params=total - split + split // degree,
+    return cols if QKV_BY_HEAD else None, TensorParallelShape(degree=degree, params=total - split + split // degree,
                                      tensors=len(unique_tensors(model)), layers=len(layers), hidden=d)
 
 

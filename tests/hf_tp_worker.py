@@ -1,9 +1,11 @@
-"""Live switches of an hf model into and out of tensor parallelism on 2 gloo ranks, through the
-agent's own switch (`switch_strategy`), driven without an agent.
+"""An hf model on 2 gloo ranks through a plan of strategies, one a step, switched live through the
+agent's own switch (`switch_strategy`), driven without an agent; or under tp with the fused qkv
+split as it is (`trap`: QKV_BY_HEAD off, the layout trap).
 
-`python tests/rank_launcher.py ... hf_tp_worker.py MODEL BATCH SEQ LR OUT` (MODEL: hf:NAME): rank 0 writes OUT/rank-0.pt
-(each step's loss over its global batch, each step's global batch, the final full state), every
-rank OUT/rank-R.json (the full state's largest difference across each switch).
+`python tests/rank_launcher.py ... hf_tp_worker.py MODEL PLAN BATCH SEQ LR OUT` (MODEL: hf:NAME;
+PLAN: the strategies, comma-separated, or `trap`): rank 0 writes OUT/rank-0.pt (each step's loss
+over its global batch, each step's global batch, the final full state), every rank
+OUT/rank-R.json (the full state's largest difference across each switch).
 """
 
 from __future__ import annotations
@@ -22,18 +24,21 @@ from ringtop.agent.distributed import exit_rank
 from ringtop.agent.factories import call_model
 from ringtop.agent.hf_models import build_hf_model
 from ringtop.agent.switching import switch_strategy
+from ringtop.strategies import tensor_parallel
 from ringtop.strategies.base import DistContext, TrainSettings
 from ringtop.strategies.registry import build_strategy
 
 SEED = 0
-PLAN = ("ddp", "tp", "tp", "fsdp")
-"""The strategy of each step: ddp -> tp -> fsdp between them."""
+TRAP_STEPS = 5
 
 
 def main() -> int:
-    model = sys.argv[1]
-    batch, seq = (int(a) for a in sys.argv[2:4])
-    lr, out = float(sys.argv[4]), Path(sys.argv[5])
+    model, plan = sys.argv[1], sys.argv[2].split(",")
+    batch, seq = (int(a) for a in sys.argv[3:5])
+    lr, out = float(sys.argv[5]), Path(sys.argv[6])
+    if plan == ["trap"]:
+        tensor_parallel.QKV_BY_HEAD = False
+        plan = ["tp"] * TRAP_STEPS
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(1234)
@@ -48,10 +53,10 @@ def main() -> int:
         return build_hf_model(model, SEED)
 
     vocab = build_hf_model(model, SEED).spec.dims.vocab
-    strategy = build_strategy(PLAN[0], {}, ctx.device)
+    strategy = build_strategy(plan[0], {}, ctx.device)
     strategy.setup(build(), adamw, ctx, settings)
     losses, batches, diffs, first = [], [], [], 0
-    for name in PLAN:
+    for name in plan:
         if name != strategy.name:
             before = _cloned(strategy.full_state_dict_on_every_rank())
             strategy, _ = switch_strategy(strategy, name, dict, ctx, group, build, adamw, settings)

@@ -245,7 +245,8 @@ def test_live_switches_of_an_hf_model_into_and_out_of_tp_keep_the_state(tmp_path
     from conftest import run_worker_script
 
     found = run_worker_script(Path(__file__).resolve().parent / "hf_tp_worker.py",
-                              [f"hf:{name}", str(BATCH), str(SEQ), str(LR)], tmp_path, nproc=2, timeout_s=200)
+                              [f"hf:{name}", "ddp,tp,tp,fsdp", str(BATCH), str(SEQ), str(LR)], tmp_path, nproc=2,
+                              timeout_s=200)
     assert [rank["switch_diffs"] for rank in found] == [[0.0, 0.0]] * 2
     run = torch.load(tmp_path / "rank-0.pt")
     assert run["batches"] == [2 * BATCH, BATCH, BATCH, 2 * BATCH]
@@ -253,3 +254,20 @@ def test_live_switches_of_an_hf_model_into_and_out_of_tp_keep_the_state(tmp_path
     assert_series_close(run["losses"], expected.losses, rtol=LOSS_RTOL, what="loss")
     assert set(run["state"]) == set(expected.state)
     assert_state_close(*without_key_bias(run["state"], expected.state), steps=len(run["losses"]), lr=LR)
+
+
+@further
+def test_gpt2s_q_k_v_columns_split_as_they_are_fail_the_equivalence_check(tmp_path):
+    """The layout trap in GPT-2's fused c_attn: split in rank blocks without the reordering, rank 0
+    gets all of q and half of k, and trains without an error, but not like one process."""
+    from pathlib import Path
+
+    import torch
+    from conftest import run_worker_script
+
+    run_worker_script(Path(__file__).resolve().parent / "hf_tp_worker.py",
+                      ["hf:gpt2-tiny", "trap", str(BATCH), str(SEQ), str(LR)], tmp_path, nproc=2, timeout_s=200)
+    run = torch.load(tmp_path / "rank-0.pt")
+    assert run["batches"] == [BATCH] * STEPS and all(torch.isfinite(torch.tensor(run["losses"])))
+    with pytest.raises(AssertionError, match="loss: largest relative difference"):
+        assert_series_close(run["losses"], reference("gpt2-tiny", BATCH).losses, rtol=LOSS_RTOL, what="loss")
