@@ -42,7 +42,7 @@ from ringtop.strategies.ds_config import (
 )
 from ringtop.strategies.links import parse_link
 
-from .hf_catalogue import ModelConfigError, check_seq_len, is_hf_spec
+from .hf_catalogue import ModelConfigError, check_seq_len, is_hf_spec, tensor_parallel_refusal
 from .hf_catalogue import resolve as resolve_hf
 from .nonfinite import MODES as NONFINITE_MODES
 from .nonfinite import zero_refusal
@@ -530,18 +530,29 @@ def _check_tensor_parallel(cfg: AgentConfig, given: Set[str]) -> None:
     if cfg.strategy != "tp" and not (cfg.strategy == "fsdp" and cfg.tp is not None and cfg.tp > 1):
         return
     what = "--strategy tp" if cfg.strategy == "tp" else "--tp"
-    if cfg.model != BUILTIN_MODEL:
-        raise ConfigError(f"{what} splits the layers of the built-in tiny-gpt only; drop --model or use "
-                          "another strategy")
+    hf = is_hf_spec(cfg.model)
+    if cfg.model != BUILTIN_MODEL and not hf:
+        raise ConfigError(f"{what} splits the layers of the built-in tiny-gpt and of the hf models "
+                          "(--model hf:NAME or hf-config:PATH) only; drop --model or use another strategy")
     if cfg.dtype != "fp32":
         raise ConfigError(f"{what} trains in fp32 here; drop --dtype bf16")
     if cfg.strategy == "fsdp" and cfg.fsdp_sharding == "no-shard":
         raise ConfigError("--tp with --strategy fsdp shards over the data-parallel ranks: use --fsdp-sharding "
                           "full or grad-op")
+    _check_splits(cfg, cfg.tp or 1)  # with the degree still unknown, what no degree splits (GPT-2)
+
+
+def _check_splits(cfg: AgentConfig, degree: int) -> None:
+    """The model's heads (and an hf model's key/value heads and MLP width) split whole `degree` ways."""
+    if is_hf_spec(cfg.model):
+        refusal = tensor_parallel_refusal(resolve_hf(cfg.model), degree)
+        if refusal:
+            raise ConfigError(refusal)
+        return
     heads = MODEL_SIZE_HEADS[cfg.model_size]
-    if cfg.tp is not None and heads % cfg.tp:
-        raise ConfigError(f"--tp {cfg.tp} must divide tiny-gpt-{cfg.model_size}'s {heads} attention heads: each "
-                          "rank computes whole heads")
+    if heads % degree:
+        raise ConfigError(f"tensor parallelism over {degree} ranks: {degree} must divide tiny-gpt-{cfg.model_size}'s "
+                          f"{heads} attention heads (each rank computes whole heads); pass --tp with a divisor")
 
 
 def check_tensor_parallel_world(cfg: AgentConfig, world_size: int) -> None:
@@ -556,10 +567,7 @@ def check_tensor_parallel_world(cfg: AgentConfig, world_size: int) -> None:
         raise ConfigError(f"--strategy tp runs one tensor-parallel group over all {world_size} ranks; pass "
                           f"--tp {world_size} or leave --tp out; for data-parallel replicas of tp groups, "
                           f"--strategy fsdp --tp {degree}")
-    heads = MODEL_SIZE_HEADS[cfg.model_size]
-    if heads % degree:
-        raise ConfigError(f"tensor parallelism over {degree} ranks: {degree} must divide tiny-gpt-{cfg.model_size}'s "
-                          f"{heads} attention heads (each rank computes whole heads); pass --tp with a divisor")
+    _check_splits(cfg, degree)
 
 
 def _adopt_ds_config(cfg: AgentConfig, given: Set[str]) -> AgentConfig:

@@ -251,6 +251,22 @@ def estimated_params(d: Dims) -> int:
     return d.layers * (attn + mlp) + embed + positions
 
 
+def tensor_parallel_refusal(model: HFModel, degree: int) -> str | None:
+    """Why `model` cannot be split over `degree` tensor-parallel ranks (one line), or None: each
+    rank must get whole query heads, whole key/value heads (in order: a rank's query heads then use
+    its own key/value heads under GQA; GPT-2 has as many as query heads) and an equal slice of
+    the MLP."""
+    d = model.dims
+    if d.model_type not in MODEL_TYPES:
+        return f"tensor parallelism does not split {d.model_type} models"
+    for count, what in ((d.heads, "attention heads"), (d.kv_heads, "key/value heads"),
+                        (d.intermediate, "MLP width (intermediate_size)")):
+        if count % degree:
+            return (f"tensor parallelism over {degree} ranks: {degree} must divide {model.name}'s {count} {what} "
+                    "(each rank computes whole heads and an equal slice of the MLP)")
+    return None
+
+
 def check_seq_len(model: HFModel, seq_len: int) -> None:
     """The sequence must fit the architecture's positions (and a sliding window, which the causal
     attention ringtop runs does not apply)."""

@@ -1,15 +1,17 @@
 """Tensor parallelism (Megatron's layout through DTensor's `parallelize_module`) for the built-in
-TinyGPT: in every block the fused qkv and the MLP's up projection are split by output rows
-(ColwiseParallel), the attention's and the MLP's output projections by input columns
-(RowwiseParallel), so each rank computes whole heads and a slice of the MLP, and the block's two
-outputs are all-reduced (2 per layer in forward, 2 in backward: their input gradients).
-Embeddings, LayerNorms and the tied head stay whole on every rank, which all see the same batch.
+TinyGPT and the hf models (Llama-like: LLAMA_PLAN, separate q, k, v; GPT-2: its Conv1D layers).
+In every block the fused qkv (or q, k and v) and the MLP's up projections are split by output
+(ColwiseParallel), the attention's and the MLP's output projections by input (RowwiseParallel),
+so each rank computes whole heads and a slice of the MLP, and the block's two outputs are
+all-reduced (2 per layer in forward, 2 in backward: their input gradients). Embeddings, norms and
+the head stay whole on every rank, which all see the same batch.
 
-The trap: the fused qkv's rows are q|k|v. Split in N row blocks, rank 0 would get half of q and
-part of k, and train without an error but wrong (shared/notes/tensor-parallel-facts.md). So before
-it is split its rows are reordered by head (each head's q, k, v together) and the block reads them
-that way; every full state this strategy gives or takes (checkpoints, switches) is in the plain
-layout of the unparallelized model.
+The trap: a fused qkv's outputs are q|k|v. Split in N blocks, rank 0 would get half of q and part
+of k, and train without an error but wrong (shared/notes/tensor-parallel-facts.md). So before it
+is split TinyGPT's rows are reordered by head (each head's q, k, v together; the block reads them
+that way), GPT-2's c_attn columns by rank (each rank's heads' q|k|v, which its attention splits
+in three by the local width); every full state this strategy gives or takes (checkpoints,
+switches) is in the plain layout of the unparallelized model.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ from .base import DistContext, ModelCall, OptimizerFactory, PhaseMarker, Shardin
 from .torch_native import TorchNativeStrategy, _is_dtensor
 
 QKV_BY_HEAD = True
-"""Reorder the fused qkv's rows by head before splitting them. Only a test turns it off, to show
-that the equivalence check catches the q|k|v layout trap."""
+"""Reorder the fused qkv's rows by head (GPT-2's c_attn columns by rank) before splitting them.
+Only a test turns it off, to show that the equivalence check catches the q|k|v layout trap."""
 
 
 def qkv_rows_by_head(n_head: int, head_dim: int) -> torch.Tensor:
@@ -52,21 +54,45 @@ class TensorParallelShape:
     hidden: int
 
 
+LLAMA_PLAN = {"self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise", "self_attn.v_proj": "colwise",
+              "self_attn.o_proj": "rowwise", "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise",
+              "mlp.down_proj": "rowwise"}
+"""A llama-like decoder layer's split: separate q, k, v (each rank whole query and key/value heads,
+in order, so a rank's query heads use its own key/value heads under GQA), the SwiGLU's gate and up
+by rows, the attention's and MLP's output projections by columns."""
+
+
 def check_splittable(model: nn.Module, degree: int, dtype: str) -> None:
     from ringtop.agent.model import TinyGPT
 
     if dtype != "fp32":
         raise StrategyError("tensor parallelism trains in fp32 here; drop --dtype bf16")
-    if not isinstance(model, TinyGPT):
-        raise StrategyError("tensor parallelism splits the built-in tiny-gpt's layers only")
-    if model.cfg.n_head % degree:
-        raise StrategyError(f"tensor parallelism over {degree} ranks: {degree} must divide the model's "
-                            f"{model.cfg.n_head} heads")
+    if isinstance(model, TinyGPT):
+        if model.cfg.n_head % degree:
+            raise StrategyError(f"tensor parallelism over {degree} ranks: {degree} must divide the model's "
+                                f"{model.cfg.n_head} heads")
+        return
+    from ringtop.agent.hf_catalogue import tensor_parallel_refusal
+    from ringtop.agent.hf_models import HFCausalLM
+
+    if not isinstance(model, HFCausalLM):
+        raise StrategyError("tensor parallelism splits the layers of the built-in tiny-gpt and of the hf models "
+                            "(--model hf:...) only")
+    refusal = tensor_parallel_refusal(model.spec, degree)
+    if refusal:
+        raise StrategyError(refusal)
 
 
 def parallelize_blocks(model: nn.Module, tp_mesh: Any) -> tuple[torch.Tensor | None, TensorParallelShape]:
-    """Split every block of a TinyGPT over `tp_mesh` (its qkv rows first reordered by head unless
-    QKV_BY_HEAD is off); returns (the reordering, or None; the rank's shape)."""
+    """Split every block of a TinyGPT (its qkv rows first reordered by head unless QKV_BY_HEAD is
+    off) or of an hf model (a GPT-2's c_attn columns first reordered by rank) over `tp_mesh`;
+    returns (the reordering, or None; the rank's shape)."""
+    from ringtop.agent.model import TinyGPT
+
+    if not isinstance(model, TinyGPT):
+        if model.spec.dims.model_type == "gpt2":
+            return _parallelize_gpt2_blocks(model, tp_mesh)
+        return None, _parallelize_llama_layers(model, tp_mesh)
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     degree = tp_mesh.size()
@@ -75,14 +101,12 @@ def parallelize_blocks(model: nn.Module, tp_mesh: Any) -> tuple[torch.Tensor | N
     plan = {"qkv": ColwiseParallel(), "proj": RowwiseParallel(), "fc": ColwiseParallel(),
             "fc_out": RowwiseParallel()}
     total = sum(p.numel() for p in unique_tensors(model))
-    split = 0  # Colwise splits weight and bias by rows; Rowwise its weight by columns, its bias stays whole
+    split = 0
     for block in model.blocks:
         if rows is not None:  # a new tensor: the given one may be another wrapping's live state
             block.qkv.weight = nn.Parameter(block.qkv.weight.detach().index_select(0, rows.to(block.qkv.weight.device)))
         block.qkv_by_head = rows is not None
-        split += sum(p.numel() for name, style in plan.items()
-                     for pname, p in getattr(block, name).named_parameters()
-                     if isinstance(style, ColwiseParallel) or pname == "weight")
+        split += _split_numel(block, plan)
         parallelize_module(block, tp_mesh, plan)
         block.n_head = heads // degree
     collective_hooks.trace_functional_collectives()
@@ -90,6 +114,123 @@ def parallelize_blocks(model: nn.Module, tp_mesh: Any) -> tuple[torch.Tensor | N
                                 tensors=len(unique_tensors(model)), layers=len(model.blocks),
                                 hidden=model.cfg.d_model)
     return rows, shape
+
+
+def _split_numel(block: nn.Module, plan: dict[str, Any]) -> int:
+    """Elements the plan splits: Colwise splits weight and bias by rows; Rowwise its weight by
+    columns, its bias stays whole (added once, after the all-reduce)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return sum(p.numel() for name, style in plan.items() if isinstance(style, (ColwiseParallel, RowwiseParallel))
+               for pname, p in block.get_submodule(name).named_parameters()
+               if isinstance(style, ColwiseParallel) or pname == "weight")
+
+
+def _parallelize_llama_layers(model: nn.Module, tp_mesh: Any) -> TensorParallelShape:
+    """LLAMA_PLAN on every decoder layer, each sublayer's input declared replicated once
+    (PrepareModuleInput, kept a DTensor), so the input gradients of q, k, v (and of gate, up) are
+    summed as partial sums and all-reduced once: 2 all-reduces per layer each way, as TinyGPT's.
+    transformers' attention infers its local head count (`view(..., -1, head_dim)`) and keeps
+    heads / key-value heads, the GQA group, unchanged; nothing else is set."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    plan: dict[str, Any] = {
+        # the decoder layer calls self_attn(hidden_states=...), mlp(x)
+        "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": Replicate()},
+                                        desired_input_kwarg_layouts={"hidden_states": Replicate()}),
+        "mlp": PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),)),
+        **{name: styles[style]() for name, style in LLAMA_PLAN.items()},
+    }
+    layers = model._layers()
+    total = sum(p.numel() for p in unique_tensors(model))
+    split = 0
+    for layer in layers:
+        split += _split_numel(layer, plan)
+        parallelize_module(layer, tp_mesh, plan)
+    collective_hooks.trace_functional_collectives()
+    degree = tp_mesh.size()
+    return TensorParallelShape(degree=degree, params=total - split + split // degree,
+                               tensors=len(unique_tensors(model)), layers=len(layers), hidden=model.spec.dims.hidden)
+
+
+def qkv_columns_by_rank(d_model: int, degree: int) -> torch.Tensor:
+    """Column index into a q|k|v c_attn (GPT-2's Conv1D, [d, 3d]) for each column of the by-rank
+    layout: column (r, part, i) of the new layout is column part·d + r·(d/degree) + i of the old,
+    so each rank's block is its own heads' q|k|v, which the attention splits in three as before."""
+    share = d_model // degree
+    return torch.tensor([part * d_model + r * share + i for r in range(degree) for part in range(3)
+                         for i in range(share)], dtype=torch.long)
+
+
+def _conv1d_styles() -> tuple[type, type]:
+    """Colwise and Rowwise for transformers' Conv1D (weight [in, out], y = x W + b): torch's
+    styles split nn.Linear ([out, in]) only, so the dims are swapped here."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_module, distribute_tensor
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    def split(module: nn.Module, mesh: Any, placements: dict[str, Any]) -> None:
+        for name, param in list(module.named_parameters(recurse=False)):
+            module.register_parameter(name, nn.Parameter(distribute_tensor(param, mesh, [placements[name]]),
+                                                         requires_grad=param.requires_grad))
+
+    class ColwiseConv1D(ColwiseParallel):
+        def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
+            return distribute_module(
+                module, device_mesh, lambda _, m, mesh: split(m, mesh, {"weight": Shard(1), "bias": Shard(0)}),
+                lambda m, inputs, mesh: self._prepare_input_fn(self.input_layouts, self.desired_input_layouts, m,
+                                                               inputs, mesh),
+                lambda m, outputs, mesh: self._prepare_output_fn(self.output_layouts, self.use_local_output, m,
+                                                                 outputs, mesh))
+
+    class RowwiseConv1D(RowwiseParallel):
+        def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
+            desired = (Shard(-1),)
+            return distribute_module(
+                module, device_mesh, lambda _, m, mesh: split(m, mesh, {"weight": Shard(0), "bias": Replicate()}),
+                lambda m, inputs, mesh: self._prepare_input_fn(self.input_layouts, desired, m, inputs, mesh),
+                lambda m, outputs, mesh: self._prepare_output_fn(self.output_layouts, self.use_local_output, m,
+                                                                 outputs, mesh))
+
+    return ColwiseConv1D, RowwiseConv1D
+
+
+def _parallelize_gpt2_blocks(model: nn.Module, tp_mesh: Any) -> tuple[torch.Tensor | None, TensorParallelShape]:
+    """GPT-2: c_attn's columns reordered by rank unless QKV_BY_HEAD is off (the trap: split as
+    q|k|v, rank 0 would get q and part of k), then c_attn and c_fc split by columns, the two
+    c_proj by rows; the attention splits its local block by its local width."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    colwise, rowwise = _conv1d_styles()
+    degree = tp_mesh.size()
+    d = model.spec.dims.hidden
+    cols = qkv_columns_by_rank(d, degree) if QKV_BY_HEAD else torch.arange(3 * d)
+    plan = {"attn.c_attn": colwise(), "attn.c_proj": rowwise(), "mlp.c_fc": colwise(), "mlp.c_proj": rowwise()}
+    layers = model._layers()
+    total = sum(p.numel() for p in unique_tensors(model))
+    split = 0
+    for layer in layers:
+        attn = layer.attn
+        index = cols.to(attn.c_attn.weight.device)
+        attn.c_attn.weight = nn.Parameter(attn.c_attn.weight.detach().index_select(1, index))
+        attn.c_attn.bias = nn.Parameter(attn.c_attn.bias.detach().index_select(0, index))
+        split += _split_numel(layer, plan)
+        parallelize_module(layer, tp_mesh, plan)
+        attn.split_size, attn.num_heads = d // degree, attn.num_heads // degree
+    collective_hooks.trace_functional_collectives()
+    return cols if QKV_BY_HEAD else None, TensorParallelShape(degree=degree, params=total - split + split // degree,
+                                     tensors=len(unique_tensors(model)), layers=len(layers), hidden=d)
+
+
+QKV_DIMS = {".qkv.weight": 0, ".attn.c_attn.weight": 1, ".attn.c_attn.bias": 0}
+"""The fused q|k|v tensors a reordering applies to, and along which dim (TinyGPT's rows, GPT-2's
+c_attn columns and bias)."""
 
 
 class HeadOrderedQkv:
@@ -111,13 +252,14 @@ class HeadOrderedQkv:
             return state
         out = dict(state)
         for name, value in state.items():
-            if not name.endswith(".qkv.weight"):
+            dim = next((d for suffix, d in QKV_DIMS.items() if name.endswith(suffix)), None)
+            if dim is None:
                 continue
             if isinstance(value, torch.Tensor):
-                out[name] = value.index_select(0, rows.to(value.device))
-            elif isinstance(value, dict):
-                out[name] = {k: v.index_select(0, rows.to(v.device))
-                             if isinstance(v, torch.Tensor) and v.dim() == 2 else v for k, v in value.items()}
+                out[name] = value.index_select(dim, rows.to(value.device))
+            elif isinstance(value, dict):  # AdamW's moments have the parameter's shape, its step none
+                out[name] = {k: v.index_select(dim, rows.to(v.device))
+                             if isinstance(v, torch.Tensor) and v.dim() > dim else v for k, v in value.items()}
         return out
 
     def _plain(self, state: tuple[dict[str, Any], dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -2,9 +2,9 @@
 with the whole batch, on 2 gloo ranks; what each rank holds matches the cost model to the byte, and
 its Hello carries the FLOPs per token of the 6N + 12LHS formula, counted here from the model.
 
-One run per case, a handful of steps: the llama (untied, GQA) under DDP, FSDP full-shard and a
-2-stage pipeline, the GPT-2 (tied head, learned positions) under a 2-stage pipeline, whose split
-tied weight is the case a Llama does not have; with RINGTOP_SUITE_ALL=1 also every other strategy
+One run per case, a handful of steps: the llama (untied, GQA) under DDP, FSDP full-shard, a
+2-stage pipeline and tensor parallelism, the GPT-2 (tied head, learned positions) under a 2-stage
+pipeline, whose split tied weight is the case a Llama does not have; with RINGTOP_SUITE_ALL=1 also every other strategy
 (ZeRO-1/2/3, the other FSDP shardings; GPT-2 under DDP, ZeRO-2/3 and FSDP)."""
 
 from __future__ import annotations
@@ -121,3 +121,153 @@ def test_an_hf_model_trains_like_one_process_and_holds_what_the_model_predicts(t
         if pipeline:  # a stage holds its own layers, not the whole model
             assert 0 < predicted.params_bytes < 4 * hello.param_count
         assert all(s.tflops > 0 for s in run.steps(rank))
+
+
+TP_SPLIT = {"llama": ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight", "gate_proj.weight",
+                      "up_proj.weight", "down_proj.weight"),
+            "gpt2": ("c_attn.weight", "c_attn.bias", "attn.c_proj.weight", "c_fc.weight", "c_fc.bias",
+                     "mlp.c_proj.weight")}
+"""What tensor parallelism divides between the ranks: the matrices split by output (with their
+biases) and by input (without theirs: added once, after the all-reduce); llama-tiny has no biases."""
+
+
+def split_by_tensor_parallelism(model) -> int:
+    return sum(p.numel() for n, p in model.named_parameters() if n.endswith(TP_SPLIT[model.spec.dims.model_type]))
+
+
+@pytest.mark.parametrize("name", ["llama-tiny", pytest.param("gpt2-tiny", marks=further)])
+def test_an_hf_model_under_tensor_parallelism_trains_like_one_process_and_a_plain_transformers_model_loads_it(
+        tmp_path, name):
+    """`--strategy tp --tp 2`: both ranks see the one batch (the reference's BATCH), split each
+    decoder layer's projections (GPT-2's fused c_attn reordered by rank first), and write a
+    checkpoint at STEPS; one more step's loss, the tp model's on the checkpointed weights, is the
+    loss of transformers' own model (its own forward) loaded with that checkpoint."""
+    import torch
+    import torch.nn.functional as F
+    import transformers
+
+    from ringtop.agent.checkpoint_format import load_full_files
+    from ringtop.agent.data import synthetic_sample
+    from ringtop.agent.hf_catalogue import resolve
+    from ringtop.agent.hf_models import build_meta_model, hf_config
+
+    run = start_agents(tmp_path, 2, "--model", f"hf:{name}", "--strategy", "tp", "--tp", "2", "--steps",
+                       str(STEPS + 1), "--batch-size", str(BATCH), "--seq-len", str(SEQ), "--lr", str(LR),
+                       "--checkpoint-every", str(STEPS))
+    try:
+        assert run.wait(200) == 0, run.output()[-4000:]
+    finally:
+        stop_process_group(run.proc)
+    expected = reference(name, BATCH)
+    steps = {rank: run.steps(rank) for rank in (0, 1)}
+    assert [s.loss for s in steps[0]] == [s.loss for s in steps[1]], "one batch, one replicated head: one loss"
+    assert_series_close([s.loss for s in steps[0]][:STEPS], expected.losses, rtol=LOSS_RTOL, what="loss")
+    for rank in (0, 1):
+        assert_series_close([s.grad_norm for s in steps[rank]][:STEPS], expected.grad_norms, rtol=GRAD_NORM_RTOL,
+                            what=f"rank {rank}'s gradient norm")
+    model_state, _, _ = load_full_files(run.checkpoint_dir / f"step-{STEPS:08d}-full")
+    assert set(model_state) == set(expected.state), "the checkpoint keeps transformers' parameter names"
+    assert_state_close(*without_key_bias(model_state, expected.state), steps=STEPS, lr=LR)
+
+    spec = resolve(f"hf:{name}")
+    plain = transformers.AutoModelForCausalLM.from_config(hf_config(spec))
+    plain.load_state_dict(model_state, strict=True)  # transformers' names and whole (unsplit) shapes
+    rows = torch.stack([synthetic_sample(STEPS * BATCH + i, SEQ, spec.dims.vocab, 0) for i in range(BATCH)])
+    with torch.no_grad():
+        logits = plain(input_ids=rows[:, :-1]).logits
+    plain_loss = float(F.cross_entropy(logits.reshape(-1, logits.size(-1)), rows[:, 1:].reshape(-1)))
+    assert_series_close([steps[0][STEPS].loss], [plain_loss], rtol=LOSS_RTOL, what="loss on the checkpoint")
+
+    meta = build_meta_model(f"hf:{name}")
+    total = sum(p.numel() for p in {id(p): p for p in meta.parameters()}.values())
+    held = total - split_by_tensor_parallelism(meta) // 2
+    tensors = len({id(p) for p in meta.parameters()})
+    d = spec.dims
+    per_step = 4 * d.layers * BATCH * SEQ * d.hidden * 4 + 4  # 2 fp32 activation all-reduces per layer each way
+    for rank in (0, 1):
+        hello = next(m for m in run.messages(rank) if isinstance(m, Hello))
+        assert (hello.strategy, hello.strategy_options) == ("tp", {"degree": 2})
+        mem, predicted = steps[rank][-1].mem, hello.prediction
+        assert (mem.params_bytes, mem.grads_bytes, mem.optimizer_bytes) == (4 * held, 4 * held,
+                                                                            8 * held + 4 * tensors)
+        assert (predicted.params_bytes, predicted.grads_bytes, predicted.optimizer_bytes) == (
+            mem.params_bytes, mem.grads_bytes, mem.optimizer_bytes), predicted.note
+        assert predicted.comm_payload_bytes == {"all_reduce": per_step}
+        for step in steps[rank]:
+            assert [(c.kind, c.count, c.bytes) for c in step.comm] == [("all_reduce", 4 * d.layers + 1, per_step)]
+        assert steps[rank][-1].tokens == BATCH * SEQ // 2
+
+
+@further
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", ["llama-tiny", "gpt2-tiny"])
+def test_an_hf_model_under_fsdp_over_tensor_parallel_groups_trains_like_one_process(tmp_path, name):
+    """2D on 4 ranks, `--strategy fsdp --tp 2`: 2 tp groups, each one data shard (global batch
+    2 x BATCH); memory and bytes per kind as predicted."""
+    from ringtop.agent.checkpoint_format import load_full_files
+
+    run = start_agents(tmp_path, 4, "--model", f"hf:{name}", "--strategy", "fsdp", "--tp", "2", "--steps", str(STEPS),
+                       "--batch-size", str(BATCH), "--seq-len", str(SEQ), "--lr", str(LR), "--checkpoint-every",
+                       str(STEPS))
+    try:
+        assert run.wait(280) == 0, run.output()[-4000:]
+    finally:
+        stop_process_group(run.proc)
+    expected = reference(name, 2 * BATCH)
+    steps = {rank: run.steps(rank) for rank in range(4)}
+    for first, second in ((0, 1), (2, 3)):
+        assert [s.loss for s in steps[first]] == [s.loss for s in steps[second]]
+    assert_series_close([(a.loss + b.loss) / 2 for a, b in zip(steps[0], steps[2])], expected.losses,
+                        rtol=LOSS_RTOL, what="loss")
+    for rank in range(4):
+        assert_series_close([s.grad_norm for s in steps[rank]], expected.grad_norms, rtol=GRAD_NORM_RTOL,
+                            what=f"rank {rank}'s gradient norm")
+        hello = next(m for m in run.messages(rank) if isinstance(m, Hello))
+        mem, predicted = steps[rank][-1].mem, hello.prediction
+        assert (mem.params_bytes, mem.grads_bytes, mem.optimizer_bytes) == (
+            predicted.params_bytes, predicted.grads_bytes, predicted.optimizer_bytes), predicted.note
+        assert {c.kind: c.bytes for c in steps[rank][-1].comm} == predicted.comm_payload_bytes
+    model_state, _, _ = load_full_files(run.checkpoint_dir / f"step-{STEPS:08d}-full")
+    assert set(model_state) == set(expected.state)
+    assert_state_close(*without_key_bias(model_state, expected.state), steps=STEPS, lr=LR)
+
+
+@further
+@pytest.mark.parametrize("name", ["llama-tiny", "gpt2-tiny"])
+def test_live_switches_of_an_hf_model_into_and_out_of_tp_keep_the_state(tmp_path, name):
+    """ddp -> tp -> fsdp through the agent's switch (tests/hf_tp_worker.py): the full state
+    (weights and AdamW's moments, transformers' names and layout: GPT-2's c_attn columns back in
+    q|k|v order) is the same to the bit across each switch, and the run trains like one process
+    given each step's global batch (tp: one batch)."""
+    from pathlib import Path
+
+    import torch
+    from conftest import run_worker_script
+
+    found = run_worker_script(Path(__file__).resolve().parent / "hf_tp_worker.py",
+                              [f"hf:{name}", "ddp,tp,tp,fsdp", str(BATCH), str(SEQ), str(LR)], tmp_path, nproc=2,
+                              timeout_s=200)
+    assert [rank["switch_diffs"] for rank in found] == [[0.0, 0.0]] * 2
+    run = torch.load(tmp_path / "rank-0.pt")
+    assert run["batches"] == [2 * BATCH, BATCH, BATCH, 2 * BATCH]
+    expected = reference_run(len(run["losses"]), run["batches"], SEQ, LR, model=f"hf:{name}")
+    assert_series_close(run["losses"], expected.losses, rtol=LOSS_RTOL, what="loss")
+    assert set(run["state"]) == set(expected.state)
+    assert_state_close(*without_key_bias(run["state"], expected.state), steps=len(run["losses"]), lr=LR)
+
+
+@further
+def test_gpt2s_q_k_v_columns_split_as_they_are_fail_the_equivalence_check(tmp_path):
+    """The layout trap in GPT-2's fused c_attn: split in rank blocks without the reordering, rank 0
+    gets all of q and half of k, and trains without an error, but not like one process."""
+    from pathlib import Path
+
+    import torch
+    from conftest import run_worker_script
+
+    run_worker_script(Path(__file__).resolve().parent / "hf_tp_worker.py",
+                      ["hf:gpt2-tiny", "trap", str(BATCH), str(SEQ), str(LR)], tmp_path, nproc=2, timeout_s=200)
+    run = torch.load(tmp_path / "rank-0.pt")
+    assert run["batches"] == [BATCH] * STEPS and all(torch.isfinite(torch.tensor(run["losses"])))
+    with pytest.raises(AssertionError, match="loss: largest relative difference"):
+        assert_series_close(run["losses"], reference("gpt2-tiny", BATCH).losses, rtol=LOSS_RTOL, what="loss")

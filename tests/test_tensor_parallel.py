@@ -201,7 +201,10 @@ def test_the_qkv_layout_trap_fails_the_equivalence_check(worker, reference):
     (["--strategy", "fsdp", "--tp", "2", "--dtype", "bf16"], "--tp trains in fp32 here"),
     (["--strategy", "tp", "--tp", "3"], "must divide tiny-gpt-1m's 4 attention heads"),
     (["--strategy", "tp", "--dtype", "bf16"], "trains in fp32 here"),
-    (["--strategy", "tp", "--model", "user_factories:tiny"], "of the built-in tiny-gpt only"),
+    (["--strategy", "tp", "--model", "user_factories:tiny"], "of the built-in tiny-gpt and of the hf models"),
+    (["--strategy", "fsdp", "--tp", "2", "--model", "user_factories:tiny"], "of the built-in tiny-gpt and of"),
+    (["--strategy", "tp", "--tp", "3", "--model", "hf:gpt2-tiny"], "3 must divide hf:gpt2-tiny's 4 attention heads"),
+    (["--strategy", "tp", "--tp", "4", "--model", "hf:llama-tiny"], "4 must divide hf:llama-tiny's 2 key/value heads"),
     (["--strategy", "tp", "--tp", "0"], "--tp must be >= 1"),
 ])
 def test_bad_tensor_parallel_options_fail_with_one_line(argv, message):

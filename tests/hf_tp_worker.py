@@ -1,0 +1,82 @@
+"""An hf model on 2 gloo ranks through a plan of strategies, one a step, switched live through the
+agent's own switch (`switch_strategy`), driven without an agent; or under tp with the fused qkv
+split as it is (`trap`: QKV_BY_HEAD off, the layout trap).
+
+`python tests/rank_launcher.py ... hf_tp_worker.py MODEL PLAN BATCH SEQ LR OUT` (MODEL: hf:NAME;
+PLAN: the strategies, comma-separated, or `trap`): rank 0 writes OUT/rank-0.pt (each step's loss
+over its global batch, each step's global batch, the final full state), every rank
+OUT/rank-R.json (the full state's largest difference across each switch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from tp_worker import _cloned, _max_diff, _NoPhases
+
+from ringtop.agent.data import batch_from
+from ringtop.agent.distributed import exit_rank
+from ringtop.agent.factories import call_model
+from ringtop.agent.hf_models import build_hf_model
+from ringtop.agent.switching import switch_strategy
+from ringtop.strategies import tensor_parallel
+from ringtop.strategies.base import DistContext, TrainSettings
+from ringtop.strategies.registry import build_strategy
+
+SEED = 0
+TRAP_STEPS = 5
+
+
+def main() -> int:
+    model, plan = sys.argv[1], sys.argv[2].split(",")
+    batch, seq = (int(a) for a in sys.argv[3:5])
+    lr, out = float(sys.argv[5]), Path(sys.argv[6])
+    if plan == ["trap"]:
+        tensor_parallel.QKV_BY_HEAD = False
+        plan = ["tp"] * TRAP_STEPS
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(1234)
+    ctx = DistContext(rank, world, rank, torch.device("cpu"), "gloo")
+    group = dist.new_group(backend="gloo")
+    settings = TrainSettings(batch_size=batch)
+
+    def adamw(params):
+        return torch.optim.AdamW(params, lr=lr)
+
+    def build():
+        return build_hf_model(model, SEED)
+
+    vocab = build_hf_model(model, SEED).spec.dims.vocab
+    strategy = build_strategy(plan[0], {}, ctx.device)
+    strategy.setup(build(), adamw, ctx, settings)
+    losses, batches, diffs, first = [], [], [], 0
+    for name in plan:
+        if name != strategy.name:
+            before = _cloned(strategy.full_state_dict_on_every_rank())
+            strategy, _ = switch_strategy(strategy, name, dict, ctx, group, build, adamw, settings)
+            diffs.append(_max_diff(before, _cloned(strategy.full_state_dict_on_every_rank())))
+        shard, shards = strategy.data_shard(ctx)
+        loss = strategy.run_step(batch_from(first + shard * batch, batch, seq, vocab, SEED), call_model, _NoPhases())
+        mean = loss.detach().clone()
+        dist.all_reduce(mean, group=group)
+        losses.append(float(mean) / world)  # tp: both ranks' loss is the same
+        batches.append(shards * batch)
+        first += shards * batch
+    state = _cloned(strategy.full_state_dict()[0])
+    if rank == 0:
+        torch.save({"losses": losses, "batches": batches, "state": state}, out / "rank-0.pt")
+    (out / f"rank-{rank}.json").write_text(json.dumps({"switch_diffs": diffs}))
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    exit_rank(main())
