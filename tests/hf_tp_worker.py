@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from tp_worker import _cloned, _max_diff, _NoPhases
+from numerics import cloned_state, state_max_diff
+from tp_worker import _NoPhases
 
 from ringtop.agent.data import batch_from
 from ringtop.agent.distributed import exit_rank
@@ -58,9 +59,9 @@ def main() -> int:
     losses, batches, diffs, first = [], [], [], 0
     for name in plan:
         if name != strategy.name:
-            before = _cloned(strategy.full_state_dict_on_every_rank())
+            before = cloned_state(strategy.full_state_dict_on_every_rank())
             strategy, _ = switch_strategy(strategy, name, dict, ctx, group, build, adamw, settings)
-            diffs.append(_max_diff(before, _cloned(strategy.full_state_dict_on_every_rank())))
+            diffs.append(state_max_diff(before, cloned_state(strategy.full_state_dict_on_every_rank())))
         shard, shards = strategy.data_shard(ctx)
         loss = strategy.run_step(batch_from(first + shard * batch, batch, seq, vocab, SEED), call_model, _NoPhases())
         mean = loss.detach().clone()
@@ -68,7 +69,7 @@ def main() -> int:
         losses.append(float(mean) / world)  # tp: both ranks' loss is the same
         batches.append(shards * batch)
         first += shards * batch
-    state = _cloned(strategy.full_state_dict()[0])
+    state = cloned_state(strategy.full_state_dict()[0])
     if rank == 0:
         torch.save({"losses": losses, "batches": batches, "state": state}, out / "rank-0.pt")
     (out / f"rank-{rank}.json").write_text(json.dumps({"switch_diffs": diffs}))
