@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import agent_env
+from conftest import agent_env, poll_until
 from numerics import LOSS_RTOL, assert_series_close
 from reference import reference_run
 from safetensors import safe_open
@@ -75,20 +75,23 @@ def test_full_and_sharded_saves_in_the_foreground_and_background(launch_agents, 
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("kind, target", [
-    pytest.param("full", ("--strategy", "fsdp"), id="full-ddp2-to-fsdp1"),
-    pytest.param("sharded", ("--strategy", "ddp"), id="sharded-fsdp2-to-ddp1"),
+@pytest.mark.parametrize("kind, source, target", [
+    pytest.param("full", ("--strategy", "ddp"), ("--strategy", "fsdp"), id="full-ddp2-to-fsdp1"),
+    pytest.param("sharded", ("--strategy", "fsdp"), ("--strategy", "ddp"), id="sharded-fsdp2-to-ddp1"),
+    pytest.param("sharded", ("--strategy", "tp", "--tp", "2"), ("--strategy", "fsdp"), id="sharded-tp2-to-fsdp1"),
 ])
-def test_resume_into_another_strategy_and_world_size(launch_agents, kind, target):
-    source_strategy = ("--strategy", "ddp") if kind == "full" else ("--strategy", "fsdp")
-    first = launch_agents(2, "--steps", "6", *source_strategy, *COMMON, "--checkpoint-every", "3",
+def test_resume_into_another_strategy_and_world_size(launch_agents, kind, source, target):
+    """A run on 2 ranks checkpoints at step 3 and 6; one process with the run's global batch goes on
+    from step 6 as if it had been the one process all along. Tensor parallelism's 2 ranks read one
+    batch (its group is one data shard), the others' two."""
+    global_batch = BATCH if "tp" in source else 2 * BATCH
+    first = launch_agents(2, "--steps", "6", *source, *COMMON, "--checkpoint-every", "3",
                           "--checkpoint-kind", kind, name="first")
     assert first.wait(120) == 0, first.output()[-3000:]
-    # one process with the whole batch continues from step 6: the same global batch
-    second = launch_agents(0, "--steps", "9", *target, "--batch-size", str(2 * BATCH), "--seq-len", str(SEQ),
+    second = launch_agents(0, "--steps", "9", *target, "--batch-size", str(global_batch), "--seq-len", str(SEQ),
                            "--lr", str(LR), "--resume", str(first.checkpoint_dir), name="second")
     assert second.wait(120) == 0, second.output()[-3000:]
-    expected = reference_run(9, 2 * BATCH, SEQ, LR)
+    expected = reference_run(9, global_batch, SEQ, LR)
     continued = {s.step: s.loss for s in second.steps(0)}
     assert sorted(continued) == [7, 8, 9]
     assert_series_close([continued[s] for s in (7, 8, 9)], expected.losses[6:9], rtol=LOSS_RTOL, what="loss",
@@ -99,13 +102,9 @@ def test_resume_into_another_strategy_and_world_size(launch_agents, kind, target
 @pytest.mark.timeout(300)
 def test_a_rank_killed_during_a_save_leaves_the_previous_checkpoint_whole(launch_agents):
     run = launch_agents(2, "--steps", "0", *COMMON, "--checkpoint-every", "3", "--inject-save-delay", "4000")
-    deadline = time.monotonic() + 120
-    while not (run.checkpoint_dir / "latest").exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    poll_until(lambda: (run.checkpoint_dir / "latest").exists(), 120, "the first checkpoint", interval_s=0.1)
     first = resolve("latest", run.checkpoint_dir)
-    while not list(run.checkpoint_dir.glob(".step-00000006-full.tmp")) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert list(run.checkpoint_dir.glob(".step-00000006-full.tmp")), "the second save never started"
+    poll_until(lambda: list(run.checkpoint_dir.glob(".step-00000006-full.tmp")), 120, "the second save's start")
     kill_all([run.proc.pid, *descendants(run.proc.pid)])  # every rank, mid-save, no clean-up
     run.proc.wait(30)
     assert resolve("latest", run.checkpoint_dir) == first
