@@ -555,6 +555,13 @@ def _check_splits(cfg: AgentConfig, degree: int) -> None:
                           f"{heads} attention heads (each rank computes whole heads); pass --tp with a divisor")
 
 
+def check_switch_tensor_parallel(cfg: AgentConfig, world_size: int, tp_given: bool) -> None:
+    """A live switch's target as the command line's would be checked (`tp_given`: the command
+    named a degree)."""
+    _check_tensor_parallel(cfg, {"tp"} if tp_given else set())
+    check_tensor_parallel_world(cfg, world_size)
+
+
 def check_tensor_parallel_world(cfg: AgentConfig, world_size: int) -> None:
     """The tensor-parallel degree against the run's ranks: --strategy tp runs one group over all of
     them, --strategy fsdp --tp N world size / N groups."""

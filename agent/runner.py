@@ -49,7 +49,14 @@ from ringtop.strategies.torch_native import full_optimizer_template
 from . import checkpoint_format as ckpt
 from . import nonfinite
 from .checkpoint_saver import CheckpointManager
-from .config import BUILTIN_DATA, BUILTIN_MODEL, AgentConfig, ConfigError, check_tensor_parallel_world
+from .config import (
+    BUILTIN_DATA,
+    BUILTIN_MODEL,
+    AgentConfig,
+    ConfigError,
+    check_switch_tensor_parallel,
+    check_tensor_parallel_world,
+)
 from .control import ControlServer, PendingCommand, StepSync, all_gather_fixed, broadcast_bytes, scatter_fixed
 from .data import synthetic_batches
 from .diagnosis_exchange import Diagnostician
@@ -1064,12 +1071,15 @@ class Runner:
         ds_config, from_command = args.ds_config, False
         if ds_config is not None and ds_config != self.launch_ds_config:
             ds_config, from_command = str(inside_run_directory(ds_config, self.cfg.checkpoint_dir, "ds_config")), True
+        # a degree the command names; else tp keeps the run's (or all ranks), and the rest are 1D
+        tp = args.tp if args.tp is not None else (self.cfg.tp if args.strategy == "tp" else None)
         new_cfg = msgspec.structs.replace(
             self.cfg, strategy=args.strategy, fsdp_sharding=args.fsdp_sharding or "full", ds_config=ds_config,
-            tp=self.cfg.tp if args.strategy == "tp" else None,  # a switch to fsdp is 1D
+            tp=tp,
             ds_config_from_command=from_command,
             pp_schedule=args.pp_schedule or self.cfg.pp_schedule,
             micro_batches=args.micro_batches or self.cfg.micro_batches)
+        check_switch_tensor_parallel(new_cfg, self.ctx.world_size, args.tp is not None)
         old = self.strategy.describe()
         try:
             new, seconds = switch_strategy(

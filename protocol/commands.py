@@ -30,6 +30,9 @@ class SwitchArgs(msgspec.Struct, forbid_unknown_fields=True):
     ds_config: str | None = None
     pp_schedule: Literal["gpipe", "1f1b"] | None = None
     micro_batches: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    tp: Annotated[int, msgspec.Meta(ge=1, le=65536)] | None = None
+    """Tensor-parallel degree: with `fsdp`, 2D (world / tp data-parallel replicas of tp groups);
+    with `tp`, the degree (the world size). None: `tp` over every rank, anything else 1D."""
 
 
 class SetArgs(msgspec.Struct, forbid_unknown_fields=True):

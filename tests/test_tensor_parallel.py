@@ -7,8 +7,10 @@ Two multi-rank runs, each checked for several things: one agent run (`tp_run`) a
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+import msgspec
 import pytest
 import torch
 from conftest import further, run_worker_script, start_agents, stop_process_group
@@ -263,9 +265,10 @@ def test_a_sharded_checkpoint_of_tp_reads_into_the_plain_layout(worker):
 @further
 @pytest.mark.timeout(300)
 def test_live_switch_commands_into_and_out_of_tp(tmp_path):
-    """The `switch` command on a running agent, ddp -> tp -> fsdp (the runner's path: its data
-    rebuilt for the tp group's one shard, --tp left behind for fsdp): the losses are one
-    process's given each step's global batch (ddp, fsdp: 2 x BATCH; tp: BATCH). The state across
+    """The `switch` command on a running agent, ddp -> tp -> 2D (`fsdp` with `tp=2`: one replica
+    of a tp pair) -> fsdp (the runner's path: its data rebuilt for the tp group's one shard, --tp
+    left behind for 1D fsdp): the losses are one process's given each step's global batch (ddp,
+    fsdp: 2 x BATCH; tp, 2D: BATCH). The state across
     switch_strategy itself is checked to the bit in test_live_switches_ddp_to_tp_and_back_keep_the_state."""
     run = start_agents(tmp_path, 2, "--strategy", "ddp", "--steps", "0", "--batch-size", str(BATCH),
                        "--seq-len", str(SEQ), "--lr", str(LR))
@@ -274,6 +277,9 @@ def test_live_switch_commands_into_and_out_of_tp(tmp_path):
         into = list(run.send_command("switch", {"strategy": "tp"}, timeout_s=120))[-1]
         assert into.status == "done", into
         run.wait_for_step(into.result["step"] + 2, 120)
+        two_d = list(run.send_command("switch", {"strategy": "fsdp", "tp": 2}, timeout_s=120))[-1]
+        assert two_d.status == "done", two_d
+        run.wait_for_step(two_d.result["step"] + 2, 120)
         out = list(run.send_command("switch", {"strategy": "fsdp"}, timeout_s=120))[-1]
         assert (out.status, out.result["to"]) == ("done", "fsdp(full)"), out
         run.wait_for_step(out.result["step"] + 2, 120)
@@ -283,9 +289,29 @@ def test_live_switch_commands_into_and_out_of_tp(tmp_path):
         stop_process_group(run.proc)
     a, b = ({s.step: s.loss for s in run.steps(rank)} for rank in (0, 1))
     last = min(max(a), max(b))
-    tp_steps = range(into.result["step"] + 1, out.result["step"] + 1)
+    tp_steps = range(into.result["step"] + 1, out.result["step"] + 1)  # tp, then 2D of one replica: one batch
     batches = [BATCH if step in tp_steps else 2 * BATCH for step in range(1, last + 1)]
     reference = reference_run(last, batches, SEQ, LR)
     assert_series_close([(a[s] + b[s]) / 2 for s in range(1, last + 1)], reference.losses, rtol=LOSS_RTOL,
                         what="loss")
 
+
+
+def test_a_live_switch_is_checked_for_tensor_parallelism_as_the_command_line_is():
+    """What `switch` refuses at once, on every rank, before anything is let go (one line each)."""
+    from ringtop.agent.config import ConfigError, check_switch_tensor_parallel, parse_agent_args
+    from ringtop.protocol.commands import SwitchArgs
+
+    assert msgspec.convert({"strategy": "fsdp", "tp": 2}, SwitchArgs).tp == 2
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert({"strategy": "fsdp", "tp": 0}, SwitchArgs)
+    ok = parse_agent_args(["--strategy", "fsdp", "--tp", "2"])
+    check_switch_tensor_parallel(ok, 4, tp_given=True)
+    for change, world, words in (
+            ({"strategy": "ddp", "tp": 2}, 4, "--tp applies to --strategy tp and fsdp only"),
+            ({"tp": 3}, 6, "must divide tiny-gpt-1m's 4 attention heads"),
+            ({"tp": 2}, 3, "must divide the world size (3 ranks)"),
+            ({"tp": 2, "fsdp_sharding": "no-shard"}, 4, "full or grad-op")):
+        cfg = msgspec.structs.replace(ok, **change)  # what the runner builds from the command
+        with pytest.raises(ConfigError, match=re.escape(words)):
+            check_switch_tensor_parallel(cfg, world, tp_given=True)
