@@ -17,17 +17,12 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from numerics import cloned_state, state_max_diff
-from tp_worker import _NoPhases
+from tp_worker import run_plan
 
-from ringtop.agent.data import batch_from
 from ringtop.agent.distributed import exit_rank
-from ringtop.agent.factories import call_model
 from ringtop.agent.hf_models import build_hf_model
-from ringtop.agent.switching import switch_strategy
 from ringtop.strategies import tensor_parallel
-from ringtop.strategies.base import DistContext, TrainSettings
-from ringtop.strategies.registry import build_strategy
+from ringtop.strategies.base import DistContext
 
 SEED = 0
 TRAP_STEPS = 5
@@ -44,34 +39,10 @@ def main() -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(1234)
     ctx = DistContext(rank, world, rank, torch.device("cpu"), "gloo")
-    group = dist.new_group(backend="gloo")
-    settings = TrainSettings(batch_size=batch)
-
-    def adamw(params):
-        return torch.optim.AdamW(params, lr=lr)
-
-    def build():
-        return build_hf_model(model, SEED)
-
     vocab = build_hf_model(model, SEED).spec.dims.vocab
-    strategy = build_strategy(plan[0], {}, ctx.device)
-    strategy.setup(build(), adamw, ctx, settings)
-    losses, batches, diffs, first = [], [], [], 0
-    for name in plan:
-        if name != strategy.name:
-            before = cloned_state(strategy.full_state_dict_on_every_rank())
-            strategy, _ = switch_strategy(strategy, name, dict, ctx, group, build, adamw, settings)
-            diffs.append(state_max_diff(before, cloned_state(strategy.full_state_dict_on_every_rank())))
-        shard, shards = strategy.data_shard(ctx)
-        loss = strategy.run_step(batch_from(first + shard * batch, batch, seq, vocab, SEED), call_model, _NoPhases())
-        mean = loss.detach().clone()
-        dist.all_reduce(mean, group=group)
-        losses.append(float(mean) / world)  # tp: both ranks' loss is the same
-        batches.append(shards * batch)
-        first += shards * batch
-    state = cloned_state(strategy.full_state_dict()[0])
+    result, diffs = run_plan(ctx, plan, lambda: build_hf_model(model, SEED), vocab, batch, seq, lr)
     if rank == 0:
-        torch.save({"losses": losses, "batches": batches, "state": state}, out / "rank-0.pt")
+        torch.save(result, out / "rank-0.pt")
     (out / f"rank-{rank}.json").write_text(json.dumps({"switch_diffs": diffs}))
     dist.barrier()
     dist.destroy_process_group()

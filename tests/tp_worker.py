@@ -67,29 +67,25 @@ SWITCHED_PLAN = ("ddp", "ddp", "tp", "ddp")
 """The strategy of each step of the switching run: live switches ddp -> tp -> ddp between them."""
 
 
-def switched(ctx: DistContext, batch: int, seq: int, lr: float):
-    """Steps under SWITCHED_PLAN through the agent's own switch (state taken on every rank, a
-    model built on meta and handed it, the new wrapping loaded); a ddp step reads a shard of
-    2 x batch samples, a tp step one batch on both ranks. Returns (rank 0's result: each step's
-    loss over its global batch and the final full state; the state differences across each switch)."""
+def run_plan(ctx: DistContext, plan, build, vocab: int, batch: int, seq: int, lr: float):
+    """One step under each strategy of `plan`, switched between through the agent's own switch
+    (state taken on every rank, a model built on meta and handed it, the new wrapping loaded); a
+    step reads one batch per data shard (ddp: 2 x batch on 2 ranks; tp: one batch on both).
+    Returns (rank 0's result: each step's loss over its global batch, each step's global batch,
+    the final full state; the full state's largest difference across each switch)."""
     from ringtop.agent.switching import switch_strategy
     from ringtop.strategies.registry import build_strategy
 
-    tensor_parallel.QKV_BY_HEAD = True
     group = dist.new_group(backend="gloo")
-    vocab = MODEL_SIZES[SIZE].vocab_size
     settings = TrainSettings(batch_size=batch)
 
     def adamw(params):
         return torch.optim.AdamW(params, lr=lr)
 
-    def build():
-        return build_tiny_gpt(SIZE, SEED)
-
-    strategy = build_strategy(SWITCHED_PLAN[0], {}, ctx.device)
+    strategy = build_strategy(plan[0], {}, ctx.device)
     strategy.setup(build(), adamw, ctx, settings)
-    losses, diffs, first = [], [], 0
-    for name in SWITCHED_PLAN:
+    losses, batches, diffs, first = [], [], [], 0
+    for name in plan:
         if name != strategy.name:
             before = cloned_state(strategy.full_state_dict_on_every_rank())
             strategy, _ = switch_strategy(strategy, name, dict, ctx, group, build, adamw, settings)
@@ -99,10 +95,16 @@ def switched(ctx: DistContext, batch: int, seq: int, lr: float):
         mean = loss.detach().clone()
         dist.all_reduce(mean, group=group)
         losses.append(float(mean) / ctx.world_size)  # tp: both ranks' loss is the same
+        batches.append(shards * batch)
         first += shards * batch
-    model_state = cloned_state(strategy.full_state_dict()[0])
-    return {"losses": losses, "batches": [batch * (2 if n == "ddp" else 1) for n in SWITCHED_PLAN],
-            "state": model_state}, diffs
+    return {"losses": losses, "batches": batches, "state": cloned_state(strategy.full_state_dict()[0])}, diffs
+
+
+def switched(ctx: DistContext, batch: int, seq: int, lr: float):
+    """SWITCHED_PLAN on the built-in model (run_plan)."""
+    tensor_parallel.QKV_BY_HEAD = True
+    return run_plan(ctx, SWITCHED_PLAN, lambda: build_tiny_gpt(SIZE, SEED), MODEL_SIZES[SIZE].vocab_size,
+                    batch, seq, lr)
 
 
 def main() -> int:
