@@ -166,3 +166,28 @@ def cloned_state(state: Any) -> Any:
     if isinstance(state, (list, tuple)):
         return type(state)(cloned_state(v) for v in state)
     return state.clone() if isinstance(state, torch.Tensor) else state
+
+
+def assert_2d_trains_like_the_reference(run, reference, tp_groups=((0, 1), (2, 3))) -> dict:
+    """A dp x tp run (2D): each tp group computes one loss from one batch, to the bit; the mean over
+    the groups' losses and every rank's gradient norm follow the single-process reference with
+    the global batch. Returns each rank's steps."""
+    steps = {rank: run.steps(rank) for group in tp_groups for rank in group}
+    for first, *others in tp_groups:
+        for other in others:
+            assert [s.loss for s in steps[first]] == [s.loss for s in steps[other]]
+    heads = [steps[group[0]] for group in tp_groups]
+    assert_series_close([sum(s.loss for s in at) / len(at) for at in zip(*heads)], reference.losses,
+                        rtol=LOSS_RTOL, what="loss")
+    for rank, own in steps.items():
+        assert_series_close([s.grad_norm for s in own], reference.grad_norms, rtol=GRAD_NORM_RTOL,
+                            what=f"rank {rank}'s gradient norm")
+    return steps
+
+
+def bytes_by_kind(comm) -> dict[str, int]:
+    """A step's collective bytes per kind, summed over its mesh dimensions (CommStat.group)."""
+    out: dict[str, int] = {}
+    for c in comm:
+        out[c.kind] = out.get(c.kind, 0) + c.bytes
+    return out

@@ -14,7 +14,15 @@ import importlib.util
 
 import pytest
 from conftest import further, start_agents, stop_process_group
-from numerics import GRAD_NORM_RTOL, LOSS_RTOL, assert_series_close, assert_state_close, mean_losses
+from numerics import (
+    GRAD_NORM_RTOL,
+    LOSS_RTOL,
+    assert_2d_trains_like_the_reference,
+    assert_series_close,
+    assert_state_close,
+    bytes_by_kind,
+    mean_losses,
+)
 from reference import reference_run
 
 from ringtop.protocol import Hello
@@ -214,19 +222,13 @@ def test_an_hf_model_under_fsdp_over_tensor_parallel_groups_trains_like_one_proc
     finally:
         stop_process_group(run.proc)
     expected = reference(name, 2 * BATCH)
-    steps = {rank: run.steps(rank) for rank in range(4)}
-    for first, second in ((0, 1), (2, 3)):
-        assert [s.loss for s in steps[first]] == [s.loss for s in steps[second]]
-    assert_series_close([(a.loss + b.loss) / 2 for a, b in zip(steps[0], steps[2])], expected.losses,
-                        rtol=LOSS_RTOL, what="loss")
+    steps = assert_2d_trains_like_the_reference(run, expected)
     for rank in range(4):
-        assert_series_close([s.grad_norm for s in steps[rank]], expected.grad_norms, rtol=GRAD_NORM_RTOL,
-                            what=f"rank {rank}'s gradient norm")
         hello = next(m for m in run.messages(rank) if isinstance(m, Hello))
         mem, predicted = steps[rank][-1].mem, hello.prediction
         assert (mem.params_bytes, mem.grads_bytes, mem.optimizer_bytes) == (
             predicted.params_bytes, predicted.grads_bytes, predicted.optimizer_bytes), predicted.note
-        assert {c.kind: c.bytes for c in steps[rank][-1].comm} == predicted.comm_payload_bytes
+        assert bytes_by_kind(steps[rank][-1].comm) == predicted.comm_payload_bytes
     model_state, _, _ = load_full_files(run.checkpoint_dir / f"step-{STEPS:08d}-full")
     assert set(model_state) == set(expected.state)
     assert_state_close(*without_key_bias(model_state, expected.state), steps=STEPS, lr=LR)

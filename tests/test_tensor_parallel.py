@@ -17,9 +17,11 @@ from conftest import further, run_worker_script, start_agents, stop_process_grou
 from numerics import (
     GRAD_NORM_RTOL,
     LOSS_RTOL,
+    assert_2d_trains_like_the_reference,
     assert_series_close,
     assert_state_close,
     assert_trains_like_the_reference,
+    bytes_by_kind,
 )
 from reference import reference_run
 
@@ -107,14 +109,7 @@ def test_fsdp_over_tp_groups_trains_like_one_process_and_holds_and_sends_what_it
     finally:
         stop_process_group(run.proc)
     reference = reference_run(STEPS, 2 * BATCH, SEQ, LR)
-    steps = {rank: run.steps(rank) for rank in range(4)}
-    for first, second in ((0, 1), (2, 3)):  # a tp group: one batch, one loss
-        assert [s.loss for s in steps[first]] == [s.loss for s in steps[second]]
-    assert_series_close([(a.loss + b.loss) / 2 for a, b in zip(steps[0], steps[2])], reference.losses,
-                        rtol=LOSS_RTOL, what="loss")
-    for rank in range(4):
-        assert_series_close([s.grad_norm for s in steps[rank]], reference.grad_norms, rtol=GRAD_NORM_RTOL,
-                            what=f"rank {rank}'s gradient norm")
+    steps = assert_2d_trains_like_the_reference(run, reference)
     model_state, _, _ = load_full_files(run.checkpoint_dir / f"step-{STEPS:08d}-full")
     assert_state_close(model_state, reference.state, steps=STEPS, lr=LR)
 
@@ -127,9 +122,7 @@ def test_fsdp_over_tp_groups_trains_like_one_process_and_holds_and_sends_what_it
         assert mem.params_bytes == 4 * held // 2  # the tp share, sharded again over the 2 dp ranks
         assert (mem.params_bytes, mem.grads_bytes, mem.optimizer_bytes) == (
             predicted.params_bytes, predicted.grads_bytes, predicted.optimizer_bytes), predicted.note
-        measured: dict[str, int] = {}
-        for c in steps[rank][-1].comm:
-            measured[c.kind] = measured.get(c.kind, 0) + c.bytes
+        measured = bytes_by_kind(steps[rank][-1].comm)
         assert measured == predicted.comm_payload_bytes
         activations = 4 * CFG.n_layer * BATCH * SEQ * CFG.d_model * 4
         assert measured["all_reduce"] == activations + 4
