@@ -347,6 +347,14 @@ def unique_parameters(module: nn.Module) -> list[nn.Parameter]:
     return list({id(p): p for p in module.parameters()}.values())
 
 
+def refuse_unknown_options(name: str, options: dict[str, Any], taken: tuple[str, ...]) -> None:
+    """A strategy's constructor options beyond those it takes are a StrategyError naming both."""
+    unknown = set(options) - set(taken)
+    if unknown:
+        says = " and ".join(taken) if len(taken) <= 2 else ", ".join(taken)
+        raise StrategyError(f"{name} does not take option(s) {sorted(unknown)}; it takes {says}")
+
+
 class CountsOwnTensors:
     """The `_count_*` hooks of a strategy whose module and optimizer hold its tensors as they are
     (each local, a DTensor by its shard): the bytes of `_counted_module()`'s parameters, their

@@ -13,7 +13,16 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from . import collective_hooks
-from .base import CommRecorder, DistContext, ModelCall, OptimizerFactory, ShardingSpec, StrategyError, TrainSettings
+from .base import (
+    CommRecorder,
+    DistContext,
+    ModelCall,
+    OptimizerFactory,
+    ShardingSpec,
+    StrategyError,
+    TrainSettings,
+    refuse_unknown_options,
+)
 from .torch_native import TorchNativeStrategy
 
 
@@ -25,9 +34,7 @@ class DDPStrategy(TorchNativeStrategy):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        unknown = set(self.options) - {"bucket_cap_mb"}
-        if unknown:
-            raise StrategyError(f"ddp does not take option(s) {sorted(unknown)}; it takes bucket_cap_mb")
+        refuse_unknown_options(self.name, self.options, ("bucket_cap_mb",))
         cap = self.options.get("bucket_cap_mb")
         if cap is not None and not (isinstance(cap, (int, float)) and cap > 0):
             raise StrategyError(f"ddp bucket_cap_mb must be a positive number, got {cap!r}")

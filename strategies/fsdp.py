@@ -12,7 +12,7 @@ from torch import nn
 from ringtop.metrics.strategy_names import strategy_label
 
 from . import collective_hooks
-from .base import DistContext, OptimizerFactory, ShardingSpec, StrategyError, TrainSettings
+from .base import DistContext, OptimizerFactory, ShardingSpec, StrategyError, TrainSettings, refuse_unknown_options
 from .tensor_parallel import HeadOrderedQkv, check_splittable, parallelize_blocks
 from .torch_native import TorchNativeStrategy
 
@@ -41,9 +41,7 @@ class FSDPStrategy(HeadOrderedQkv, TorchNativeStrategy):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        unknown = set(self.options) - {"sharding", "tp"}
-        if unknown:
-            raise StrategyError(f"fsdp does not take option(s) {sorted(unknown)}; it takes sharding and tp")
+        refuse_unknown_options(self.name, self.options, ("sharding", "tp"))
         self.options.setdefault("sharding", "full")
         if self.options["sharding"] not in SHARDINGS:
             raise StrategyError(f"fsdp sharding {self.options['sharding']!r} is not one of {', '.join(SHARDINGS)}")

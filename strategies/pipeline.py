@@ -61,6 +61,7 @@ from .base import (
     Strategy,
     StrategyError,
     TrainSettings,
+    refuse_unknown_options,
     unique_parameters,
 )
 
@@ -256,9 +257,7 @@ class PipelineStrategy(CountsOwnTensors, Strategy):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        unknown = set(self.options) - set(OPTIONS)
-        if unknown:
-            raise StrategyError(f"pp does not take option(s) {sorted(unknown)}; it takes {', '.join(OPTIONS)}")
+        refuse_unknown_options(self.name, self.options, OPTIONS)
         self.options.setdefault("schedule", "gpipe")
         self.options.setdefault("micro_batches", 4)
         try:

@@ -26,7 +26,16 @@ from torch import nn
 from ringtop.metrics.strategy_names import strategy_label
 
 from . import collective_hooks
-from .base import DistContext, ModelCall, OptimizerFactory, PhaseMarker, ShardingSpec, StrategyError, TrainSettings
+from .base import (
+    DistContext,
+    ModelCall,
+    OptimizerFactory,
+    PhaseMarker,
+    ShardingSpec,
+    StrategyError,
+    TrainSettings,
+    refuse_unknown_options,
+)
 from .torch_native import TorchNativeStrategy, _is_dtensor
 
 QKV_BY_HEAD = True
@@ -331,9 +340,7 @@ class TensorParallelStrategy(HeadOrderedQkv, TorchNativeStrategy):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        unknown = set(self.options) - {"degree"}
-        if unknown:
-            raise StrategyError(f"tp does not take option(s) {sorted(unknown)}; it takes degree")
+        refuse_unknown_options(self.name, self.options, ("degree",))
         degree = self.options.get("degree")
         if degree is not None and not (isinstance(degree, int) and degree >= 1):
             raise StrategyError(f"tp degree must be an integer >= 1, got {degree!r}")

@@ -26,6 +26,7 @@ from .base import (
     StrategyError,
     TrainSettings,
     optimizer_state_tensors,
+    refuse_unknown_options,
     tensor_bytes,
 )
 from .ds_config import DSConfigError, Owned, merge_ds_config
@@ -39,9 +40,7 @@ class ZeroStrategy(Strategy):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        unknown = set(self.options) - {"ds_config"}
-        if unknown:
-            raise StrategyError(f"{self.name} does not take option(s) {sorted(unknown)}; it takes ds_config")
+        refuse_unknown_options(self.name, self.options, ("ds_config",))
         self.engine = None
         self.ds_config: dict[str, Any] = {}
 
