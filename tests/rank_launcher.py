@@ -50,34 +50,51 @@ def _stop(ranks: list[subprocess.Popen], sig: int) -> None:
             p.wait()
 
 
+class _Stopped(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_stopped(signum, frame):
+    raise _Stopped(signum)
+
+
+def _ignore_stops() -> None:
+    """The ranks are being stopped (or have ended): one stop at a time."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 2 or not argv[0].isdigit() or int(argv[0]) < 1:
         print("usage: rank_launcher.py NPROC CMD...", file=sys.stderr)
         return 2
     nproc, cmd = int(argv[0]), argv[1:]
     port = _free_port()
-    stopped: list[int] = []
-
-    def on_signal(signum, frame):
-        stopped.append(signum)
-
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, on_signal)
     ranks = []
     for rank in range(nproc):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
                    LOCAL_WORLD_SIZE=str(nproc), GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         ranks.append(subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=exit_with_parent))
+    by_pid = {p.pid: (rank, p) for rank, p in enumerate(ranks)}
     failed: tuple[int, int] | None = None
-    while not stopped:
-        codes = [p.poll() for p in ranks]
-        failed = next(((r, c) for r, c in enumerate(codes) if c not in (None, 0)), None)
-        if failed is not None or all(c == 0 for c in codes):
-            break
-        time.sleep(0.05)
-    if stopped:
-        _stop(ranks, stopped[0])
-        return 128 + stopped[0]
+    try:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, _raise_stopped)  # out of the blocking wait below
+        while by_pid and failed is None:
+            pid, status = os.wait()  # the next rank to end
+            rank, proc = by_pid.pop(pid, (None, None))
+            if proc is None:
+                continue
+            proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
+            if proc.returncode != 0:
+                failed = (rank, proc.returncode)
+    except _Stopped as stop:
+        _ignore_stops()
+        _stop(ranks, stop.signum)
+        return 128 + stop.signum
+    _ignore_stops()
     if failed is not None:
         _stop(ranks, signal.SIGTERM)
         rank, code = failed
