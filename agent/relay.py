@@ -11,6 +11,10 @@ control replies), and whose Hello carries this run's id and world size. Anything
 and dropped, so a forged frame can neither change what UIs show nor be replayed to every UI that
 attaches later.
 
+A UI of a large run subscribes to `digest.` instead of `step.`: every 0.25 s it gets each rank's
+latest step whole and the older ones by their numbers (agent/step_digest.py), built from what the
+relay forwards and only while some UI asks for them.
+
 On several nodes a node relay (agent/node_relay.py) forwards its node's ranks through one
 connection, in batches (protocol/batch.py: its cost here is per ZeroMQ message, and one batch holds
 up to 64), each message in one checked as if it had come alone; its key may carry exactly those
@@ -21,12 +25,13 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from typing import Callable, Collection, Mapping
 
 import zmq
 
 from ringtop.metrics.goodput import Goodput
-from ringtop.protocol import UI_RANK, GoodputSoFar, Hello, Message, ProtocolError, decode, encode
+from ringtop.protocol import UI_RANK, Digest, GoodputSoFar, Hello, Message, ProtocolError, Step, decode, encode
 from ringtop.protocol.batch import decode_batch
 from ringtop.protocol.curve import CLIENT_DOMAIN, RELAY_DOMAIN, close_monitored
 from ringtop.protocol.guard import LoopFaults
@@ -34,8 +39,11 @@ from ringtop.protocol.messages import MESSAGE_TYPES
 
 from .gatekeeper import Gatekeeper
 from .ports import BindError, bind
+from .step_digest import StepDigest
 
 CACHED_TOPICS = (b"hello.", b"bye.", b"timeline.")
+DIGEST_TOPIC = b"digest."
+"""A subscription to it asks for conflated steps (agent/step_digest.py); published as `digest.-1`."""
 _TAGS = {cls: tag for tag, cls in MESSAGE_TYPES.items()}
 _send = zmq.backend.Socket.send
 """libzmq's send without pyzmq's Python layer (a third of a forward's time, per frame)."""
@@ -99,6 +107,12 @@ class Relay(threading.Thread):
         if self.goodput is not None:
             self.observers.append(self.goodput.add)
         self._downlink: collections.deque[bytes] = collections.deque(maxlen=64)
+        self.digest = StepDigest()
+        self._digest_wanted = False
+        """Some UI subscribes to `digest.` (XPUB_VERBOSE passes every subscription; the
+        unsubscription comes once the last such subscriber has gone)."""
+        self._next_digest = 0.0
+        self.digests_sent = 0
 
     def stop(self, timeout_s: float = 2.0) -> None:
         self._stop_event.set()
@@ -119,6 +133,8 @@ class Relay(threading.Thread):
                         self._handle_subscriptions()
                     if self._downlink:
                         self._send_downlink()
+                    if self._digest_wanted:
+                        self._send_digests()
                 except zmq.ContextTerminated:
                     return
                 except Exception as exc:  # never let the relay die
@@ -149,6 +165,7 @@ class Relay(threading.Thread):
         """`frames`: topic, message, topic, message... of one sender. One loop, names bound locally:
         per message this is the relay's whole cost."""
         front, last_seq, observers = self._frontend, self._last_seq, self.observers
+        digest = self.digest if self._digest_wanted else None
         run_id, world_size = self.run_id, self.world_size
         for i in range(0, len(frames), 2):
             topic, body = frames[i], frames[i + 1]
@@ -170,6 +187,8 @@ class Relay(threading.Thread):
             _send(front, topic, _SNDMORE)
             _send(front, body, 0)
             self.forwarded += 1
+            if digest is not None and type(msg) is Step:
+                digest.add(msg, len(body))
             for observe in observers:
                 try:
                     observe(msg)
@@ -219,12 +238,28 @@ class Relay(threading.Thread):
             except zmq.Again:
                 break
             new_subscriber |= frame[:1] == b"\x01"
+            if frame[1:] == DIGEST_TOPIC and frame[:1] in (b"\x00", b"\x01"):
+                self._digest_wanted = frame[:1] == b"\x01"
+                if not self._digest_wanted:
+                    self.digest.clear()
         if new_subscriber:
             for frames in sorted(self._cache.values(), key=lambda f: not f[0].startswith(b"hello.")):
                 self._frontend.send_multipart(frames)
             so_far = self._goodput_so_far()
             if so_far is not None:
                 self._frontend.send_multipart([b"goodput.-1", encode(so_far)])
+
+    def _send_digests(self) -> None:
+        now = time.monotonic()
+        if now < self._next_digest:
+            return
+        self._next_digest = now + self.digest.interval_s
+        for d in self.digest.take(time.time(), self.gaps):
+            try:
+                self._frontend.send_multipart([b"digest.-1", encode(d)], zmq.NOBLOCK)
+                self.digests_sent += 1
+            except zmq.Again:
+                pass  # every subscriber's queue is full: it will count the gap in `seq`
 
     def _goodput_so_far(self) -> GoodputSoFar | None:
         state = self.goodput.state() if self.goodput is not None else None
@@ -255,8 +290,8 @@ def real(topic: bytes, body: bytes, sender: Collection[int] | None, run_id: str 
         return None
     if topic != f"{_TAGS[type(msg)]}.{msg.rank}".encode():
         return None
-    if isinstance(msg, GoodputSoFar) or (sender is not None and msg.rank not in sender):
-        return None  # the relay's own count, never a rank's
+    if isinstance(msg, (GoodputSoFar, Digest)) or (sender is not None and msg.rank not in sender):
+        return None  # the relay's own, never a rank's
     if world_size is not None and not 0 <= msg.rank < world_size:
         return None
     if isinstance(msg, Hello) and ((run_id is not None and msg.run_id != run_id)

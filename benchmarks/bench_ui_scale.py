@@ -11,7 +11,11 @@ from outside `tui/` by wrapping methods in its own process (nothing in tui/ is e
   (`textual.screen.Screen._on_timer_update`: layout, the compositor rendering the changed widgets,
   and, because headless Textual skips it, the terminal output a real terminal would get:
   `CompositorUpdate.render_segments`, added in a wrapper of `App._display`);
-- ingest: messages folded into the view model per second (`RunView.messages_total`);
+- ingest: messages folded into the view model per second (`RunView.messages_total`; a digest of
+  the relay's counts once) and steps folded into the ranks' histories per second
+  (`steps_folded_per_s`: whole or by a digest's brief, counted around `RunView._fold_step`);
+  from `--digests-from` ranks on (the UI's default, 128) the UI takes the relay's digests instead
+  of every step (agent/step_digest.py); `--digests-from 0` measures the UI taking every step;
 - lag: the newest step the simulator has published (its `--status-file`, rewritten every step)
   minus the newest step on screen (the view model's newest step at the latest refresh tick),
   sampled every 0.1 s on the app's own event loop (so a blocked loop shows as lag);
@@ -71,6 +75,7 @@ def worker(args: argparse.Namespace) -> None:
 
     from ringtop.protocol import connection_file
     from ringtop.tui.app import RingtopApp
+    from ringtop.tui.view_model import RunView
 
     info = connection_file.read(Path(args.connection))
     cycles: list[dict] = []
@@ -110,12 +115,21 @@ def worker(args: argparse.Namespace) -> None:
             if cycles:
                 cycles[-1]["segments_cpu_ms"] += (time.thread_time() - c) * 1e3
 
+    folded = {"steps": 0}
+    original_fold_step = RunView._fold_step
+
+    def fold_step(self, *a, **kw) -> None:
+        folded["steps"] += 1
+        original_fold_step(self, *a, **kw)
+
+    RunView._fold_step = fold_step
     RingtopApp.refresh_view = refresh_view
     Screen._on_timer_update = on_timer_update
     RingtopApp._display = display
 
     proc = psutil.Process()
-    app = RingtopApp(publish_addr=info.publish, control_addr=info.control, keys=info.keys)
+    app = RingtopApp(publish_addr=info.publish, control_addr=info.control, keys=info.keys,
+                     **({} if args.digests_from is None else {"digest_min_ranks": args.digests_from or 1 << 21}))
     hz = args.hz
 
     rss_series: list[float] = []
@@ -133,6 +147,8 @@ def worker(args: argparse.Namespace) -> None:
             "repaint_ms_median": round(statistics.median(repaint), 2) if repaint else None,
             "repaint_ms_p95": round(_p95(repaint), 2) if repaint else None,
             "ingest_msgs_per_s": round((app.view.messages_total - start["applied"]) / wall, 1),
+            "steps_folded_per_s": round((folded["steps"] - start["folded"]) / wall, 1),
+            "digests": app.view.via_digests,
             "lag_steps_max": max(lags) if lags else None,
             "ui_cpu_percent": round(100.0 * (cpu.user + cpu.system - start["cpu"]) / wall, 1),
             "rss_mb": round(proc.memory_info().rss / 2**20, 1),
@@ -179,7 +195,8 @@ def worker(args: argparse.Namespace) -> None:
                 await pilot.pause(0.2)
             await asyncio.sleep(args.warmup)
             start = {"mono": time.monotonic(), "cpu": sum(proc.cpu_times()[:2]), "rss": proc.memory_info().rss,
-                     "applied": app.view.messages_total, "received": app.client.received if app.client else 0,
+                     "applied": app.view.messages_total, "folded": folded["steps"],
+                     "received": app.client.received if app.client else 0,
                      "status": _read_status(args.status_file)}
             lags: list[int] = []
             rss_series.clear()
@@ -248,7 +265,8 @@ def one_size(ranks: int, args: argparse.Namespace, workdir: Path) -> dict:
         ui = subprocess.Popen([sys.executable, __file__, "--worker", "--connection", str(path), "--status-file",
                                status, "--out", out, "--ranks", str(ranks), "--hz", str(args.hz), "--seconds",
                                str(args.seconds), "--warmup", str(args.warmup), "--attach-timeout",
-                               str(args.attach_timeout), *(["--profile", args.profile] if args.profile else [])],
+                               str(args.attach_timeout), *(["--profile", args.profile] if args.profile else []),
+                               *([] if args.digests_from is None else ["--digests-from", str(args.digests_from)])],
                               stdout=subprocess.DEVNULL, stderr=open(workdir / f"ui-{ranks}.txt", "wb"), env=env,
                               start_new_session=True, preexec_fn=exit_with_parent)
         budget = args.attach_timeout + args.warmup + args.seconds + 60
@@ -290,6 +308,8 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print the rows as a JSON list")
     parser.add_argument("--profile", metavar="DIR", help="write the UI thread's cProfile stats of each size's "
                         "window to DIR/ui-RANKS.pstats (slows the UI: not for the numbers)")
+    parser.add_argument("--digests-from", type=int, default=None, metavar="N",
+                        help="the UI's `ringtop ui --digests-from` (default: the UI's; 0: every step)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--connection", help=argparse.SUPPRESS)
     parser.add_argument("--status-file", help=argparse.SUPPRESS)
@@ -317,10 +337,11 @@ def main() -> None:
     if args.json:
         print(json.dumps(rows, indent=1))
         return
-    print("| " + " | ".join(ROW_KEYS + ("relay_forward_msgs_per_s",)) + " |")
-    print("|" + "---|" * (len(ROW_KEYS) + 1))
+    extra = ("steps_folded_per_s", "digests", "relay_forward_msgs_per_s")
+    print("| " + " | ".join(ROW_KEYS + extra) + " |")
+    print("|" + "---|" * (len(ROW_KEYS) + len(extra)))
     for row in rows:
-        print("| " + " | ".join(str(row.get(k, "-")) for k in ROW_KEYS + ("relay_forward_msgs_per_s",)) + " |")
+        print("| " + " | ".join(str(row.get(k, "-")) for k in ROW_KEYS + extra) + " |")
 
 
 if __name__ == "__main__":

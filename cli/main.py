@@ -18,6 +18,16 @@ DEMO_STEPS_UI = 600
 DEMO_STEPS_HEADLESS = 40
 
 
+def _digest_ranks(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of ranks: {text!r}") from None
+    if not 0 <= n <= 1 << 20:
+        raise argparse.ArgumentTypeError(f"{n} is not between 0 and {1 << 20}")
+    return n or (1 << 21)
+
+
 def _ui(args: argparse.Namespace) -> int:
     from ringtop.tui.app import run_live
 
@@ -25,7 +35,9 @@ def _ui(args: argparse.Namespace) -> int:
     if target is None:
         return 2
     publish, control, keys = target
-    return run_live(publish, control, keys=keys) or 0
+    if args.digests_from is None:
+        return run_live(publish, control, keys=keys) or 0
+    return run_live(publish, control, keys=keys, digest_min_ranks=args.digests_from) or 0
 
 
 def _client_target(args: argparse.Namespace, publish_flag: bool):
@@ -369,6 +381,10 @@ def build_parser() -> argparse.ArgumentParser:
                     f"(the agent's default is {DEFAULT_PUBLISH_ADDRESS})")
     ui.add_argument("--control", default=None, help="rank 0's control address, with --connect "
                     f"(the agent's default is {DEFAULT_CONTROL_ADDRESS})")
+    ui.add_argument("--digests-from", type=_digest_ranks, default=None, metavar="N",
+                    help="from a run of N ranks on, take each rank's latest step a few times a second from rank "
+                    "0's relay, and the older ones by their numbers, instead of every step of every rank "
+                    "(default 128; 0: never)")
     _add_key_options(ui)
 
     sub.add_parser("ls", help="list your live runs on this node")

@@ -215,7 +215,7 @@ class Goodput:
         if ts > self.last_ts:
             self.last_ts = ts
         if tag == "step" and rank == 0:
-            self._step(msg, ts)
+            self._step(_real(getattr(msg, "step_ms", None)), getattr(msg, "skipped", False) is True, ts)
         elif tag == "event" and rank == 0:
             self._event(msg, ts)
         elif tag == "stall":
@@ -244,8 +244,19 @@ class Goodput:
         if self.last_ts is None or ts > self.last_ts:
             self.last_ts = ts
 
-    def _step(self, msg: Any, ts: float) -> None:
-        step_ms = _real(getattr(msg, "step_ms", None))
+    def add_step(self, rank: int, ts: float, step_ms: float, skipped: bool) -> None:
+        """A step known by its numbers only (a digest's brief of it): as `add` of its Step."""
+        ts_real = _real(ts)
+        if self.first_ts is None or ts_real is None or type(rank) is not int or rank < 0:
+            return
+        if self.world_size and rank >= self.world_size:
+            return
+        if ts_real > self.last_ts:
+            self.last_ts = ts_real
+        if rank == 0:
+            self._step(_real(step_ms), skipped is True, ts_real)
+
+    def _step(self, step_ms: float | None, skipped: bool, ts: float) -> None:
         if step_ms is None:
             return
         start = max(ts - max(step_ms, 0.0) / 1e3, self.first_ts)
@@ -259,7 +270,7 @@ class Goodput:
         self._steps.append((start, ts))
         self._step_count += 1
         useful = (ts - start) - self._stalled(start, ts)
-        if getattr(msg, "skipped", False) is True:
+        if skipped:
             self._lost["skipped"] += useful
         else:
             self.productive_s += useful

@@ -28,6 +28,7 @@ from .messages import (
     Bye,
     Command,
     CommStat,
+    Digest,
     Event,
     GoodputSoFar,
     GpuSample,
@@ -44,6 +45,7 @@ from .messages import (
     StageSpan,
     Stall,
     Step,
+    StepBrief,
     Telemetry,
     Timeline,
 )

@@ -366,6 +366,40 @@ class GoodputSoFar(Envelope, tag="goodput", kw_only=True):
     recent_stalls: Annotated[list[tuple[Real, Real]], msgspec.Meta(max_length=1024)] = []
 
 
+MAX_DIGEST_STEPS = 1024
+MAX_DIGEST_BRIEFS = 8192
+
+
+class StepBrief(msgspec.Struct, array_like=True):
+    """What a digest keeps of a step it does not carry whole (a newer one of the same rank came
+    before the digest went out): what the step-time and loss histories, the cross-rank chart and
+    goodput need of every step."""
+
+    rank: Annotated[int, msgspec.Meta(ge=0, lt=MAX_WORLD_SIZE)]
+    step: Count
+    ts: Real
+    step_ms: Real
+    loss: Real | None = None
+    grad_norm: Real | None = None
+    skipped: bool = False
+
+
+class Digest(Envelope, tag="digest", kw_only=True):
+    """Rank 0's relay's conflated steps, to the UIs that subscribe to `digest.` (a large run's):
+    each rank's latest Step since the last digest, whole, and a brief of each older one. A UI
+    then folds a few digests a second, whatever the step rate, instead of every rank's every
+    step; its other subscriptions stay per message. `rank` is UI_RANK; the relay drops one that
+    comes from a rank. `seq` counts the relay's digests (a gap: digests the UI lost)."""
+
+    interval_s: Annotated[float, msgspec.Meta(gt=0, le=60)]
+    steps: Annotated[list[Step], msgspec.Meta(max_length=MAX_DIGEST_STEPS)] = []
+    briefs: Annotated[list[StepBrief], msgspec.Meta(max_length=MAX_DIGEST_BRIEFS)] = []
+    briefs_dropped: Count = 0
+    """Older steps the relay left out of this digest (more than a digest holds)."""
+    relay_gaps: Count = 0
+    """Messages of the ranks that never reached the relay (gaps in their `seq`), so far."""
+
+
 # ---------------------------------------------------------------- control (UI -> rank 0 -> UI)
 
 
@@ -389,10 +423,10 @@ class Reply(Envelope, tag="reply", kw_only=True):
     code: str = ""
 
 
-Telemetry = Union[Hello, Step, Sample, Timeline, Heartbeat, Event, Stall, Bye, GoodputSoFar]
-Message = Union[Hello, Step, Sample, Timeline, Heartbeat, Event, Stall, Bye, GoodputSoFar, Command, Reply]
+Telemetry = Union[Hello, Step, Sample, Timeline, Heartbeat, Event, Stall, Bye, GoodputSoFar, Digest]
+Message = Union[Hello, Step, Sample, Timeline, Heartbeat, Event, Stall, Bye, GoodputSoFar, Digest, Command, Reply]
 
 MESSAGE_TYPES: dict[str, type] = {
     cls.__struct_config__.tag: cls
-    for cls in (Hello, Step, Sample, Timeline, Heartbeat, Event, Stall, Bye, GoodputSoFar, Command, Reply)
+    for cls in (Hello, Step, Sample, Timeline, Heartbeat, Event, Stall, Bye, GoodputSoFar, Digest, Command, Reply)
 }

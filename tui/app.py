@@ -32,7 +32,7 @@ from .overview_keys import OVERVIEW_BINDINGS, OverviewKeys
 from .overview_nav import OverviewNav, comm_nav, memory_nav
 from .replay import ReplayError, load_replay
 from .run_commands import RunCommands
-from .view_model import RunView
+from .view_model import DIGEST_MIN_RANKS, RunView
 from .widgets import (
     CommPanel,
     EventsPanel,
@@ -77,9 +77,11 @@ class RingtopApp(Feeds, RunCommands, OverviewKeys, App):
 
     def __init__(self, publish_addr: str | None = None, control_addr: str | None = None, *,
                  messages: Iterable[Any] | None = None, problems: Iterable[str] = (), source: str = "",
-                 stale_after_s: float = 3.0, link_peak_gbps: float = 0.0, keys: ClientKeys | None = None) -> None:
+                 stale_after_s: float = 3.0, link_peak_gbps: float = 0.0, keys: ClientKeys | None = None,
+                 digest_min_ranks: int = DIGEST_MIN_RANKS) -> None:
         """`keys`: the run's client keys (its connection file); None for a run started --insecure.
-        `link_peak_gbps`: the link's peak per direction for the busbw reference (e.g. `--link`)."""
+        `link_peak_gbps`: the link's peak per direction for the busbw reference (e.g. `--link`).
+        `digest_min_ranks`: from this world size on, steps come in the relay's digests (view_model)."""
         super().__init__()
         if messages is None and publish_addr is None:
             raise ValueError("RingtopApp needs either publish_addr (live) or messages (replay)")
@@ -92,7 +94,8 @@ class RingtopApp(Feeds, RunCommands, OverviewKeys, App):
         self._replay_problems = list(problems)
         self.replay_applied = 0
         self.replay_loaded = not self.replay
-        self.view = RunView(stale_after_s=stale_after_s, watch_liveness=not self.replay)
+        self.view = RunView(stale_after_s=stale_after_s, watch_liveness=not self.replay,
+                            digest_min_ranks=digest_min_ranks)
         if link_peak_gbps:
             self.view.set_link_peak(link_peak_gbps, "configured")
         self.comm_rank: int | None = None
@@ -260,9 +263,10 @@ class RingtopApp(Feeds, RunCommands, OverviewKeys, App):
 
 
 def run_live(publish: str, control: str | None = None, *, keys: ClientKeys | None = None,
-             link_peak_gbps: float = 0.0) -> int:
+             link_peak_gbps: float = 0.0, digest_min_ranks: int = DIGEST_MIN_RANKS) -> int:
     """Run the UI against a live run (rank 0's publish and control addresses, the run's client keys)."""
-    app = RingtopApp(publish_addr=publish, control_addr=control, keys=keys, link_peak_gbps=link_peak_gbps)
+    app = RingtopApp(publish_addr=publish, control_addr=control, keys=keys, link_peak_gbps=link_peak_gbps,
+                     digest_min_ranks=digest_min_ranks)
     try:
         app.run()
     finally:

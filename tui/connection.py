@@ -1,8 +1,9 @@
 """The UI's network side: one thread that owns both ZeroMQ sockets.
 
-- a SUB connected to rank 0's publish address (subscribed to everything). Telemetry frames are
-  multipart `[topic, msgpack_payload]` (topic = the message type); a single-frame message is the
-  payload alone.
+- a SUB connected to rank 0's publish address, subscribed to everything; or, for a large run
+  (`want_digests`), to everything but the ranks' steps plus the relay's digests of them
+  (agent/step_digest.py). Telemetry frames are multipart `[topic, msgpack_payload]` (topic = the
+  message type); a single-frame message is the payload alone.
 - a DEALER connected to rank 0's control address (None: no control, e.g. replay). Commands go out
   as one frame `encode(Command)`; replies come back as single frames holding an encoded `Reply`,
   handed on wrapped in `ControlReply` (rank 0 publishes each reply on telemetry too; the wrapper
@@ -27,11 +28,16 @@ import zmq
 from ringtop.protocol import UI_RANK, Command, ProtocolError, Reply, decode, encode
 from ringtop.protocol.curve import ClientKeys, HandshakeWatch, secure_client
 from ringtop.protocol.guard import LoopFaults
+from ringtop.protocol.messages import MESSAGE_TYPES
 
 from .sanitize import sanitized
 from .view_model import ControlReply
 
 OnBatch = Callable[[list[Any], list[str]], None]
+
+DIGEST_TOPIC = b"digest."
+BUT_STEPS = tuple(f"{tag}.".encode() for tag in MESSAGE_TYPES if tag not in ("step", "digest", "command"))
+"""With digests: every telemetry type but the ranks' steps (full names: `b"he"` would match two)."""
 
 
 def new_command_id() -> str:
@@ -75,6 +81,9 @@ class TelemetryClient:
         self.sent = 0
         self.callback_errors = 0
         self.faults = LoopFaults("UI receiver")
+        self._want_digests = False
+        self.digests = False
+        """Subscribed to digests instead of steps (the thread's state; `want_digests` asks)."""
 
     # ------------------------------------------------------------------ public
 
@@ -107,6 +116,15 @@ class TelemetryClient:
         self._outbox.put(Command(rank=UI_RANK, seq=self._seq, ts=time.time(), id=cmd_id, cmd=cmd,
                                  args=dict(args or {})))
         return cmd_id
+
+    def want_digests(self, on: bool) -> None:
+        """Ask for the relay's digests instead of every rank's steps (or back); never blocks: the
+        thread changes the subscriptions, the new ones first, so nothing is missed meanwhile."""
+        self._want_digests = bool(on)
+
+    @property
+    def wanted_digests(self) -> bool:
+        return self._want_digests
 
     def stop(self, timeout_s: float = 2.0) -> None:
         """Stop the thread and close the sockets (the agents are not affected)."""
@@ -164,6 +182,8 @@ class TelemetryClient:
             try:
                 if dealer is not None:
                     self._send_pending(dealer, rejected)
+                if self._want_digests is not self.digests:
+                    self._subscribe(sub, self._want_digests)
                 events = dict(poller.poll(self.poll_timeout_ms))
                 if sub in events:
                     self._drain(sub, batch, rejected, "telemetry")
@@ -183,12 +203,22 @@ class TelemetryClient:
         if batch or rejected:
             self._flush(batch, rejected)
 
+    def _subscribe(self, sub: zmq.Socket, digests: bool) -> None:
+        new, old = ((DIGEST_TOPIC, *BUT_STEPS), (b"",)) if digests else ((b"",), (DIGEST_TOPIC, *BUT_STEPS))
+        for topic in new:
+            sub.setsockopt(zmq.SUBSCRIBE, topic)
+        for topic in old:
+            sub.setsockopt(zmq.UNSUBSCRIBE, topic)
+        self.digests = digests
+
     def _drain(self, sock: zmq.Socket, batch: list[Any], rejected: list[str], channel: str) -> None:
         for _ in range(self.max_batch):
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
             except zmq.Again:
                 return
+            if not self.digests and len(frames) == 2 and frames[0].startswith(DIGEST_TOPIC):
+                continue  # another UI's digests: this one takes every step
             payload = _payload(frames)
             if payload is None:
                 self.rejected += 1

@@ -62,6 +62,16 @@ class Feeds:
         self.view.apply_batch(batch.messages, now, self._not_shown)
         for err in batch.rejected:
             self.view.note_rejected(err, now)
+        client = self.client
+        if client is not None:
+            want = self.view.wants_digests
+            if want and not self.view.via_digests:
+                self.view.via_digests = True
+                self.view.note(f"{self.view.facts.world_size:,} ranks: steps now come in the relay's digests "
+                               "(each rank's latest a few times a second, the older ones by their numbers)",
+                               kind="connect")
+            if want is not client.wanted_digests:
+                client.want_digests(want)
 
     def _not_shown(self, msg: Any, exc: Exception) -> None:
         """A view bug must not take the UI down: the message is left out, and said so."""

@@ -29,6 +29,7 @@ from ringtop.metrics.timing import share_pct
 from ringtop.protocol import (
     UI_RANK,
     Bye,
+    Digest,
     Event,
     Heartbeat,
     Hello,
@@ -38,6 +39,7 @@ from ringtop.protocol import (
     Sharding,
     Stall,
     Step,
+    StepBrief,
     Timeline,
 )
 
@@ -58,6 +60,9 @@ from .reducers.events import MAX_EVENTS
 from .reducers.steps import StepHistory, StepPoint
 
 HISTORY_POINTS = 240
+DIGEST_MIN_RANKS = 128
+"""From this world size on the UI takes the relay's digests instead of every rank's steps
+(agent/step_digest.py): at 1024 ranks x 10 Hz, folding each step was most of the UI's time."""
 """Points kept per chart history (per rank and cross-rank)."""
 SLOWEST_WINDOW = 20
 """Recent steps per rank averaged to pick the slowest rank."""
@@ -238,6 +243,9 @@ class RankRow:
     """`now` when its latest step arrived: heartbeats without steps are a stall (tui/health.py)."""
     heard_since: float | None = None
     """`now` of the first message this UI got from it (a UI attached to a hung run saw no step)."""
+    folded_step: int = -1
+    """The newest step folded into its histories: a step that comes again (direct and in a
+    digest, while the subscription changes) is folded once."""
     bye_reason: str = ""
     bye_ok: bool = True
     slowest: bool = False
@@ -416,8 +424,11 @@ class RunView:
     """Aggregates ringtop protocol messages into what the screens show."""
 
     def __init__(self, stale_after_s: float = 3.0, history_points: int = HISTORY_POINTS,
-                 max_events: int = MAX_EVENTS, watch_liveness: bool = True) -> None:
+                 max_events: int = MAX_EVENTS, watch_liveness: bool = True,
+                 digest_min_ranks: int = DIGEST_MIN_RANKS) -> None:
         self.stale_after_s = stale_after_s
+        self.digest_min_ranks = digest_min_ranks
+        """From this world size on, steps come in the relay's digests (`wants_digests`)."""
         self.cut_off_hosts: frozenset[str] = frozenset()
         """As of the last tick: hosts the UI hears nothing from while it hears others (_hosts_cut_off)."""
         self.watch_liveness = watch_liveness
@@ -445,6 +456,14 @@ class RunView:
         self.latest_ts = 0.0
         """The newest `ts` of any rank's message: the run's own clock, for how long a notice stays."""
         self.messages_total = 0
+        self.via_digests = False
+        """Steps come in digests: a rank's `seq` then has gaps by design, so the UI does not count
+        them; the relay counts what never reached it (`relay_gaps`), `digests_lost` the rest."""
+        self.digests_folded = 0
+        self.digests_lost = 0
+        self.relay_gaps = 0
+        self.briefs_dropped = 0
+        self._digest_seq = 0
         self._failure_reported = False
         self.rejected_total = 0
         self._rejected_unreported = 0
@@ -877,7 +896,12 @@ class RunView:
 
     @property
     def total_drops(self) -> int:
-        return sum(r.drops for r in self.ranks.values())
+        """Messages that did not reach the UI; with digests, a lost digest counts once."""
+        return sum(r.drops for r in self.ranks.values()) + self.relay_gaps + self.digests_lost
+
+    @property
+    def wants_digests(self) -> bool:
+        return self.facts.world_size >= self.digest_min_ranks
 
     # ------------------------------------------------------------------ internals
 
@@ -910,7 +934,7 @@ class RunView:
 
     def _track_seq(self, row: RankRow, msg: Any) -> None:
         seq = msg.seq
-        if row.last_seq is not None and seq > row.last_seq + 1:
+        if row.last_seq is not None and seq > row.last_seq + 1 and not self.via_digests:
             row.seq_lost += seq - row.last_seq - 1
         if row.last_seq is None or seq > row.last_seq:
             row.last_seq = seq
@@ -976,6 +1000,7 @@ class RunView:
         if first or restarted:
             # A Hello may be a cached copy sent long after; the next message sets the baseline.
             row.last_seq = None
+            row.folded_step = -1
             row.hello_ts = msg.ts
         else:
             self._track_seq(row, msg)  # a Hello repeated in-stream; an old cached copy is ignored
@@ -1007,15 +1032,11 @@ class RunView:
 
     def _on_step(self, row: RankRow, msg: Step, now: float) -> None:
         row.step_seen = now
-        if self.hang.stalled and self.hang.on_step(msg.rank, msg.step):
-            self.versions["hang"] += 1
         loss = msg.loss
         if loss is None:
             loss = math.nan  # null: the loss was not finite
-        if msg.step > row.step:
-            row.step = msg.step
         row.loss = loss
-        step_ms = row.step_ms = msg.step_ms
+        row.step_ms = msg.step_ms
         row.data_ms = msg.data_ms
         row.forward_ms = msg.forward_ms
         row.backward_ms = msg.backward_ms
@@ -1025,29 +1046,75 @@ class RunView:
         rss = msg.mem.rss_bytes
         if rss:
             row.mem_rss_bytes = rss
-        own = self.comm_ledger.collect(msg)
-        if own is not None:
-            row.comm_history.append(own)
         if msg.cpu_percent:
             row.cpu_percent = msg.cpu_percent
         if msg.drops > row.agent_drops:
             row.agent_drops = msg.drops
+        if msg.step <= row.folded_step and self.via_digests:
+            return  # already in the histories (it came direct and in a digest)
+        own = self.comm_ledger.collect(msg)
+        if own is not None:
+            row.comm_history.append(own)
+        self._fold_step(row, msg.step, msg.ts, msg.step_ms, loss, msg.grad_norm, msg.skipped)
+
+    def _fold_step(self, row: RankRow, step: int, ts: float, step_ms: float, loss: float,
+                   grad_norm: float | None, skipped: bool) -> None:
+        """What every step adds, whole or a digest's brief of it: the rank's histories, the
+        cross-rank chart, the skipped and non-finite counts."""
+        row.folded_step = step
+        if self.hang.stalled and self.hang.on_step(row.rank, step):
+            self.versions["hang"] += 1
+        if step > row.step:
+            row.step = step
         if math.isfinite(step_ms):
-            row.step_ms_stat.update(step_ms, msg.ts or None, (step_ms if step_ms > 0.0 else 0.0) / 1000.0)
+            row.step_ms_stat.update(step_ms, ts or None, (step_ms if step_ms > 0.0 else 0.0) / 1000.0)
             row.step_ms_history.append(step_ms)
         row.loss_history.append(loss)
-        grad_norm = msg.grad_norm
         if grad_norm is None:
             grad_norm = math.nan
-        if msg.skipped and (self.last_skipped_step is None or msg.step > self.last_skipped_step):
-            self.last_skipped_step = msg.step  # every rank skips the same step: count it once
+        if skipped and (self.last_skipped_step is None or step > self.last_skipped_step):
+            self.last_skipped_step = step  # every rank skips the same step: count it once
             self.skipped_steps += 1
         if not math.isfinite(loss):
             first = self.first_nonfinite
-            if first is None or (msg.step, msg.rank) < (first.step, first.rank):
-                self.first_nonfinite = NonFinite(step=msg.step, rank=msg.rank)
-        self.step_history.collect(msg.step, msg.rank, step_ms, loss, self._live, grad_norm)
+            if first is None or (step, row.rank) < (first.step, first.rank):
+                self.first_nonfinite = NonFinite(step=step, rank=row.rank)
+        self.step_history.collect(step, row.rank, step_ms, loss, self._live, grad_norm)
         self._slowest_dirty = True
+
+    def _on_digest(self, msg: Digest, now: float) -> None:
+        """The relay's conflated steps (agent/step_digest.py): each rank's older steps by their
+        numbers, then its latest whole, as if they had come one by one."""
+        if self._digest_seq and msg.seq > self._digest_seq + 1:
+            self.digests_lost += msg.seq - self._digest_seq - 1
+        if msg.seq > self._digest_seq:
+            self._digest_seq = msg.seq
+        self.via_digests = True
+        self.digests_folded += 1
+        self.relay_gaps = max(self.relay_gaps, msg.relay_gaps)
+        self.briefs_dropped += msg.briefs_dropped
+        rows: dict[int, RankRow] = {}
+        for step in msg.steps:
+            row = self._sender(step, now)
+            if row is not None:
+                rows[step.rank] = row
+        goodput = self.goodput
+        for b in msg.briefs:
+            row = rows.get(b.rank)
+            if row is None:
+                row = rows[b.rank] = self._sender(_BriefSender(b), now)  # a step too big to carry whole
+                if row is None:
+                    continue
+            if b.step > row.folded_step:
+                self._fold_step(row, b.step, b.ts, b.step_ms, math.nan if b.loss is None else b.loss,
+                                b.grad_norm, b.skipped)
+                goodput.add_step(b.rank, b.ts, b.step_ms, b.skipped)
+        for step in msg.steps:
+            row = rows.get(step.rank)
+            if row is not None:
+                if step.step > row.folded_step:
+                    goodput.add(step)
+                self._on_step(row, step, now)
 
     def _agent_link_peak(self, gbps: float, source: str) -> None:
         if self._configured_peak[0] > 0 or not (math.isfinite(gbps) and gbps > 0):
@@ -1114,12 +1181,22 @@ class RunView:
 PARTS = ("ranks", "steps", "comm", "events", "commands", "verdicts", "pipeline", "hang")
 """The view's parts; each has a snapshot version (`RunView.versions`) that moves on whenever a
 message that may change it is folded in, so a screen rebuilds only what did change."""
+class _BriefSender:
+    """A brief as `_sender` reads a message: its rank, `seq` (none: 0) and `ts`."""
+
+    __slots__ = ("rank", "seq", "ts")
+
+    def __init__(self, brief: StepBrief) -> None:
+        self.rank, self.seq, self.ts = brief.rank, 0, brief.ts
+
+
 ROUTES: dict[type, tuple[Any, tuple[str, ...], bool]] = {
     # message type: (handler, parts it may change, whether it comes from a rank's row)
     ControlReply: (RunView._on_control_reply, ("commands", "events"), False),
     Reply: (RunView._on_published_reply, ("commands", "events"), False),
     Hello: (RunView._on_hello, ("ranks", "comm", "events"), False),
     Step: (RunView._on_step, ("ranks", "steps", "comm"), True),
+    Digest: (RunView._on_digest, ("ranks", "steps", "comm"), False),
     Timeline: (RunView._on_timeline, ("pipeline",), True),
     Sample: (RunView._on_sample, ("ranks",), True),
     Heartbeat: (RunView._on_heartbeat, ("ranks",), True),
