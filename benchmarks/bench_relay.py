@@ -11,9 +11,11 @@ sent them before batching); one subscriber process (a UI, with the client key) c
 arrives. A round's rate is the messages received divided by the time from the senders' start to
 the last message received; the relay's, the messages it forwarded by the time it had forwarded
 them all (it can be more: the relay drops what a slow UI leaves past its 10,000-message queue, as
-in a run). Arms alternate for several rounds: plain sockets (--insecure) and
-CURVE (the default); reports the medians and the ratio CURVE / plain (with --json, as JSON with
-every round's counts: received, the relay's forwarded, dropped, gaps and duplicates).
+in a run). Arms alternate for several rounds: plain sockets (--insecure), CURVE (the default),
+and CURVE with a second UI subscribed to the relay's digests (`digests`: the relay then also folds
+every step into them, agent/step_digest.py; that UI counts the steps the digests carry, whole or
+as briefs); reports the medians and the ratios CURVE / plain and digests / CURVE (with --json, as
+JSON with every round's counts: received, the relay's forwarded, dropped, gaps and duplicates).
 
     python benchmarks/bench_relay.py [--rounds 5] [--messages 100000] [--nodes 2] [--batch 64] [--json]
 """
@@ -109,7 +111,28 @@ def subscriber(address: str, keys: ClientKeys | None, total: int, ready, out) ->
     ctx.term()
 
 
-def one_round(secure: bool, nodes: int, per_rank: int, batch: int) -> dict:
+def digest_subscriber(address: str, keys: ClientKeys | None, stop, out) -> None:
+    """A large run's UI: digests only; sends (digests, steps they carried) to `out` once `stop` is set."""
+    from ringtop.protocol import decode
+
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"digest.")
+    sub.setsockopt(zmq.RCVHWM, 0)
+    secure_client(sub, keys)
+    sub.connect(address)
+    digests = steps = 0
+    while not stop.is_set():
+        if sub.poll(50):
+            d = decode(sub.recv_multipart()[1])
+            digests += 1
+            steps += len(d.steps) + len(d.briefs)
+    out.send((digests, steps))
+    sub.close(0)
+    ctx.term()
+
+
+def one_round(secure: bool, nodes: int, per_rank: int, batch: int, digests: bool = False) -> dict:
     world = (nodes + 1) * RANKS_PER_NODE  # node 0 is the head's: its ranks publish no load here
     node_ranks = [list(range((k + 1) * RANKS_PER_NODE, (k + 2) * RANKS_PER_NODE)) for k in range(nodes)]
     keys = curve.generate(world, node_relays=nodes) if secure else None
@@ -127,6 +150,11 @@ def one_round(secure: bool, nodes: int, per_rank: int, batch: int) -> dict:
     total = nodes * RANKS_PER_NODE * per_rank
     procs = [spawn.Process(target=subscriber, args=(publish_addr, keys.client if keys else None, total, ready,
                                                     result))]
+    digest_stop = spawn.Event()
+    digest_receive, digest_result = spawn.Pipe(duplex=False)
+    if digests:
+        procs.append(spawn.Process(target=digest_subscriber, args=(publish_addr, keys.client if keys else None,
+                                                                   digest_stop, digest_result)))
     procs += [spawn.Process(target=sender, args=(relay_addr, keys.for_node(k) if keys else None, ranks, per_rank,
                                                  batch, world, go, ready, loaded[k], k == 0))
               for k, ranks in enumerate(node_ranks)]
@@ -137,6 +165,11 @@ def one_round(secure: bool, nodes: int, per_rank: int, batch: int) -> dict:
             raise SystemExit("the subscriber never got through the relay")
         if not all(e.wait(120) for e in loaded):
             raise SystemExit("a sender never got its messages ready")
+        wait_digests = time.monotonic() + 60
+        while digests and not relay._digest_wanted:
+            if time.monotonic() > wait_digests:
+                raise SystemExit("the digest subscriber never subscribed")
+            time.sleep(0.01)
         before = relay.forwarded
         start = time.monotonic()
         go.set()
@@ -147,10 +180,16 @@ def one_round(secure: bool, nodes: int, per_rank: int, batch: int) -> dict:
             if time.monotonic() > deadline:
                 raise SystemExit("the subscriber never finished")
         got, last = receive.recv()
+        digest_counts = None
+        if digests:
+            time.sleep(0.5)  # two digest intervals: the last steps' digest goes out
+            digest_stop.set()
+            digest_counts = digest_receive.recv()
         for p in procs:
             p.join(30)
         forwarded = relay.forwarded - before
-        return {"messages_per_s": round(got / (last - start)) if got else 0, "received": got, "sent": total,
+        return {**({"digests": digest_counts[0], "steps_in_digests": digest_counts[1]} if digest_counts else {}),
+                "messages_per_s": round(got / (last - start)) if got else 0, "received": got, "sent": total,
                 "relay_messages_per_s": round(forwarded / ((relay_done or last) - start)),
                 "relay_forwarded": forwarded, "relay_dropped": relay.dropped,
                 "relay_gaps": relay.gaps, "relay_duplicates": relay.duplicates}
@@ -173,11 +212,11 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print the result as JSON (every round's counters too)")
     args = parser.parse_args()
     per_rank = args.messages // (args.nodes * RANKS_PER_NODE)
-    arms: dict[str, list[dict]] = {"plain": [], "curve": []}
+    arms: dict[str, list[dict]] = {"plain": [], "curve": [], "digests": []}
     load = [os.getloadavg()[0]]
     for r in range(args.rounds):
         for arm in arms:
-            arms[arm].append(one_round(arm == "curve", args.nodes, per_rank, args.batch))
+            arms[arm].append(one_round(arm != "plain", args.nodes, per_rank, args.batch, digests=arm == "digests"))
         load.append(os.getloadavg()[0])
         print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{k} {v[-1]['messages_per_s']:,} msg/s"
                                                             for k, v in arms.items()), file=sys.stderr)
@@ -192,6 +231,8 @@ def main() -> None:
         "relay_messages_per_s_median": {k: round(v) for k, v in relay_med.items()},
         "received_share_min": {k: round(min(x["received"] / x["sent"] for x in v), 4) for k, v in arms.items()},
         "ratio_curve_over_plain": round(med["curve"] / med["plain"], 4) if med["plain"] else None,
+        "ratio_relay_digests_over_curve": round(relay_med["digests"] / relay_med["curve"], 4)
+        if relay_med["curve"] else None,
         "per_round": arms,
     }
     if args.json:
@@ -199,7 +240,8 @@ def main() -> None:
     else:
         print(f"median received by the UI: plain {med['plain']:,.0f} msg/s, CURVE {med['curve']:,.0f} msg/s "
               f"(CURVE / plain {result['ratio_curve_over_plain']}); forwarded by the relay: plain "
-              f"{relay_med['plain']:,.0f}, CURVE {relay_med['curve']:,.0f} msg/s")
+              f"{relay_med['plain']:,.0f}, CURVE {relay_med['curve']:,.0f}, CURVE with a digest subscriber "
+              f"{relay_med['digests']:,.0f} msg/s (digests / CURVE {result['ratio_relay_digests_over_curve']})")
 
 
 if __name__ == "__main__":

@@ -124,15 +124,17 @@ def test_without_the_briefs_the_check_fails():
     assert lossy["goodput"] != reference["goodput"]
 
 
-def test_a_step_that_comes_direct_and_in_a_digest_is_folded_once():
-    """While the subscription changes a UI may get a step both ways."""
+@pytest.mark.parametrize("per_digest", [WORLD, WORLD * 2])
+def test_a_step_that_comes_direct_and_in_a_digest_is_folded_once(per_digest):
+    """While the subscription changes a UI may get a step both ways: step 5 of every rank comes
+    direct, then in a digest whole (one step a digest) or as a brief (two)."""
     hellos, steps = the_run(10)
     reference = held(folded([*hellos, *steps]))
-    first, rest = steps[:30], steps[24:]  # steps 5 of every rank come both ways
+    first, rest = steps[:30], steps[24:]
     view = RunView(watch_liveness=False)
     view.apply_batch([*hellos, *first], now=1.0)
     view.via_digests = True
-    view.apply_batch(through_digests([], rest, 12), now=1.0)
+    view.apply_batch(through_digests([], rest, per_digest), now=1.0)
     assert held(view) == reference
 
 
@@ -331,3 +333,25 @@ def _readable(path):
         return connection_file.read(path)
     except connection_file.ConnectionFileError:
         return None
+
+
+@pytest.mark.parametrize("given, expected", [("0", 1 << 21), ("4", 4), ("128", 128)])
+def test_ringtop_ui_digests_from(given, expected):
+    """0 means never (more ranks than a run may have); the default is the view's."""
+    from ringtop.cli.main import build_parser
+    from ringtop.tui.view_model import DIGEST_MIN_RANKS
+
+    parser = build_parser()
+    assert parser.parse_args(["ui", "--digests-from", given]).digests_from == expected
+    assert parser.parse_args(["ui"]).digests_from is None
+    ui = next(a for a in parser._subparsers._group_actions[0].choices["ui"]._actions if a.dest == "digests_from")
+    assert f"default {DIGEST_MIN_RANKS};" in ui.help
+
+
+@pytest.mark.parametrize("given", ["-1", "x", str((1 << 20) + 1)])
+def test_ringtop_ui_refuses_a_bad_digests_from(given, capsys):
+    from ringtop.cli.main import build_parser
+
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["ui", "--digests-from", given])
+    assert exit_info.value.code == 2 and "--digests-from" in capsys.readouterr().err
