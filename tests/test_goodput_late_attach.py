@@ -7,21 +7,15 @@ from __future__ import annotations
 
 import pytest
 import zmq
-from background_socket import subscriber
+from background_socket import framed, relay_with_ranks, subscriber
 from conftest import poll_until
 
-from ringtop.agent.relay import Relay
 from ringtop.metrics.goodput import CAUSES, Goodput, goodput_of
-from ringtop.protocol import Bye, Event, GoodputSoFar, Hello, Stall, Step, decode, encode, free_tcp_port
-from ringtop.protocol.curve import secure_client
+from ringtop.protocol import Bye, Event, GoodputSoFar, Hello, Stall, Step, decode
 
 pytestmark = pytest.mark.timeout(60)
 
 T0 = 1_780_000_000.0
-
-
-def framed(msg) -> list[bytes]:
-    return [f"{msg.__struct_config__.tag}.{msg.rank}".encode(), encode(msg)]
 
 
 def the_run() -> tuple[list, list]:
@@ -58,47 +52,34 @@ def drain(sock: zmq.Socket, into: list, until) -> None:
 
 def test_a_ui_attaching_mid_run_gets_the_runs_goodput_from_the_relay(gatekeeper):
     gate, keys = gatekeeper
-    relay_addr, publish_addr = (f"tcp://127.0.0.1:{free_tcp_port()}" for _ in range(2))
-    relay = Relay(relay_addr, publish_addr, run_id="run", world_size=2, gate=gate)
-    gate.start()
-    relay.start()
-    ctx = zmq.Context.instance()
-    pubs = []
-    for rank in (0, 1):
-        sock = ctx.socket(zmq.PUB)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, 0)
-        secure_client(sock, keys.for_rank(rank))
-        sock.connect(relay_addr)
-        pubs.append(sock)
-    early = subscriber(publish_addr, keys.client)
-    late = None
     before, after = the_run()
-    try:
-        seen_early: list = []
+    with relay_with_ranks(gate, keys, "run") as (_, publish_addr, pubs):
+        early = subscriber(publish_addr, keys.client)
+        late = None
+        try:
+            seen_early: list = []
 
-        def probe_arrived(got: list) -> bool:
-            if not got:
-                pubs[0].send_multipart(framed(before[0]))  # PUB/SUB: resend until the subscription is up
-            return bool(got)
-        drain(early, seen_early, probe_arrived)
-        for msg in before[1:]:
-            pubs[msg.rank].send_multipart(framed(msg))
-        drain(early, seen_early, lambda got: any(isinstance(m, Stall) and m.state == "recovered" for m in got)
-              and any(isinstance(m, Step) and m.step == 300 for m in got))
+            def probe_arrived(got: list) -> bool:
+                if not got:
+                    pubs[0].send_multipart(framed(before[0]))  # PUB/SUB: resend until the subscription is up
+                return bool(got)
+            drain(early, seen_early, probe_arrived)
+            for msg in before[1:]:
+                pubs[msg.rank].send_multipart(framed(msg))
+            drain(early, seen_early, lambda got: any(isinstance(m, Stall) and m.state == "recovered" for m in got)
+                  and any(isinstance(m, Step) and m.step == 300 for m in got))
 
-        late = subscriber(publish_addr, keys.client)
-        seen_late: list = []
-        drain(late, seen_late, lambda got: any(isinstance(m, GoodputSoFar) for m in got))
-        for msg in after:
-            pubs[msg.rank].send_multipart(framed(msg))
-        ended = lambda got: any(isinstance(m, Bye) and m.rank == 0 for m in got)  # noqa: E731
-        drain(late, seen_late, ended)
-        drain(early, seen_early, ended)
-    finally:
-        for sock in (*pubs, early, *([late] if late is not None else [])):
-            sock.close(0)
-        relay.stop()
+            late = subscriber(publish_addr, keys.client)
+            seen_late: list = []
+            drain(late, seen_late, lambda got: any(isinstance(m, GoodputSoFar) for m in got))
+            for msg in after:
+                pubs[msg.rank].send_multipart(framed(msg))
+            ended = lambda got: any(isinstance(m, Bye) and m.rank == 0 for m in got)  # noqa: E731
+            drain(late, seen_late, ended)
+            drain(early, seen_early, ended)
+        finally:
+            for sock in (early, *([late] if late is not None else [])):
+                sock.close(0)
 
     truth = goodput_of([*before, *after])
     assert truth.lost_s["checkpoint"] > 1.0 and truth.lost_s["stall"] > 1.0 and truth.lost_s["startup"] > 1.0

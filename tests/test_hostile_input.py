@@ -13,13 +13,12 @@ import time
 import msgspec
 import pytest
 import zmq
-from background_socket import subscriber
+from background_socket import framed, relay_with_ranks, subscriber
 from conftest import poll_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ringtop.agent.control import ControlServer
-from ringtop.agent.relay import Relay
 from ringtop.protocol import (
     Bye,
     Command,
@@ -237,62 +236,45 @@ def publish_until_seen(pub: zmq.Socket, sub: zmq.Socket, frames: list[bytes], ti
 def test_the_relay_forwards_and_caches_only_what_is_real(gatekeeper):
     """The forger holds rank 0's key (a rank gone bad): the relay's checks must still hold."""
     gate, keys = gatekeeper
-    relay_addr, publish_addr = (f"tcp://127.0.0.1:{free_tcp_port()}" for _ in range(2))
-    relay = Relay(relay_addr, publish_addr, run_id="real", world_size=2, gate=gate)
-    gate.start()
-    relay.start()
-    ctx = zmq.Context.instance()
-    rank_pubs = []
-    for rank in (0, 1):
-        sock = ctx.socket(zmq.PUB)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, 0)  # a PUB drops past its high-water mark: this test must not lose its frames
-        secure_client(sock, keys.for_rank(rank))
-        sock.connect(relay_addr)
-        rank_pubs.append(sock)
-    pub, rank1 = rank_pubs
-    ui = subscriber(publish_addr, keys.client)
-    late = None
+    with relay_with_ranks(gate, keys, "real") as (relay, publish_addr, (pub, rank1)):
+        ui = subscriber(publish_addr, keys.client)
+        late = None
+        try:
+            real_hello = Hello(run_id="real", world_size=2, rank=1, host="node-1")
+            publish_until_seen(rank1, ui, framed(real_hello))
+            publish_until_seen(pub, ui, framed(Step(rank=0, step=1, loss=1.0, step_ms=1.0)))
+            forged = [
+                framed(Bye(rank=1, reason="forged by rank 0")),  # well-formed, but not the sender's rank
+                framed(Hello(run_id="forged", world_size=2, rank=0)),  # another run
+                framed(Hello(run_id="real", world_size=1_000, rank=0)),  # not this run's world
+                [b"bye.1", encode(Bye(rank=0, reason="forged"))],  # topic and rank disagree
+                framed(Step(rank=7, step=1, loss=1.0, step_ms=1.0)),  # no such rank
+                [b"hello.0",
+                 msgspec.msgpack.encode({"v": 1, "type": "hello", "run_id": "real", "world_size": 10 ** 9})],
+                [b"step.0"], [b"step.0", b"\xc1", b"extra"],
+            ]
+            rng = random.Random(5)
+            for frames in forged:
+                pub.send_multipart(frames)
+            for frame in hostile_frames(10_000, seed=3):
+                pub.send_multipart([rng.choice([b"hello.0", b"bye.1", b"step.0", b"x"]), frame])
+            real_step = Step(rank=0, step=3, loss=2.0, step_ms=5.0)
+            pub.send_multipart(framed(real_step))
+            got = [decode(f[1]) for f in received_until(ui, lambda frames: decode(frames[1]) == real_step)]
+            assert got and got[-1] == real_step, got[-3:]
+            assert all(isinstance(m, (Hello, Step)) and (not isinstance(m, Hello) or m.run_id == "real") for m in got)
+            assert relay.is_alive() and relay.dropped >= len(forged)
 
-    def framed(msg) -> list[bytes]:
-        return [f"{msg.__struct_config__.tag}.{msg.rank}".encode(), encode(msg)]
-
-    try:
-        real_hello = Hello(run_id="real", world_size=2, rank=1, host="node-1")
-        publish_until_seen(rank1, ui, framed(real_hello))
-        publish_until_seen(pub, ui, framed(Step(rank=0, step=1, loss=1.0, step_ms=1.0)))
-        forged = [
-            framed(Bye(rank=1, reason="forged by rank 0")),  # well-formed, but not the sender's rank
-            framed(Hello(run_id="forged", world_size=2, rank=0)),  # another run
-            framed(Hello(run_id="real", world_size=1_000, rank=0)),  # not this run's world
-            [b"bye.1", encode(Bye(rank=0, reason="forged"))],  # topic and rank disagree
-            framed(Step(rank=7, step=1, loss=1.0, step_ms=1.0)),  # no such rank
-            [b"hello.0", msgspec.msgpack.encode({"v": 1, "type": "hello", "run_id": "real", "world_size": 10 ** 9})],
-            [b"step.0"], [b"step.0", b"\xc1", b"extra"],
-        ]
-        rng = random.Random(5)
-        for frames in forged:
-            pub.send_multipart(frames)
-        for frame in hostile_frames(10_000, seed=3):
-            pub.send_multipart([rng.choice([b"hello.0", b"bye.1", b"step.0", b"x"]), frame])
-        real_step = Step(rank=0, step=3, loss=2.0, step_ms=5.0)
-        pub.send_multipart(framed(real_step))
-        got = [decode(f[1]) for f in received_until(ui, lambda frames: decode(frames[1]) == real_step)]
-        assert got and got[-1] == real_step, got[-3:]
-        assert all(isinstance(m, (Hello, Step)) and (not isinstance(m, Hello) or m.run_id == "real") for m in got)
-        assert relay.is_alive() and relay.dropped >= len(forged)
-
-        late = subscriber(publish_addr, keys.client)  # a UI attaching now gets only the real cached Hello
-        cached = [decode(f[1]) for f in received_until(late, lambda frames: True)]
-        cached += [decode(f[1]) for f in received(late, 500)]
-        assert [m for m in cached if not isinstance(m, GoodputSoFar)] == [real_hello]
-        so_far = [m for m in cached if isinstance(m, GoodputSoFar)]  # the relay's goodput count: of this run
-        assert len(so_far) == 1 and so_far[0].run_id == "real" and so_far[0].world_size == 2
-    finally:
-        for sock in (*rank_pubs, ui, late):
-            if sock is not None:
-                sock.close()
-        relay.stop()
+            late = subscriber(publish_addr, keys.client)  # a UI attaching now gets only the real cached Hello
+            cached = [decode(f[1]) for f in received_until(late, lambda frames: True)]
+            cached += [decode(f[1]) for f in received(late, 500)]
+            assert [m for m in cached if not isinstance(m, GoodputSoFar)] == [real_hello]
+            so_far = [m for m in cached if isinstance(m, GoodputSoFar)]  # the relay's goodput count: of this run
+            assert len(so_far) == 1 and so_far[0].run_id == "real" and so_far[0].world_size == 2
+        finally:
+            for sock in (ui, late):
+                if sock is not None:
+                    sock.close()
 
 
 def test_the_ui_receiver_survives_hostile_frames_and_still_delivers():

@@ -18,9 +18,9 @@ import time
 import msgspec
 import pytest
 import zmq
+from background_socket import framed, relay_with_ranks, subscriber
 from conftest import poll_until
 
-from ringtop.agent.relay import Relay
 from ringtop.agent.step_digest import DIGEST_BODY_BYTES, MAX_BRIEFS_PER_RANK, StepDigest
 from ringtop.protocol import (
     MAX_FRAME_BYTES,
@@ -30,7 +30,6 @@ from ringtop.protocol import (
     Step,
     decode,
     encode,
-    free_tcp_port,
 )
 from ringtop.protocol.curve import secure_client
 from ringtop.protocol.messages import MAX_DIGEST_STEPS
@@ -183,10 +182,6 @@ def test_a_step_too_big_to_carry_whole_comes_by_its_numbers():
 # ---------------------------------------------------------------------- the real relay
 
 
-def framed(msg) -> list[bytes]:
-    return [f"{msg.__struct_config__.tag}.{msg.rank}".encode(), encode(msg)]
-
-
 def digest_subscriber(address: str, keys) -> zmq.Socket:
     """As the UI subscribes for a large run (tui/connection.py): digests and everything but steps."""
     from ringtop.tui.connection import BUT_STEPS, DIGEST_TOPIC
@@ -201,23 +196,7 @@ def digest_subscriber(address: str, keys) -> zmq.Socket:
 
 
 def test_the_relay_sends_digests_to_who_asks_and_never_a_ranks(gatekeeper):
-    from background_socket import subscriber
-
     gate, keys = gatekeeper
-    relay_addr, publish_addr = (f"tcp://127.0.0.1:{free_tcp_port()}" for _ in range(2))
-    relay = Relay(relay_addr, publish_addr, run_id="run", world_size=2, gate=gate)
-    gate.start()
-    relay.start()
-    ctx = zmq.Context.instance()
-    pubs = []
-    for rank in (0, 1):
-        sock = ctx.socket(zmq.PUB)
-        sock.setsockopt(zmq.LINGER, 0)
-        secure_client(sock, keys.for_rank(rank))
-        sock.connect(relay_addr)
-        pubs.append(sock)
-    everything = subscriber(publish_addr, keys.client)
-    digests = None
     got_all: list = []
     got_digests: list = []
 
@@ -226,48 +205,53 @@ def test_the_relay_sends_digests_to_who_asks_and_never_a_ranks(gatekeeper):
             into.append(decode(sock.recv_multipart()[1]))
     n = {"step": 0}
 
-    def send_steps(into) -> bool:
+    def send_steps(pubs) -> int:
         n["step"] += 1
         for rank in (0, 1):
             pubs[rank].send_multipart(framed(step(rank, n["step"])))
-        return bool(into)
-    try:
-        hello = Hello(rank=0, ts=T0, run_id="run", world_size=2)
-        poll_until(lambda: (pubs[0].send_multipart(framed(hello)), drain(everything, got_all), got_all)[2],
-                   20, "the relay forwarding", interval_s=0.05)
-        # a subscriber to everything: no digest is built for it
-        poll_until(lambda: (drain(everything, got_all), send_steps([m for m in got_all if isinstance(m, Step)]))[1],
-                   20, "steps forwarded", interval_s=0.05)
-        assert relay.digests_sent == 0 and not any(isinstance(m, Digest) for m in got_all)
+        return n["step"]
 
-        digests = digest_subscriber(publish_addr, keys.client)
-        forged = Digest(rank=1, seq=1, ts=T0, interval_s=59.0, steps=[step(1, 999)])
-        pubs[1].send_multipart([b"digest.1", encode(forged)])
-        pubs[1].send_multipart([b"digest.-1", encode(msgspec.structs.replace(forged, rank=-1))])
-
-        def digests_with_both_ranks() -> bool:
-            send_steps(got_digests)
-            drain(digests, got_digests)
-            return any(isinstance(m, Digest) and {s.rank for s in m.steps} == {0, 1} for m in got_digests)
-        poll_until(digests_with_both_ranks, 20, "a digest of both ranks", interval_s=0.05)
-        assert not any(isinstance(m, Step) for m in got_digests)  # steps come only in the digests
-        assert all(d.interval_s != 59.0 and all(s.step != 999 for s in d.steps)
-                   for d in got_digests if isinstance(d, Digest))
-        assert relay.dropped >= 2
-        drain(everything, got_all)
-
-        digests.close(0)
+    def steps_seen(into) -> set[int]:
+        return {m.step for m in into if isinstance(m, Step)}
+    with relay_with_ranks(gate, keys, "run") as (relay, publish_addr, pubs):
+        everything = subscriber(publish_addr, keys.client)
         digests = None
-        poll_until(lambda: not relay._digest_wanted, 20, "the relay to notice no one wants digests")
-        sent = relay.digests_sent
-        for _ in range(5):
-            send_steps([])
-        time.sleep(0.5)  # digests go out every 0.25 s: two intervals in which none may be sent
-        assert relay.digests_sent == sent
-    finally:
-        for sock in (*pubs, everything, *([digests] if digests is not None else [])):
-            sock.close(0)
-        relay.stop()
+        try:
+            hello = Hello(rank=0, ts=T0, run_id="run", world_size=2)
+            poll_until(lambda: (pubs[0].send_multipart(framed(hello)), drain(everything, got_all), got_all)[2],
+                       20, "the relay forwarding", interval_s=0.05)
+            # a subscriber to everything: no digest is built for it
+            poll_until(lambda: (drain(everything, got_all), send_steps(pubs) and steps_seen(got_all))[1],
+                       20, "steps forwarded", interval_s=0.05)
+            assert relay.digests_sent == 0 and not relay.digest._latest
+            assert not any(isinstance(m, Digest) for m in got_all)
+
+            digests = digest_subscriber(publish_addr, keys.client)
+            forged = Digest(rank=1, seq=1, ts=T0, interval_s=59.0, steps=[step(1, 999)])
+            pubs[1].send_multipart([b"digest.1", encode(forged)])
+            pubs[1].send_multipart([b"digest.-1", encode(msgspec.structs.replace(forged, rank=-1))])
+
+            def digests_with_both_ranks() -> bool:
+                send_steps(pubs)
+                drain(digests, got_digests)
+                return any(isinstance(m, Digest) and {s.rank for s in m.steps} == {0, 1} for m in got_digests)
+            poll_until(digests_with_both_ranks, 20, "a digest of both ranks", interval_s=0.05)
+            assert not any(isinstance(m, Step) for m in got_digests)  # steps come only in the digests
+            assert all(d.interval_s != 59.0 and all(s.step != 999 for s in d.steps)
+                       for d in got_digests if isinstance(d, Digest))
+            assert relay.dropped >= 2
+
+            digests.close(0)
+            digests = None
+            poll_until(lambda: not relay._digest_wanted, 20, "the relay to notice no one wants digests")
+            sent = relay.digests_sent
+            last = send_steps(pubs)
+            poll_until(lambda: (drain(everything, got_all), last in steps_seen(got_all))[1], 20,
+                       "the last steps forwarded")
+            assert relay.digests_sent == sent and not relay.digest._latest  # nothing kept for no one
+        finally:
+            for sock in (everything, *([digests] if digests is not None else [])):
+                sock.close(0)
 
 
 # ---------------------------------------------------------------------- the real app
