@@ -31,6 +31,14 @@ the step began) the stall is measured on the device, between events recorded jus
 after the wait. Waits on point-to-point works (a pipeline's send/recv: mostly waiting for the other
 stage, i.e. bubble) are reported apart, as p2p waits, not as exposed collective communication.
 
+DTensor's collectives (tensor parallelism) go through `torch.distributed._functional_collectives`,
+which hands back a tensor that waits at its first use (`wait_tensor`) instead of a work: a traced
+functional collective stays open from its issue until `wait_tensor` returns on its output (or a
+view of it), so a collective whose peer never joins stays in flight in the ledger; the wait is
+exposed time on the training thread (on GPU, a stall between events on the compute stream), issue
+to the wait's return the collective's busy interval, an upper bound. One nobody waited on by the
+step's end is closed then.
+
 `comm_delay_s` injects a delay into every traced collective's completion (fault injection for tests
 and demos: a slow link).
 
