@@ -2,7 +2,9 @@
 are timed: exposed and busy time in the same CommStat fields the other strategies fill, and a
 collective not yet complete is in flight in the hang ledger. Checked against a delay injected
 into one of 2 gloo ranks (tp_timing_worker.py); the same step with the timing off
-(collective_hooks.TIME_FUNCTIONAL_WAITS) fails the checks. The last test runs the CUDA-event path
+(collective_hooks.TIME_FUNCTIONAL_WAITS) fails the checks. A further test (RINGTOP_SUITE_ALL=1)
+has the agent's stall watch name a tp rank stuck before a collective (with the timing off it
+names none within 60 s: checked by hand). The last test runs the CUDA-event path
 on a GPU, skipped without one."""
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_worker_script
+from conftest import further, run_worker_script
 
 DELAY_S = 0.3
 TESTS_DIR = Path(__file__).resolve().parent
@@ -63,6 +65,29 @@ def test_a_tp_collective_waiting_for_its_peer_is_in_flight_in_the_ledger(timed):
     assert (op["kind"], op["group"]) == ("all_reduce", "world")
     assert op["age_s"] >= DELAY_S / 2
     assert seen["late-untimed"] == []  # closed at its issue: the ledger would not see a hang
+
+
+@further
+@pytest.mark.timeout(150)
+def test_a_tp_rank_stuck_before_a_collective_is_named_by_its_waiting_peer(launch_agents):
+    """The agent's stall watch reads the same ledger: rank 1 hangs before its first collective of
+    step 4 (in forward: RowwiseParallel's all-reduce); rank 0 waits in that all-reduce inside
+    DTensor, which the ledger shows in flight, so the hang is named; then the run still stops."""
+    from conftest import poll_until
+
+    from ringtop.protocol import Event
+
+    run = launch_agents(2, "--strategy", "tp", "--steps", "0", "--inject-hang", "1:4:before-collective",
+                        "--stall-floor", "2", "--batch-size", "2", "--seq-len", "32")
+    hang = poll_until(lambda: next((m for m in run.messages(0) if isinstance(m, Event) and m.kind == "hang"
+                                    and m.level == "error"), None), 60, "a hang event from rank 0", interval_s=0.1,
+                      detail=lambda: run.output()[-3000:])
+    assert hang.data["culprits"] == [1] and hang.data["waiting"] == [0] and hang.data["step"] == 4, hang.data
+    assert (hang.data["collective"], hang.data["group"]) == ("all_reduce", "world"), hang.data
+    assert "rank 1 is in forward" in hang.text, hang.text
+    replies = list(run.send_command("stop", {"reason": "stuck tp"}, timeout_s=30))
+    assert replies[-1].status == "done", replies
+    assert run.wait(30) != 0
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the CUDA-event path)")
