@@ -90,6 +90,22 @@ def test_a_tp_rank_stuck_before_a_collective_is_named_by_its_waiting_peer(launch
     assert run.wait(30) != 0
 
 
+@further
+@pytest.mark.timeout(240)
+def test_a_slow_link_under_tp_gives_the_communication_bound_verdict(launch_agents):
+    """--inject-comm-delay 10: every collective completes 10 ms late, inside DTensor's wait; the
+    diagnosis (every 20 steps) sees the exposed time and says communication-bound."""
+    from ringtop.protocol import Event
+
+    run = launch_agents(2, "--strategy", "tp", "--steps", "41", "--batch-size", "2", "--seq-len", "32",
+                        "--inject-comm-delay", "10")
+    assert run.wait(200) == 0, run.output()[-3000:]
+    # 17 collectives a step (16 of the activations, the norm's scalar), each 10 ms late
+    assert all(s.comm_blocked_ms >= 17 * 10 * 0.9 for s in run.steps(0)[1:]), run.steps(0)
+    verdicts = [m.text for m in run.messages(0) if isinstance(m, Event) and m.kind == "verdict"]
+    assert any(v.startswith("communication-bound") for v in verdicts), verdicts
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the CUDA-event path)")
 @pytest.mark.timeout(120)
 def test_functional_collective_on_a_gpu_is_timed_by_cuda_events(tmp_path):
