@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import further, run_worker_script
 
-DELAY_S = 0.3
+DELAY_S = 0.5
 TESTS_DIR = Path(__file__).resolve().parent
 
 
@@ -34,6 +34,7 @@ def check_waited_for_the_late_rank(step: dict, plain: list[dict]) -> None:
     rank 0 did at most a plain step's work (its steps without lateness bound that, and the
     barrier's skew), so the rest of the delay is spent waiting on the collective."""
     bound_ms = DELAY_S * 1e3 - max(s["step_ms"] for s in plain)
+    assert bound_ms > DELAY_S * 1e3 / 4, f"plain steps of {plain} leave no bound to check: a machine far too loaded"
     assert step["exposed_ms"] >= bound_ms, (step, bound_ms)
     assert step["exposed_ms"] <= step["busy_ms"]
     (tp,) = [c for c in step["comm"] if c["kind"] == "all_reduce"]
