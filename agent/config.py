@@ -181,6 +181,9 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
         TRAINING, "with --strategy tp: ranks that split each layer's matrices (its tensor-parallel degree); they "
         "see the same batch. With --strategy fsdp: 2D, FSDP over the world size / N groups of N",
         ge=1, metavar="N", default_text="the world size with tp; 1 with fsdp")] = None
+    tp_sequence_parallel: Annotated[bool, Option(
+        TRAINING, "with --strategy tp and the built-in model: sequence parallelism, the LayerNorms run on each "
+        "rank's slice of the sequence (all-gather + reduce-scatter instead of all-reduces)")] = False
     dtype: Annotated[str, Option(
         TRAINING, "fp32, or bf16 mixed precision with fp32 master state", choices=("fp32", "bf16"))] = "fp32"
     grad_clip: Annotated[float, Option(
@@ -320,7 +323,8 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
                 return {"ds_config": load_command_ds_config(self.ds_config)}
             return {"ds_config": load_ds_config(self.ds_config)}
         if self.strategy == "tp":
-            return {} if self.tp is None else {"degree": self.tp}
+            return {**({} if self.tp is None else {"degree": self.tp}),
+                    **({"sequence_parallel": True} if self.tp_sequence_parallel else {})}
         if self.strategy == "pp":
             options: dict[str, Any] = {"schedule": self.pp_schedule, "micro_batches": self.micro_batches}
             if self.pp_stages is not None:
@@ -527,6 +531,11 @@ def _check_tensor_parallel(cfg: AgentConfig, given: Set[str]) -> None:
     `check_tensor_parallel_world`)."""
     if "tp" in given and cfg.strategy not in ("tp", "fsdp"):
         raise ConfigError("--tp applies to --strategy tp and fsdp only")
+    if cfg.tp_sequence_parallel and "tp_sequence_parallel" in given:
+        if cfg.strategy != "tp":
+            raise ConfigError("--tp-sequence-parallel applies to --strategy tp only")
+        if cfg.model != BUILTIN_MODEL:
+            raise ConfigError("--tp-sequence-parallel splits the built-in tiny-gpt's blocks only; drop --model")
     if cfg.strategy != "tp" and not (cfg.strategy == "fsdp" and cfg.tp is not None and cfg.tp > 1):
         return
     what = "--strategy tp" if cfg.strategy == "tp" else "--tp"
@@ -574,6 +583,9 @@ def check_tensor_parallel_world(cfg: AgentConfig, world_size: int) -> None:
         raise ConfigError(f"--strategy tp runs one tensor-parallel group over all {world_size} ranks; pass "
                           f"--tp {world_size} or leave --tp out; for data-parallel replicas of tp groups, "
                           f"--strategy fsdp --tp {degree}")
+    if cfg.strategy == "tp" and cfg.tp_sequence_parallel and cfg.seq_len % degree:
+        raise ConfigError(f"--tp-sequence-parallel over {degree} ranks: {degree} must divide --seq-len "
+                          f"({cfg.seq_len}), each rank takes an equal slice of the sequence")
     _check_splits(cfg, degree)
 
 

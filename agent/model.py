@@ -46,9 +46,9 @@ class Block(nn.Module):
         self.fc_out = nn.Linear(4 * cfg.d_model, cfg.d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape
         width = self.n_head * self.head_dim
         qkv = self.qkv(self.ln1(x))
+        b, t, _ = qkv.shape  # sequence parallelism: x holds a slice of the sequence, qkv all of it
         if self.qkv_by_head:
             q, k, v = qkv.view(b, t, self.n_head, 3, self.head_dim).unbind(3)
         else:

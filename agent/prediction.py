@@ -16,6 +16,7 @@ from ringtop.strategies.cost_model import (
     implementation_cost,
     implementation_specs,
     memory_per_rank,
+    ring_all_gather_sent_bytes,
     ring_all_reduce_sent_bytes,
     shard_count,
 )
@@ -60,17 +61,26 @@ def predict(strategy: str, fsdp_sharding: str, world_size: int, param_count: int
 
 
 def predict_tensor_parallel(held_params: int, held_tensors: int, degree: int, layers: int, hidden: int,
-                            batch_size: int, seq_len: int, dp: int = 1, dp_strategy: str | None = None
-                            ) -> tuple[Prediction, int]:
+                            batch_size: int, seq_len: int, dp: int = 1, dp_strategy: str | None = None,
+                            sequence_parallel: bool = False, gloo: bool = False) -> tuple[Prediction, int]:
     """A tensor-parallel rank holds its share of the split matrices and all of the replicated
     parameters (embeddings, LayerNorms, RowwiseParallel biases) in fp32, their gradients and AdamW
     state. Its traffic is the activations' all-reduces, 4 per layer (mesh_cost.py), plus the one
     fp32 scalar of the global gradient norm (over all ranks). With `dp_strategy` (FSDP over `dp`
-    groups, 2D) that share is sharded again dp ways and moves as that strategy moves it."""
+    groups, 2D) that share is sharded again dp ways and moves as that strategy moves it. With
+    `sequence_parallel` (the built-in model) the all-reduces are all-gathers and reduce-scatters,
+    plus the residual stream's gather for the final LayerNorm and its gradient's at the first block
+    (one activation each) and the all-reduce of the LayerNorms' weight and bias gradients."""
     shape = Shape(layers=layers, hidden=hidden, seq_len=seq_len, micro_batch_size=batch_size, activation_bytes=4)
-    comm = {c.kind: c for c in tp_comm_per_step(shape, degree, layers).collectives}
+    comm = {c.kind: c for c in tp_comm_per_step(shape, degree, layers, sequence_parallel=sequence_parallel,
+                                                gloo=gloo).collectives}
     norm = CollectiveBytes("all_reduce", NORM_BYTES, ring_all_reduce_sent_bytes(NORM_BYTES, degree * dp))
     kinds = [*comm.values(), norm]
+    if sequence_parallel and degree > 1:
+        boundary = SP_BOUNDARY_GATHERS * shape.activation_payload_bytes
+        norms = SP_NORM_GRADS_PER_LAYER * layers * hidden * 4
+        kinds += [CollectiveBytes("all_gather", boundary, ring_all_gather_sent_bytes(boundary, degree)),
+                  CollectiveBytes("all_reduce", norms, ring_all_reduce_sent_bytes(norms, degree))]
     held = held_params
     if dp_strategy is not None and dp > 1:
         kinds += comm_per_step(dp_strategy, dp, ModelSpec(held_params, 4, 4, 8)).collectives
@@ -84,13 +94,21 @@ def predict_tensor_parallel(held_params: int, held_tensors: int, degree: int, la
         comm_sent_bytes=step.sent_bytes,
         note=f"this rank's share of the split matrices plus the replicated parameters ({held_params:,})"
              + (f", sharded {dp} ways" if held != held_params else "")
-             + f"; traffic: {TP_ALL_REDUCES_PER_LAYER} all-reduces of [batch, seq, hidden] per layer and the "
-             "gradient norm's scalar",
+             + (f"; traffic: {TP_ALL_REDUCES_PER_LAYER} all-gathers and reduce-scatters of [batch, seq, hidden] "
+                "per layer (sequence parallel), 2 more gathers, the LayerNorms' gradients and the gradient norm's "
+                "scalar" if sequence_parallel else
+                f"; traffic: {TP_ALL_REDUCES_PER_LAYER} all-reduces of [batch, seq, hidden] per layer and the "
+                "gradient norm's scalar"),
     )
     return prediction, 8
 
 
 NORM_BYTES = 4
+SP_BOUNDARY_GATHERS = 2
+"""Sequence parallelism on TinyGPT: the last block's output gathered for the whole final LayerNorm
+and head, and the first block's input gradient gathered for the whole embeddings."""
+SP_NORM_GRADS_PER_LAYER = 4
+"""Two LayerNorms a block, weight and bias each [hidden]: partial sums over each rank's tokens."""
 """The fp32 sum of squares a tensor-parallel rank all-reduces for the global gradient norm."""
 
 

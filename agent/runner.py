@@ -609,7 +609,8 @@ class Runner:
             prediction, optimizer_bytes_per_param = predict_tensor_parallel(
                 tp.params, tp.tensors, tp.degree, tp.layers, tp.hidden, self.cfg.batch_size, self.cfg.seq_len,
                 dp=self.ctx.world_size // tp.degree,
-                dp_strategy=self.cfg.canonical_strategy if self.cfg.strategy == "fsdp" else None)
+                dp_strategy=self.cfg.canonical_strategy if self.cfg.strategy == "fsdp" else None,
+                sequence_parallel=tp.sequence_parallel, gloo=self.ctx.backend == "gloo")
         elif stage is not None:
             prediction, optimizer_bytes_per_param = predict_pipeline_stage(
                 *stage, self.ctx.world_size, self.strategy.num_stages, getattr(self.strategy, "tied", None) is not None)

@@ -89,7 +89,10 @@ def strategy_label(strategy: str, options: dict[str, Any]) -> str:
             parts.append(f"M={options['micro_batches']}")
         return f"pp({', '.join(parts)})" if parts else "pp"
     if strategy == "tp":
-        return f"tp(N={options['degree']})" if isinstance(options.get("degree"), int) else "tp"
+        parts = [f"N={options['degree']}"] if isinstance(options.get("degree"), int) else []
+        if options.get("sequence_parallel") is True:
+            parts.append("sequence-parallel")
+        return f"tp({', '.join(parts)})" if parts else "tp"
     return strategy
 
 

@@ -31,6 +31,14 @@ the step began) the stall is measured on the device, between events recorded jus
 after the wait. Waits on point-to-point works (a pipeline's send/recv: mostly waiting for the other
 stage, i.e. bubble) are reported apart, as p2p waits, not as exposed collective communication.
 
+DTensor's collectives (tensor parallelism) go through `torch.distributed._functional_collectives`,
+which hands back a tensor that waits at its first use (`wait_tensor`) instead of a work: a traced
+functional collective stays open from its issue until `wait_tensor` returns on its output (or a
+view of it), so a collective whose peer never joins stays in flight in the ledger; the wait is
+exposed time on the training thread (on GPU, a stall between events on the compute stream), issue
+to the wait's return the collective's busy interval, an upper bound. One nobody waited on by the
+step's end is closed then.
+
 `comm_delay_s` injects a delay into every traced collective's completion (fault injection for tests
 and demos: a slow link).
 
@@ -407,6 +415,20 @@ _FUNCTIONAL_OPS: dict[str, tuple[str, int, bool]] = {
 redistributions: a RowwiseParallel output's all-reduce, a ColwiseParallel input gradient's), with
 the payload counted as `_OPS` counts it (an all-gather by its output)."""
 _functional_on = False
+TIME_FUNCTIONAL_WAITS = True
+"""Close a functional collective when its output is waited on (timed) rather than when it is
+issued. Only a test turns it off, to show that its timing checks fail without it."""
+_functional_open: dict[int, tuple[CommRecorder, int, Any]] = {}
+"""Functional collectives issued and not yet waited on: the storage address of the tensor the
+collective writes -> (recorder, handle, device start event or None)."""
+
+
+def _storage_key(t: Any) -> int | None:
+    """What a collective's output and every view of it share (DTensor waits on views too)."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except Exception:  # noqa: BLE001 - a tensor without storage (fake, meta): never matched
+        return None
 
 
 def _functional_group(group: Any) -> Any:
@@ -420,9 +442,10 @@ def _functional_group(group: Any) -> Any:
 
 
 def _wrap_functional(fn: Callable[..., Any], kind: str, group_at: int, gathered: bool) -> Callable[..., Any]:
-    """Records each call's kind, bytes and group at its issue. Its completion is not seen (the
-    wait happens inside the tensor DTensor hands back), so it counts as done when issued:
-    bytes and counts, no busy or exposed time."""
+    """Records each call's kind, bytes and group at its issue, and leaves it open (in flight in
+    the ledger) until `wait_tensor` is called on its output: the call hands back a tensor that
+    waits at its first use (AsyncCollectiveTensor), not a work whose future could say when it
+    completed."""
     @functools.wraps(fn)
     def traced(*args: Any, **kwargs: Any) -> Any:
         recorder = _recorder
@@ -438,19 +461,68 @@ def _wrap_functional(fn: Callable[..., Any], kind: str, group_at: int, gathered:
             before_issue(kind)
         handle = recorder.begin(kind, _nbytes(tensor) * (size if gathered else 1), size, label,
                                 shapes_digest(tensor))
+        start = None
+        if getattr(recorder, "end_device", None) is not None and isinstance(tensor, torch.Tensor):
+            start = device_start(tensor)
         try:
-            return fn(*args, **kwargs)
-        finally:
+            out = fn(*args, **kwargs)
+        except BaseException:
+            recorder.end(handle)
+            raise
+        key = _storage_key(getattr(out, "elem", out)) if TIME_FUNCTIONAL_WAITS else None
+        if key is None:
             _finish(recorder, handle)
+        else:
+            stale = _functional_open.pop(key, None)
+            if stale is not None:  # its storage was freed and reused: it cannot be in flight
+                stale[0].end(stale[1])
+            _functional_open[key] = (recorder, handle, start)
+        return out
 
     traced.__ringtop_traced__ = True
     return traced
 
 
+def _wrap_functional_wait(wait: Callable[..., Any]) -> Callable[..., Any]:
+    """`wait_tensor` on a traced collective's output (AsyncCollectiveTensor calls it at first use):
+    the collective is closed when it returns, and the time the training thread spent inside is
+    exposed communication. Host path: gloo has finished the collective when the wait returns, so
+    issue -> return is its busy interval (an upper bound, by the wait's lateness when the result
+    was already there). GPU path: the wait only makes the current stream wait; events around it
+    on that stream give the stall (when it is the compute stream) and the end of the interval."""
+    @functools.wraps(wait)
+    def traced_wait(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        key = _storage_key(tensor) if _functional_open else None
+        opened = _functional_open.pop(key, None) if key is not None else None
+        if opened is None:
+            return wait(tensor, *args, **kwargs)
+        recorder, handle, start = opened
+        if start is not None:
+            stream = device_timing.current_stream(tensor.device)
+            before = device_timing.event()
+            before.record(stream)
+            try:
+                return wait(tensor, *args, **kwargs)
+            finally:
+                after = device_end(recorder, handle, start, None, stream)
+                if _on_training_thread() and _compute_stream is not None and stream == _compute_stream:
+                    recorder.blocked_device(before, after)
+        t0 = time.perf_counter_ns()
+        try:
+            return wait(tensor, *args, **kwargs)
+        finally:
+            _finish(recorder, handle)
+            if _on_training_thread():
+                recorder.blocked(t0, time.perf_counter_ns())
+
+    traced_wait.__ringtop_traced__ = True
+    return traced_wait
+
+
 def trace_functional_collectives() -> None:
-    """Wrap the functional collectives once (idempotent); they record only inside
-    `functional_collectives_traced`. Called by the strategy that imports DTensor (tensor
-    parallelism), so no other rank's start-up pays for the import."""
+    """Wrap the functional collectives and their `wait_tensor` once (idempotent); they record
+    only inside `functional_collectives_traced`. Called by the strategy that imports DTensor
+    (tensor parallelism), so no other rank's start-up pays for the import."""
     from torch.distributed import _functional_collectives as funcol
 
     with _install_lock:
@@ -458,6 +530,17 @@ def trace_functional_collectives() -> None:
             fn = getattr(funcol, name, None)
             if fn is not None and not getattr(fn, "__ringtop_traced__", False):
                 setattr(funcol, name, _wrap_functional(fn, kind, group_at, gathered))
+        if not getattr(funcol.wait_tensor, "__ringtop_traced__", False):
+            funcol.wait_tensor = _wrap_functional_wait(funcol.wait_tensor)
+
+
+def close_unwaited_functional() -> None:
+    """Close the functional collectives whose output nobody waited on by the step's end (none in
+    DTensor's eager path, which waits every output it uses): the step did not block on them, so
+    they are not left in flight in the ledger; counted as done now."""
+    while _functional_open:
+        _, (recorder, handle, _) = _functional_open.popitem()
+        recorder.end(handle)
 
 
 @contextlib.contextmanager
@@ -471,6 +554,8 @@ def functional_collectives_traced() -> Iterator[None]:
         yield
     finally:
         _functional_on = before
+        if not before:
+            close_unwaited_functional()
 
 
 @contextlib.contextmanager

@@ -38,7 +38,9 @@ from .cost_model import (
     gpipe_bubble_fraction,
     memory_per_rank,
     pipeline_p2p_sent_bytes,
+    ring_all_gather_sent_bytes,
     ring_all_reduce_sent_bytes,
+    ring_reduce_scatter_sent_bytes,
     shard_count,
 )
 from .links import Link
@@ -128,11 +130,20 @@ def check_mesh(mesh: Mesh, shape: Shape, dp_strategy: str = "ddp") -> str:
     return s
 
 
-def tp_comm_per_step(shape: Shape, tp: int, layers_held: int) -> CommPerStep:
-    """A TP rank's activation all-reduces per step over its `layers_held` layers (none when tp = 1)."""
+def tp_comm_per_step(shape: Shape, tp: int, layers_held: int, *, sequence_parallel: bool = False,
+                     gloo: bool = False) -> CommPerStep:
+    """A TP rank's activation all-reduces per step over its `layers_held` layers (none when tp = 1).
+    With `sequence_parallel` (Megatron's arXiv 2205.05198) each becomes an all-gather and a
+    reduce-scatter of the same [micro-batch, seq, hidden] tensor, which move the same bytes on a
+    ring as the all-reduce (on gloo a reduce-scatter runs as an all-reduce: `gloo`)."""
     if tp == 1:
         return CommPerStep(())
     payload = TP_ALL_REDUCES_PER_LAYER * layers_held * shape.micro_batches * shape.activation_payload_bytes
+    if sequence_parallel:
+        return CommPerStep((
+            CollectiveBytes("all_gather", payload, ring_all_gather_sent_bytes(payload, tp)),
+            CollectiveBytes("reduce_scatter", payload,
+                            ring_reduce_scatter_sent_bytes(payload, tp, gloo_as_all_reduce=gloo))))
     return CommPerStep((CollectiveBytes("all_reduce", payload, ring_all_reduce_sent_bytes(payload, tp)),))
 
 

@@ -61,6 +61,7 @@ class TensorParallelShape:
     tensors: int
     layers: int
     hidden: int
+    sequence_parallel: bool = False
 
 
 LLAMA_PLAN = {"self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise", "self_attn.v_proj": "colwise",
@@ -92,13 +93,17 @@ def check_splittable(model: nn.Module, degree: int, dtype: str) -> None:
         raise StrategyError(refusal)
 
 
-def parallelize_blocks(model: nn.Module, tp_mesh: Any) -> tuple[torch.Tensor | None, TensorParallelShape]:
+def parallelize_blocks(model: nn.Module, tp_mesh: Any, sequence_parallel: bool = False
+                       ) -> tuple[torch.Tensor | None, TensorParallelShape]:
     """Split every block of a TinyGPT (its qkv rows first reordered by head unless QKV_BY_HEAD is
     off) or of an hf model (a GPT-2's c_attn columns first reordered by rank) over `tp_mesh`;
-    returns (the reordering, or None; the rank's shape)."""
+    returns (the reordering, or None; the rank's shape). `sequence_parallel` (TinyGPT only): see
+    `_sequence_parallel_plan`."""
     from ringtop.agent.model import TinyGPT
 
     if not isinstance(model, TinyGPT):
+        if sequence_parallel:
+            raise StrategyError("sequence parallelism splits the built-in tiny-gpt's blocks only")
         if model.spec.dims.model_type == "gpt2":
             return _parallelize_gpt2_blocks(model, tp_mesh)
         return None, _parallelize_llama_layers(model, tp_mesh)
@@ -107,8 +112,10 @@ def parallelize_blocks(model: nn.Module, tp_mesh: Any) -> tuple[torch.Tensor | N
     degree = tp_mesh.size()
     heads = model.cfg.n_head
     rows = qkv_rows_by_head(heads, model.cfg.d_model // heads) if QKV_BY_HEAD else None
-    plan = {"qkv": ColwiseParallel(), "proj": RowwiseParallel(), "fc": ColwiseParallel(),
-            "fc_out": RowwiseParallel()}
+    plan: dict[str, Any] = {"qkv": ColwiseParallel(), "proj": RowwiseParallel(), "fc": ColwiseParallel(),
+                            "fc_out": RowwiseParallel()}
+    if sequence_parallel:
+        plan = _sequence_parallel_plan()
     total = sum(p.numel() for p in unique_tensors(model))
     split = 0
     for block in model.blocks:
@@ -118,11 +125,41 @@ def parallelize_blocks(model: nn.Module, tp_mesh: Any) -> tuple[torch.Tensor | N
         split += _split_numel(block, plan)
         parallelize_module(block, tp_mesh, plan)
         block.n_head = heads // degree
+    if sequence_parallel:
+        _shard_the_residual_stream(model, tp_mesh)
     collective_hooks.trace_functional_collectives()
     shape = TensorParallelShape(degree=degree, params=total - split + split // degree,
                                 tensors=len(unique_tensors(model)), layers=len(model.blocks),
-                                hidden=model.cfg.d_model)
+                                hidden=model.cfg.d_model, sequence_parallel=sequence_parallel)
     return rows, shape
+
+
+def _sequence_parallel_plan() -> dict[str, Any]:
+    """Megatron's sequence parallelism (arXiv 2205.05198) in a TinyGPT block: between the split
+    matrices the residual stream is sharded by sequence (Shard(1)), so the LayerNorms (and the
+    residual adds) run on each rank's slice of the tokens. A Colwise input is all-gathered (its
+    gradient reduce-scattered), a Rowwise output reduce-scattered (its gradient all-gathered):
+    each all-reduce of [batch, seq, d] becomes an all-gather and a reduce-scatter of it, the
+    same bytes on a ring. The LayerNorms' weights stay whole; their gradients are partial sums
+    over the ranks' tokens, all-reduced before the optimizer step."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+
+    return {"ln1": SequenceParallel(), "qkv": ColwiseParallel(input_layouts=Shard(1)),
+            "proj": RowwiseParallel(output_layouts=Shard(1)), "ln2": SequenceParallel(),
+            "fc": ColwiseParallel(input_layouts=Shard(1)), "fc_out": RowwiseParallel(output_layouts=Shard(1))}
+
+
+def _shard_the_residual_stream(model: nn.Module, tp_mesh: Any) -> None:
+    """The first block takes its rank's slice of the (replicated) embeddings, a local split; the
+    last block's output is all-gathered for the replicated final LayerNorm and head."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleOutput, parallelize_module
+
+    parallelize_module(model.blocks[0], tp_mesh, PrepareModuleInput(
+        input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=True))
+    parallelize_module(model.blocks[-1], tp_mesh, PrepareModuleOutput(
+        output_layouts=(Shard(1),), desired_output_layouts=(Replicate(),), use_local_output=True))
 
 
 def _split_numel(block: nn.Module, plan: dict[str, Any]) -> int:
@@ -315,6 +352,8 @@ class HeadOrderedQkv:
         sub-mesh's LayerNorms), one scalar all-reduce; clipping scales each rank's own part."""
         if self._tp_shape is None:
             return super()._optimizer_step()
+        if self._tp_shape.sequence_parallel:
+            _sum_partial_grads(self.model)
         grads = [p.grad for p in unique_tensors(self.model) if p.grad is not None]
         locals_ = [_local(g) for g in grads]
         world = dist.get_world_size()
@@ -340,16 +379,22 @@ class TensorParallelStrategy(HeadOrderedQkv, TorchNativeStrategy):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        refuse_unknown_options(self.name, self.options, ("degree",))
+        refuse_unknown_options(self.name, self.options, ("degree", "sequence_parallel"))
         degree = self.options.get("degree")
         if degree is not None and not (isinstance(degree, int) and degree >= 1):
             raise StrategyError(f"tp degree must be an integer >= 1, got {degree!r}")
+        sequence_parallel = self.options.get("sequence_parallel", False)
+        if not isinstance(sequence_parallel, bool):
+            raise StrategyError(f"tp sequence_parallel must be true or false, got {sequence_parallel!r}")
 
     def describe(self) -> str:
         return strategy_label(self.name, self.options)
 
     def live_facts(self) -> dict[str, Any]:
-        return {"degree": self._tp_shape.degree} if self._tp_shape is not None else {}
+        if self._tp_shape is None:
+            return {}
+        return {"degree": self._tp_shape.degree, **({"sequence_parallel": True} if self._tp_shape.sequence_parallel
+                                                    else {})}
 
     def data_shard(self, ctx: DistContext) -> tuple[int, int]:
         """A tensor-parallel group reads one data-parallel shard: its ranks are consecutive."""
@@ -368,7 +413,7 @@ class TensorParallelStrategy(HeadOrderedQkv, TorchNativeStrategy):
         self.settings = settings
         mesh = init_device_mesh(ctx.device.type, (degree,), mesh_dim_names=("tp",))
         collective_hooks.name_mesh_dimensions(mesh)
-        self._rows, self._tp_shape = parallelize_blocks(model, mesh)
+        self._rows, self._tp_shape = parallelize_blocks(model, mesh, self.options.get("sequence_parallel", False))
         self.work_split = degree
         self.model = model
         self.optimizer = make_optimizer(model.parameters())
@@ -389,6 +434,17 @@ def _copies(t: torch.Tensor, world: int) -> int:
         if placement.is_replicate():
             replicated *= mesh.size(dim)
     return world // mesh.size() * replicated
+
+
+def _sum_partial_grads(model: nn.Module) -> None:
+    """Sequence parallelism's LayerNorm gradients are each rank's tokens' share (Partial(sum)):
+    all-reduced here, one per tensor, so the optimizer steps the same whole weight everywhere."""
+    from torch.distributed.tensor import Replicate
+
+    for p in unique_tensors(model):
+        g = p.grad
+        if g is not None and _is_dtensor(g) and any(pl.is_partial() for pl in g.placements):
+            p.grad = g.redistribute(placements=[Replicate() if pl.is_partial() else pl for pl in g.placements])
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

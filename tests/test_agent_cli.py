@@ -66,7 +66,7 @@ AGENT_FLAGS = {
     "--print-every", "--link", "--stall-factor", "--stall-floor", "--inject-hang", "--inject-desync",
     "--inject-slow-rank", "--inject-comm-delay", "--inject-save-delay", "--inject-nan", "--inject-node-relay-death",
     "--inject-fail-setup", "--checkpoint-dir", "--resume", "--checkpoint-every", "--checkpoint-kind", "--keep",
-    "--metrics", "--peak-tflops", "--tp",
+    "--metrics", "--peak-tflops", "--tp", "--tp-sequence-parallel",
 }
 """The flags the README, the tests and users' scripts spell: none may go or be renamed."""
 

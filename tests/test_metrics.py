@@ -173,6 +173,7 @@ def test_strategy_names_and_labels():
     assert strategy_label("pp", {"schedule": "1f1b", "stages": 2, "micro_batches": 4}) == "pp(1f1b, N=2, M=4)"
     assert strategy_label("pp", {}) == "pp" and strategy_label("zero3", {"stage": 3}) == "zero3"
     assert strategy_label("tp", {"degree": 2}) == "tp(N=2)" and strategy_label("tp", {}) == "tp"
+    assert strategy_label("tp", {"degree": 2, "sequence_parallel": True}) == "tp(N=2, sequence-parallel)"
     assert strategy_label("fsdp", {"sharding": "full", "tp": 2}) == "fsdp(full, tp=2)"
 
     class Sh(typing.NamedTuple):
