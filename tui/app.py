@@ -26,7 +26,7 @@ from ringtop.protocol.curve import ClientKeys
 
 from .builders import Builders
 from .connection import TelemetryClient
-from .feeds import Feeds
+from .feeds import TIMER_REFRESH_AFTER_S, Feeds
 from .header_tab import header_model
 from .overview_keys import OVERVIEW_BINDINGS, OverviewKeys
 from .overview_nav import OverviewNav, comm_nav, memory_nav
@@ -111,6 +111,7 @@ class RingtopApp(Feeds, RunCommands, OverviewKeys, App):
         self.table_page_rows: dict[str, int] = {}
         self.builders = Builders()
         self._offered: tuple = ()
+        self.refreshed_at = -1e9
 
     def compose(self) -> ComposeResult:
         yield RunHeader()
@@ -129,7 +130,7 @@ class RingtopApp(Feeds, RunCommands, OverviewKeys, App):
         else:
             self.sub_title = self.source
             self._start_client()
-        self.set_interval(REFRESH_S, self.refresh_view)
+        self.set_interval(REFRESH_S, self._on_refresh_timer)
         self.refresh_view()
 
     def on_unmount(self) -> None:
@@ -203,11 +204,18 @@ class RingtopApp(Feeds, RunCommands, OverviewKeys, App):
         except Exception:
             return ""
 
+    def _on_refresh_timer(self) -> None:
+        """With digests the screen is refreshed as each digest is folded in (`Feeds`), so that it
+        is as fresh as the relay's steps; the timer then only fills in where no digest came."""
+        if self.view.via_digests and time.monotonic() - self.refreshed_at < TIMER_REFRESH_AFTER_S:
+            return
+        self.refresh_view()
+
     def refresh_view(self) -> None:
         """Hand the header and the panel on screen their models (called at a fixed rate)."""
         if not self.is_running:
             return
-        now = time.monotonic()
+        now = self.refreshed_at = time.monotonic()
         v, b = self.view, self.builders
         v.tick(now)
         nav = self.navs.get(self.active_tab)

@@ -12,6 +12,13 @@ from textual.message import Message
 
 from .connection import TelemetryClient
 
+DIGEST_REFRESH_GAP_S = 0.15
+"""With digests the screen is refreshed as a digest is folded in, but not sooner than this after
+the last refresh (a large run's digests of one interval may come in two batches)."""
+TIMER_REFRESH_AFTER_S = 0.3
+"""With digests the app's 4 Hz timer refreshes only when no refresh came for this long (no
+digest: a run that stopped stepping still sees its stale and hang indicators move on)."""
+
 REPLAY_CHUNK = 5_000
 
 
@@ -59,9 +66,12 @@ class Feeds:
 
     def on_telemetry_batch(self, batch: TelemetryBatch) -> None:
         now = time.monotonic()
+        digests = self.view.digests_folded
         self.view.apply_batch(batch.messages, now, self._not_shown)
         for err in batch.rejected:
             self.view.note_rejected(err, now)
+        if self.view.digests_folded != digests and now - self.refreshed_at >= DIGEST_REFRESH_GAP_S:
+            self.refresh_view()  # the relay's newest steps on screen now, not at the next tick
         client = self.client
         if client is not None:
             want = self.view.wants_digests
