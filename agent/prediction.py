@@ -75,22 +75,25 @@ def predict_tensor_parallel(held_params: int, held_tensors: int, degree: int, la
     comm = {c.kind: c for c in tp_comm_per_step(shape, degree, layers, sequence_parallel=sequence_parallel,
                                                 gloo=gloo).collectives}
     norm = CollectiveBytes("all_reduce", NORM_BYTES, ring_all_reduce_sent_bytes(NORM_BYTES, degree * dp))
-    kinds = [*comm.values(), norm]
+    tp_kinds = list(comm.values())
     if sequence_parallel and degree > 1:
         boundary = SP_BOUNDARY_GATHERS * shape.activation_payload_bytes
         norms = SP_NORM_GRADS_PER_LAYER * layers * hidden * 4
-        kinds += [CollectiveBytes("all_gather", boundary, ring_all_gather_sent_bytes(boundary, degree)),
-                  CollectiveBytes("all_reduce", norms, ring_all_reduce_sent_bytes(norms, degree))]
+        tp_kinds += [CollectiveBytes("all_gather", boundary, ring_all_gather_sent_bytes(boundary, degree)),
+                     CollectiveBytes("all_reduce", norms, ring_all_reduce_sent_bytes(norms, degree))]
     held = held_params
+    groups: dict[str, list[CollectiveBytes]] = {"tp": tp_kinds, "": [norm]}
     if dp_strategy is not None and dp > 1:
-        kinds += comm_per_step(dp_strategy, dp, ModelSpec(held_params, 4, 4, 8)).collectives
+        groups["dp"] = list(comm_per_step(dp_strategy, dp, ModelSpec(held_params, 4, 4, 8)).collectives)
         held = shard_count(held_params, dp)
     if degree * dp == 1:
-        kinds = []
-    step = CommPerStep(tuple(kinds))
+        groups = {}
+    step = CommPerStep(tuple(c for kinds in groups.values() for c in kinds))
     prediction = Prediction(
         params_bytes=4 * held, grads_bytes=4 * held, optimizer_bytes=8 * held + ADAM_STEP_BYTES * held_tensors,
-        comm_payload_bytes={kind: c.payload_bytes for kind, c in step.by_kind().items()},
+        comm_payload_bytes=payload_by_kind(step.collectives),
+        comm_payload_bytes_by_group={g: payload_by_kind(kinds) for g, kinds in groups.items() if kinds}
+        if len(groups) > 2 else {},  # 1D: the tp group is the world, every collective's group is ""
         comm_sent_bytes=step.sent_bytes,
         note=f"this rank's share of the split matrices plus the replicated parameters ({held_params:,})"
              + (f", sharded {dp} ways" if held != held_params else "")
@@ -103,13 +106,18 @@ def predict_tensor_parallel(held_params: int, held_tensors: int, degree: int, la
     return prediction, 8
 
 
+def payload_by_kind(collectives) -> dict[str, int]:
+    """Payload bytes per collective kind of a step's collectives (several of a kind added up)."""
+    return {kind: c.payload_bytes for kind, c in CommPerStep(tuple(collectives)).by_kind().items()}
+
+
 NORM_BYTES = 4
+"""The fp32 sum of squares a tensor-parallel rank all-reduces for the global gradient norm."""
 SP_BOUNDARY_GATHERS = 2
 """Sequence parallelism on TinyGPT: the last block's output gathered for the whole final LayerNorm
 and head, and the first block's input gradient gathered for the whole embeddings."""
 SP_NORM_GRADS_PER_LAYER = 4
 """Two LayerNorms a block, weight and bias each [hidden]: partial sums over each rank's tokens."""
-"""The fp32 sum of squares a tensor-parallel rank all-reduces for the global gradient norm."""
 
 
 def predict_pipeline_stage(stage_params: int, stage_tensors: int, world_size: int,

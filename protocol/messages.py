@@ -51,6 +51,9 @@ class Sharding(msgspec.Struct, kw_only=True):
     optimizer: bool = False
 
 
+MAX_DIMENSION_CHARS = 32
+
+
 class Prediction(msgspec.Struct, kw_only=True):
     """The cost model's figures for this rank of this run (ringtop.strategies.cost_model), sent
     beside the measurements so the UI can show measured against predicted."""
@@ -60,6 +63,11 @@ class Prediction(msgspec.Struct, kw_only=True):
     optimizer_bytes: Count = 0
     comm_payload_bytes: dict[str, Count] = {}
     """Per collective kind, bytes handed to collectives per step (what the tracer counts)."""
+    comm_payload_bytes_by_group: dict[Annotated[str, msgspec.Meta(max_length=MAX_DIMENSION_CHARS)],
+                                      dict[str, Count]] = {}
+    """The same split by mesh dimension (as CommStat.group: `tp`, `dp`, `pp`; "" the world group),
+    where a strategy's device mesh has several; {} otherwise. Its sums per kind are
+    `comm_payload_bytes`."""
     comm_sent_bytes: Count = 0
     """Bytes this rank puts on the wire per step (ring algorithms)."""
     note: str = ""
@@ -130,7 +138,6 @@ class MemorySample(msgspec.Struct, kw_only=True):
     cuda_ooms: Count = 0
 
 
-MAX_DIMENSION_CHARS = 32
 
 
 class CommStat(msgspec.Struct, kw_only=True, array_like=False):

@@ -26,6 +26,7 @@ from ringtop.protocol import (
     Bye,
     Command,
     CommStat,
+    Digest,
     EndpointError,
     Endpoints,
     Event,
@@ -46,6 +47,7 @@ from ringtop.protocol import (
     StageSpan,
     Stall,
     Step,
+    StepBrief,
     Timeline,
     UnknownCommandError,
     UnknownTypeError,
@@ -100,7 +102,7 @@ HELLO_WIRE = {
     # params 25e6 x 2; grads 25e6/8 x 2; optimizer 25e6/8 x 12; sent 2 x 7/8 x 50e6
     "prediction": {"params_bytes": 50000000, "grads_bytes": 6250000, "optimizer_bytes": 37500000,
                    "comm_payload_bytes": {"reduce_scatter": 50000000, "all_gather": 50000000},
-                   "comm_sent_bytes": 87500000, "note": "ceil(P/N) shards"},
+                   "comm_payload_bytes_by_group": {}, "comm_sent_bytes": 87500000, "note": "ceil(P/N) shards"},
     "model": "tiny-gpt",
     "param_count": 25000000, "torch_version": "2.13.0", "ringtop_version": "0.1.0",
     "batch_size": 16, "seq_len": 512, "steps": 1000, "start_step": 200, "lr": 0.0003, "seed": 17,
@@ -208,8 +210,15 @@ REPLY = Reply(rank=3, seq=41, ts=1767225600.125, id="ui-1", status="error", cmd=
 REPLY_WIRE = {**ENV, "type": "reply", "id": "ui-1", "status": "error", "cmd": "checkpoint",
               "result": {"step": 1205}, "error": "disk full", "code": "checkpoint_failed"}
 
+DIGEST = Digest(rank=-1, seq=7, ts=1767225600.25, interval_s=0.25, steps=[STEP],
+                briefs=[StepBrief(3, 1203, 1767225599.9, 214.0, None, 0.5, True)], briefs_dropped=1, relay_gaps=2)
+DIGEST_WIRE = {**ENV, "rank": -1, "seq": 7, "ts": 1767225600.25, "type": "digest", "interval_s": 0.25,
+               "steps": [STEP_WIRE], "briefs": [[3, 1203, 1767225599.9, 214.0, None, 0.5, True]],
+               "briefs_dropped": 1, "relay_gaps": 2}
+
 CASES = {
     "hello": (HELLO, HELLO_WIRE),
+    "digest": (DIGEST, DIGEST_WIRE),
     "step": (STEP, STEP_WIRE),
     "sample": (SAMPLE, SAMPLE_WIRE),
     "timeline": (TIMELINE, TIMELINE_WIRE),
@@ -243,7 +252,7 @@ def test_constants():
 
 def test_cases_cover_every_type_and_every_field():
     assert set(CASES) == {"hello", "step", "sample", "timeline", "heartbeat", "event", "stall", "bye", "command",
-                          "reply"}
+                          "reply", "digest"}
     for name, (msg, wire) in CASES.items():
         fields = set(msg.__struct_fields__) | {"type"}
         assert set(wire) == fields, f"{name}: fixture and struct disagree on fields"
@@ -253,7 +262,7 @@ def test_cases_cover_every_type_and_every_field():
         "sample": Sample(), "heartbeat": Heartbeat(),
         "timeline": Timeline(step=0, stage=0, stages=0, micro_batches=0), "event": Event(), "bye": Bye(),
         "stall": Stall(),
-        "command": Command(id="", cmd=""), "reply": Reply(id="", status="ack"),
+        "command": Command(id="", cmd=""), "reply": Reply(id="", status="ack"), "digest": Digest(interval_s=1.0),
     }
     for name, (msg, _) in CASES.items():
         for f in msg.__struct_fields__:

@@ -132,15 +132,24 @@ def test_fsdp_over_tp_groups_trains_like_one_process_and_holds_and_sends_what_it
         assert by_group[("all_reduce", "tp")] == (activations, 2), steps[rank][-1].comm
         assert by_group[("all_reduce", "")] == (4, 4)
         assert {c.group for c in steps[rank][-1].comm if c.kind in ("all_gather", "reduce_scatter")} == {"dp"}
-    # what the Comm tab lists for this run's logs: one row per kind and mesh dimension
+        measured_by_group: dict[str, dict[str, int]] = {}
+        for c in steps[rank][-1].comm:
+            measured_by_group.setdefault(c.group, {})[c.kind] = c.bytes
+        assert measured_by_group == predicted.comm_payload_bytes_by_group, predicted.note
+    # what the Comm tab lists for this run's logs: one row per kind and mesh dimension, each held
+    # against its dimension's prediction
     from ringtop.tui.comm import comm_window
     from ringtop.tui.view_model import RunView
 
     view = RunView(watch_liveness=False)
     view.apply_many([m for rank in range(4) for m in run.messages(rank)], now=1.0)
-    assert sorted((k.kind, k.group, k.group_sizes) for k in comm_window(view).kinds) == [
+    kinds = comm_window(view).kinds
+    assert sorted((k.kind, k.group, k.group_sizes) for k in kinds) == [
         ("all_gather", "dp", (2,)), ("all_reduce", "", (4,)), ("all_reduce", "tp", (2,)),
         ("reduce_scatter", "dp", (2,))]
+    assert {(k.kind, k.group): k.predicted_bytes for k in kinds} == {
+        (k.kind, k.group): float(k.bytes_per_step) for k in kinds}
+    assert {(k.kind, k.group): k.predicted_bytes for k in kinds}[("all_reduce", "tp")] == activations
     # the tp pairs' collectives under their own groups' names ("0-1", "2-3"): no desync read into them
     assert not [m.text for m in run.messages(0) if isinstance(m, Event) and m.kind in ("desync", "hang")]
 

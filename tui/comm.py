@@ -108,22 +108,37 @@ def kind_sort_key(kind: str) -> tuple[int, str]:
     return (COMM_KIND_ORDER.index(kind), "") if kind in COMM_KIND_ORDER else (len(COMM_KIND_ORDER), kind)
 
 
-def _predictions(rows: Iterable[RankRow]) -> dict[str, float] | None:
-    """Mean predicted payload per kind over the rows that carry a prediction; None when none does."""
+def _predictions(rows: Iterable[RankRow]) -> dict[tuple[str, str], float] | None:
+    """Mean predicted payload per (kind, mesh dimension) over the rows that carry a prediction
+    (dimension "" for all of a kind where a prediction is not split by dimension); None when none
+    does."""
     preds = [r.prediction for r in rows if r.prediction is not None]
     if not preds:
         return None
-    kinds: dict[str, list[int]] = {}
+    kinds: dict[tuple[str, str], list[int]] = {}
     for p in preds:
-        for k, b in p.comm_payload_bytes.items():
-            kinds.setdefault(k, []).append(b)
+        if p.comm_payload_bytes_by_group:
+            for group, of_group in p.comm_payload_bytes_by_group.items():
+                for k, b in of_group.items():
+                    kinds.setdefault((k, group), []).append(b)
+        else:
+            for k, b in p.comm_payload_bytes.items():
+                kinds.setdefault((k, ""), []).append(b)
     # a kind some predictions lack counts as 0 for them: the mean is over the ranks that predict
     return {k: sum(v) / len(preds) for k, v in kinds.items()}
 
 
+def _of_kind(predicted: dict[tuple[str, str], float]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for (kind, _), b in predicted.items():
+        out[kind] = out.get(kind, 0.0) + b
+    return out
+
+
 def summarize(samples: Iterable[CommStep], *, rank: int | None, world_size: int,
-              predicted: dict[str, float] | None) -> CommWindow:
-    """Sum the CommSteps of a window and turn them into per-step means and rates."""
+              predicted: dict[tuple[str, str], float] | None) -> CommWindow:
+    """Sum the CommSteps of a window and turn them into per-step means and rates. `predicted`:
+    payload per (kind, mesh dimension), `_predictions`."""
     total = CommStep(step=-1)
     first, last = math.inf, -math.inf
     for s in samples:
@@ -143,22 +158,31 @@ def summarize(samples: Iterable[CommStep], *, rank: int | None, world_size: int,
     rows_of_kind: dict[str, int] = {}
     for kind, _ in per_kind:
         rows_of_kind[kind] = rows_of_kind.get(kind, 0) + 1
+    # the prediction per (kind, dimension) where it is split so and the window is too; else per kind,
+    # held against a row only where the kind has one row
+    by_dim = split and predicted is not None and any(dim for _, dim in predicted)
+    of_kind = _of_kind(predicted or {})
     rows: list[KindRow] = []
     for key in sorted(per_kind, key=lambda k: (kind_sort_key(k[0]), k[1])):
         kind, dim = key
         c = per_kind[key]
-        # the prediction is per kind: held against a row only where the kind has one row
+        if predicted is None:
+            expected = None
+        elif by_dim:
+            expected = predicted.get(key)
+        else:
+            expected = None if rows_of_kind[kind] > 1 else of_kind.get(kind)
         rows.append(KindRow(
             kind=kind, count_per_step=c.count / n, bytes_per_step=c.bytes / n, busy_ms_per_step=c.busy_ms / n,
             algbw_gbps=rate_gbps(c.bytes, c.busy_ms), busbw_gbps=rate_gbps(bus_bytes[key], c.busy_ms),
-            group_sizes=tuple(sorted(groups[key])),
-            predicted_bytes=None if predicted is None or rows_of_kind[kind] > 1 else predicted.get(kind),
-            group=dim))
+            group_sizes=tuple(sorted(groups[key])), predicted_bytes=expected, group=dim))
     if predicted is not None and n:
-        for kind in sorted(set(predicted) - set(rows_of_kind), key=kind_sort_key):
+        missing = (set(predicted) - set(per_kind)) if by_dim else {(k, "") for k in set(of_kind) - set(rows_of_kind)}
+        for kind, dim in sorted(missing, key=lambda k: (kind_sort_key(k[0]), k[1])):
             rows.append(KindRow(kind=kind, count_per_step=0.0, bytes_per_step=0.0, busy_ms_per_step=0.0,
                                 algbw_gbps=math.nan, busbw_gbps=math.nan, group_sizes=(),
-                                predicted_bytes=predicted[kind], measured=False))
+                                predicted_bytes=predicted[(kind, dim)] if by_dim else of_kind[kind],
+                                measured=False, group=dim))
     if not n:
         return CommWindow(rank=rank, ranks=0, rank_steps=0, first_step=-1, last_step=-1, kinds=rows,
                           predicted_bytes=None if predicted is None else sum(predicted.values()))
