@@ -60,10 +60,10 @@ from .reducers.events import MAX_EVENTS
 from .reducers.steps import StepHistory, StepPoint
 
 HISTORY_POINTS = 240
+"""Points kept per chart history (per rank and cross-rank)."""
 DIGEST_MIN_RANKS = 128
 """From this world size on the UI takes the relay's digests instead of every rank's steps
 (agent/step_digest.py): at 1024 ranks x 10 Hz, folding each step was most of the UI's time."""
-"""Points kept per chart history (per rank and cross-rank)."""
 SLOWEST_WINDOW = 20
 """Recent steps per rank averaged to pick the slowest rank."""
 COMM_KIND_ABBR = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG", "broadcast": "BC",
@@ -1032,6 +1032,8 @@ class RunView:
 
     def _on_step(self, row: RankRow, msg: Step, now: float) -> None:
         row.step_seen = now
+        if msg.step <= row.folded_step and self.via_digests:
+            return  # already folded (it came direct and in a digest)
         loss = msg.loss
         if loss is None:
             loss = math.nan  # null: the loss was not finite
@@ -1050,8 +1052,6 @@ class RunView:
             row.cpu_percent = msg.cpu_percent
         if msg.drops > row.agent_drops:
             row.agent_drops = msg.drops
-        if msg.step <= row.folded_step and self.via_digests:
-            return  # already in the histories (it came direct and in a digest)
         own = self.comm_ledger.collect(msg)
         if own is not None:
             row.comm_history.append(own)
