@@ -151,11 +151,16 @@ def _metrics_address(text: str) -> tuple[str, int]:
     return host, port
 
 
-def _link_peak_gbps(text: str) -> float:
-    try:
-        return parse_link(text).per_direction_gbps
-    except ValueError as exc:
-        raise ConfigError(f"--link: {exc}") from None
+def _link_parser(flag: str) -> Callable[[str], float]:
+    def peak_gbps(text: str) -> float:
+        try:
+            return parse_link(text).per_direction_gbps
+        except ValueError as exc:
+            raise ConfigError(f"{flag}: {exc}") from None
+    return peak_gbps
+
+
+_link_peak_gbps = _link_parser("--link")
 
 
 class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -255,6 +260,16 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     link_gbps: Annotated[float, Option(
         TELEMETRY, "the link's peak for the diagnosis: nvlink3|nvlink4|pcie4|pcie5|ib-hdr|ib-ndr or GB/s per "
         "direction", flag="--link", metavar="LINK", parse=_link_peak_gbps, default_text="unknown")] = 0.0
+    link_tp_gbps: Annotated[float, Option(
+        TELEMETRY, "the link the tensor-parallel groups run on (a mesh's tp dimension: inside a node), as --link; "
+        "the Comm tab holds their rows against it", flag="--link-tp", metavar="LINK", parse=_link_parser("--link-tp"),
+        default_text="--link")] = 0.0
+    link_dp_gbps: Annotated[float, Option(
+        TELEMETRY, "the link the data-parallel groups of a mesh run on (across nodes), as --link",
+        flag="--link-dp", metavar="LINK", parse=_link_parser("--link-dp"), default_text="--link")] = 0.0
+    link_pp_gbps: Annotated[float, Option(
+        TELEMETRY, "the link between a mesh's pipeline stages, as --link",
+        flag="--link-pp", metavar="LINK", parse=_link_parser("--link-pp"), default_text="--link")] = 0.0
     peak_tflops: Annotated[float, Option(
         TELEMETRY, "the device's dense peak TFLOP/s MFU is measured against (a GPU the table does not know, a CPU)",
         metavar="TFLOPS", ge=0, bound_note="0 = from ringtop's table of known accelerators",
@@ -306,6 +321,12 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     def endpoints(self) -> Endpoints:
         """The addresses as the protocol passes them around."""
         return Endpoints(publish=self.publish, relay=self.relay, control=self.control)
+
+    @property
+    def link_peaks_by_group(self) -> dict[str, float]:
+        """The links given per mesh dimension (--link-tp/-dp/-pp), keyed as CommStat.group."""
+        peaks = {"tp": self.link_tp_gbps, "dp": self.link_dp_gbps, "pp": self.link_pp_gbps}
+        return {group: gbps for group, gbps in peaks.items() if gbps > 0}
 
     @property
     def canonical_strategy(self) -> str:

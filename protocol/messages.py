@@ -93,6 +93,10 @@ class Hello(Envelope, tag="hello", kw_only=True):
     prediction: Prediction | None = None
     link_peak_gbps: Real = 0.0
     """The link's peak bandwidth per direction the user declared (--link); 0 = unknown."""
+    link_peak_gbps_by_group: dict[Annotated[str, msgspec.Meta(max_length=MAX_DIMENSION_CHARS)],
+                                  Annotated[float, msgspec.Meta(gt=0, le=MAX_REAL)]] = {}
+    """The links declared per mesh dimension (--link-tp, --link-dp, --link-pp), keyed as
+    CommStat.group: where the tp groups run inside a node and the dp ones across."""
     model: str = ""
     param_count: Count = 0
     torch_version: str = ""

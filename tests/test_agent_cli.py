@@ -63,7 +63,7 @@ AGENT_FLAGS = {
     "--dtype", "--grad-clip", "--model", "--model-size", "--data", "--steps", "--batch-size", "--seq-len", "--lr",
     "--seed", "--device", "--ddp-bucket-cap-mb", "--dist-timeout-s", "--on-nonfinite", "--log-dir", "--publish",
     "--relay", "--control", "--allow-remote", "--insecure", "--no-telemetry", "--run-id", "--step-times",
-    "--print-every", "--link", "--stall-factor", "--stall-floor", "--inject-hang", "--inject-desync",
+    "--print-every", "--link", "--link-tp", "--link-dp", "--link-pp", "--stall-factor", "--stall-floor", "--inject-hang", "--inject-desync",
     "--inject-slow-rank", "--inject-comm-delay", "--inject-save-delay", "--inject-nan", "--inject-node-relay-death",
     "--inject-fail-setup", "--checkpoint-dir", "--resume", "--checkpoint-every", "--checkpoint-kind", "--keep",
     "--metrics", "--peak-tflops", "--tp", "--tp-sequence-parallel",
@@ -94,6 +94,8 @@ def test_every_field_but_the_derived_ones_is_an_option_and_its_help_says_its_def
     (["--inject-save-delay", "7"], "inject_save_delay_ms", 7.0),
     (["--inject-slow-rank", "1:200"], "inject_slow_rank", (1, 200.0)),
     (["--link", "pcie4"], "link_gbps", 32.0),
+    (["--link-tp", "nvlink4"], "link_peaks_by_group", {"tp": 450.0}),
+    (["--link-dp", "ib-ndr", "--link-pp", "12.5"], "link_peaks_by_group", {"dp": 50.0, "pp": 12.5}),
     (["--strategy", "pp", "--pp-split", "3,1"], "pp_split", (3, 1)),
     (["--inject-hang", "3:12"], "inject_hang", (3, 12, "forward")),
     (["--inject-hang", "1:5:before-collective"], "inject_hang", (1, 5, "before-collective")),
@@ -113,6 +115,7 @@ def test_an_option_spelled_unlike_its_field_sets_that_field(argv, field, value):
     (["--inject-desync", "1:4:forward"], "expected R:STEP"),
     (["--stall-factor", "0.5"], "--stall-factor"),
     (["--peak-tflops", "-1"], "--peak-tflops must be >= 0"),
+    (["--link-dp", "carrier-pigeon"], "--link-dp: "),
 ])
 def test_a_bad_fault_or_stall_option_is_refused_with_what_to_write(argv, message):
     with pytest.raises(ConfigError, match=message):

@@ -202,3 +202,33 @@ async def test_comm_tab_splits_a_kind_by_mesh_dimension_on_a_2d_run():
                                                                                       "3.00")
         assert (k("k:all_gather:dp", "pred"), k("k:all_gather:dp", "delta")) == ("3.00", "=")
         assert (k("all", "mb"), k("all", "pred"), k("all", "delta")) == ("15.0", "15.0", "=")
+
+
+# The same run as its agents predict it per mesh dimension and declare its links (--link-tp 8,
+# --link-dp 2 GB/s per direction): each (kind, dimension) row is held against its own prediction,
+# and its busbw against its own link.
+TWO_D_PRED_BY_GROUP = Prediction(
+    comm_payload_bytes={"all_reduce": 9_000_000, "reduce_scatter": 3_000_000, "all_gather": 3_000_000},
+    comm_payload_bytes_by_group={"tp": {"all_reduce": 8_000_000}, "": {"all_reduce": 1_000_000},
+                                 "dp": {"reduce_scatter": 3_000_000, "all_gather": 2_000_000}})
+
+
+async def test_comm_tab_holds_each_mesh_dimension_against_its_prediction_and_link():
+    import msgspec
+
+    msgs: list = [msgspec.structs.replace(hello(r, TWO_D_PRED_BY_GROUP), link_peak_gbps_by_group={"tp": 8.0, "dp": 2.0})
+                  for r in range(4)]
+    msgs += [step(r, n, comm=TWO_D) for n in (1, 2, 3) for r in range(4)]
+    app = RingtopApp(messages=msgs, source="2d")
+    async with app.run_test(size=(180, 50)) as pilot:
+        await open_comm(app, pilot)
+        k = lambda row, col: table_cell(app, "#comm-kinds", row, col)  # noqa: E731
+        assert (k("k:all_reduce:tp", "pred"), k("k:all_reduce:tp", "delta")) == ("8.00", "=")
+        assert (k("k:all_reduce", "pred"), k("k:all_reduce", "delta")) == ("1.00", "=")
+        # the all-gather was predicted 1 MB short (by the test): its row says so, the others do not
+        assert (k("k:all_gather:dp", "pred"), k("k:all_gather:dp", "delta")) == ("2.00", "+50.0%")
+        # busbw against the dimension's link: tp 2.00 of 8 GB/s, dp's reduce-scatter 3e6 B in
+        # 1.5 ms x (2-1)/2 = 1.00 of 2 GB/s; the world's row has no link of its own
+        assert column_labels(app, "#comm-kinds")["link"] == "of link %"
+        assert (k("k:all_reduce:tp", "link"), k("k:reduce_scatter:dp", "link"), k("k:all_reduce", "link")) == \
+            ("25", "50", "·")

@@ -81,6 +81,7 @@ HELLO = Hello(
     device="cuda:3", strategy="zero2", strategy_options={"overlap": True, "bucket_mb": 25},
     sharding=Sharding(params=False, grads=True, optimizer=True), dtype="bf16",
     optimizer_bytes_per_param=12, grad_clip=1.0, link_peak_gbps=450.0,
+    link_peak_gbps_by_group={"tp": 450.0, "dp": 50.0},
     prediction=Prediction(
         params_bytes=50_000_000, grads_bytes=6_250_000, optimizer_bytes=37_500_000,
         comm_payload_bytes={"reduce_scatter": 50_000_000, "all_gather": 50_000_000},
@@ -98,6 +99,7 @@ HELLO_WIRE = {
     "strategy_options": {"overlap": True, "bucket_mb": 25},
     "sharding": {"params": False, "grads": True, "optimizer": True},
     "dtype": "bf16", "optimizer_bytes_per_param": 12, "grad_clip": 1.0, "link_peak_gbps": 450.0,
+    "link_peak_gbps_by_group": {"tp": 450.0, "dp": 50.0},
     # zero2, 25M params on 8 ranks, bf16 params/grads, 12 optimizer bytes per param:
     # params 25e6 x 2; grads 25e6/8 x 2; optimizer 25e6/8 x 12; sent 2 x 7/8 x 50e6
     "prediction": {"params_bytes": 50000000, "grads_bytes": 6250000, "optimizer_bytes": 37500000,

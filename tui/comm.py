@@ -56,6 +56,13 @@ class KindRow:
     group: str = ""
     """The mesh dimension (CommStat.group) when the window's collectives ran on more than one
     (a 2D run: tp and dp): one row per (kind, group). "" on a 1D run: one row per kind."""
+    link_peak_gbps: float = math.nan
+    """The link its dimension runs on, where one was declared (--link-tp, --link-dp, --link-pp)."""
+
+    @property
+    def link_pct(self) -> float:
+        """busbw as a share of its dimension's link (NaN: no link declared, or no time measured)."""
+        return share_pct(self.busbw_gbps, self.link_peak_gbps) if self.link_peak_gbps > 0 else math.nan
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,9 +143,10 @@ def _of_kind(predicted: dict[tuple[str, str], float]) -> dict[str, float]:
 
 
 def summarize(samples: Iterable[CommStep], *, rank: int | None, world_size: int,
-              predicted: dict[tuple[str, str], float] | None) -> CommWindow:
+              predicted: dict[tuple[str, str], float] | None,
+              link_peaks: dict[str, float] | None = None) -> CommWindow:
     """Sum the CommSteps of a window and turn them into per-step means and rates. `predicted`:
-    payload per (kind, mesh dimension), `_predictions`."""
+    payload per (kind, mesh dimension), `_predictions`; `link_peaks`: GB/s per mesh dimension."""
     total = CommStep(step=-1)
     first, last = math.inf, -math.inf
     for s in samples:
@@ -175,7 +183,8 @@ def summarize(samples: Iterable[CommStep], *, rank: int | None, world_size: int,
         rows.append(KindRow(
             kind=kind, count_per_step=c.count / n, bytes_per_step=c.bytes / n, busy_ms_per_step=c.busy_ms / n,
             algbw_gbps=rate_gbps(c.bytes, c.busy_ms), busbw_gbps=rate_gbps(bus_bytes[key], c.busy_ms),
-            group_sizes=tuple(sorted(groups[key])), predicted_bytes=expected, group=dim))
+            group_sizes=tuple(sorted(groups[key])), predicted_bytes=expected, group=dim,
+            link_peak_gbps=(link_peaks or {}).get(dim, math.nan) if dim else math.nan))
     if predicted is not None and n:
         missing = (set(predicted) - set(per_kind)) if by_dim else {(k, "") for k in set(of_kind) - set(rows_of_kind)}
         for kind, dim in sorted(missing, key=lambda k: (kind_sort_key(k[0]), k[1])):
@@ -204,7 +213,8 @@ def rank_window(view: RunView, rank: int, window: int = COMM_WINDOW) -> CommWind
     if row is None:
         return summarize((), rank=rank, world_size=view.facts.world_size, predicted=None)
     samples = [rank_step(m) for m in islice(reversed(row.comm_history), window)][::-1]
-    w = summarize(samples, rank=rank, world_size=view.facts.world_size, predicted=_predictions([row]))
+    w = summarize(samples, rank=rank, world_size=view.facts.world_size, predicted=_predictions([row]),
+                  link_peaks=view.facts.link_peaks_by_group)
     return _with_ranks(w, 1 if samples else 0)
 
 
@@ -212,7 +222,8 @@ def run_window(view: RunView, window: int = COMM_WINDOW) -> CommWindow:
     """The last `window` step numbers, summed over every rank that reported them."""
     steps = sorted(view.comm_steps)[-window:]
     samples = [view.comm_steps[s] for s in steps]
-    w = summarize(samples, rank=None, world_size=view.facts.world_size, predicted=_predictions(view.ranks.values()))
+    w = summarize(samples, rank=None, world_size=view.facts.world_size, predicted=_predictions(view.ranks.values()),
+                  link_peaks=view.facts.link_peaks_by_group)
     ranks = sum(1 for r in view.ranks.values() if steps and r.comm_history and r.comm_history[-1].step >= steps[0])
     return _with_ranks(w, ranks)
 

@@ -22,7 +22,7 @@ VERDICT_STYLE = "bold yellow"
 # ---------------------------------------------------------------------- per-kind table
 
 
-KINDS_PRIORITY = {"delta": 5, "pred": 4, "algbw": 3, "count": 2}
+KINDS_PRIORITY = {"delta": 5, "pred": 4, "algbw": 3, "count": 2, "link": 1}
 """Dropped first on a narrow terminal (tables.fit_to_width): busbw, busy and exposed time stay."""
 RANKS_PRIORITY = {"mb": 4, "busbw": 3, "busy": 2}
 
@@ -42,6 +42,8 @@ def kinds_columns(width: int = 0, w: CommWindow | None = None) -> list[Column]:
         Column("busy", "busy ms", 8, True),
         Column("algbw", "algbw GB/s", 10, True),
         Column("busbw", "busbw GB/s", 10, True),
+        *([Column("link", "of link %", 9, True)] if w is not None and any(k.link_peak_gbps > 0 for k in w.kinds)
+          else []),
         Column("exposed", "exposed ms", 10, True),
         Column("overlap", "overlap %", 9, True),
     ]
@@ -76,6 +78,7 @@ def kinds_rows(w: CommWindow) -> list[tuple[str, dict[str, Text]]]:
             "busy": Text(fmt.ms(k.busy_ms_per_step) if k.measured else "-"),
             "algbw": Text(fmt.gbps(k.algbw_gbps)),
             "busbw": Text(fmt.gbps(k.busbw_gbps), style="bold" if k.measured else ""),
+            "link": Text(fmt.pct(k.link_pct)) if k.link_peak_gbps > 0 else dash.copy(),
             "exposed": dash.copy(),
             "overlap": dash.copy(),
         }
@@ -94,6 +97,7 @@ def kinds_rows(w: CommWindow) -> list[tuple[str, dict[str, Text]]]:
             "busy": Text(fmt.ms(w.busy_ms) if w.busy_ms > 0 else fmt.ms(w.kind_busy_ms)),
             "algbw": Text(""),
             "busbw": Text(fmt.gbps(w.busbw_gbps), style="bold"),
+            "link": Text(""),
             "exposed": Text(fmt.ms(w.exposed_ms), style="bold"),
             "overlap": Text(fmt.pct(overlap), style="bold " + _overlap_style(overlap)),
         }))

@@ -164,6 +164,8 @@ class RunFacts:
     peak_tflops: float = 0.0
     """Rank 0's Hello.peak_tflops: 0 = not known (MFU n/a)."""
     peak_source: str = ""
+    link_peaks_by_group: dict[str, float] = field(default_factory=dict)
+    """Rank 0's Hello.link_peak_gbps_by_group: the link of each mesh dimension (--link-tp ...)."""
 
     @property
     def strategy_name(self) -> str:
@@ -963,6 +965,9 @@ class RunView:
                 f.strategy = msg.strategy
                 f.strategy_options = dict(msg.strategy_options)
             f.sharding = msg.sharding
+            if f.link_peaks_by_group != msg.link_peak_gbps_by_group:
+                f.link_peaks_by_group = dict(msg.link_peak_gbps_by_group)
+                self.versions["comm"] += 1
             f.dtype = msg.dtype or f.dtype
             f.optimizer_bytes_per_param = msg.optimizer_bytes_per_param
             f.grad_clip = msg.grad_clip
