@@ -67,6 +67,7 @@ from .base import (
     DistContext,
     ModelCall,
     OptimizerFactory,
+    PhaseMarker,
     ShardingSpec,
     Strategy,
     StrategyError,
@@ -289,6 +290,9 @@ class PipelineStrategy(CountsOwnTensors, Strategy):
         self.tp = self.options.get("tp", 1)
         self.tp_index = 0
         self.tp_group = None
+        self.hidden = 0
+        self.tied_numel = 0
+        """With tp: the model's width and the tied weight's elements (summed between the end stages)."""
         self._rows: torch.Tensor | None = None
         """The qkv rows' by-head order of a 3D stage (None without tp, or with the trap left in)."""
         self.module: nn.Module | None = None
@@ -420,6 +424,8 @@ class PipelineStrategy(CountsOwnTensors, Strategy):
         module = splitter.build_stage(self._layers[self.stage_index], first, last).to(ctx.device)
         _release_other_stages(splitter.parts(), module)
         if tp > 1:
+            self.hidden = cfg.d_model
+            self.tied_numel = model.tok_emb.weight.numel() if self.num_stages > 1 else 0
             params, tensors = self._stage_size
             self._rows, split = split_tiny_gpt_blocks(list(module.blocks.values()), cfg.n_head, cfg.d_model,
                                                       self.mesh["tp"])
@@ -525,6 +531,13 @@ class PipelineStrategy(CountsOwnTensors, Strategy):
         self._last_events = [PipelineEvent(*e) for e in self._events]
         self._warmup, self._fresh = self._fresh, False
         return loss
+
+    def run_step(self, batch: Any, call_model: ModelCall, phases: PhaseMarker) -> torch.Tensor:
+        """With tp, DTensor's own all-reduces (the split layers' activations) are traced too."""
+        if self.tp == 1:
+            return super().run_step(batch, call_model, phases)
+        with collective_hooks.functional_collectives_traced():
+            return super().run_step(batch, call_model, phases)
 
     def _poisoned_forward(self, batch: Any, call_model: ModelCall) -> torch.Tensor:
         """The backward runs inside the schedule, so the NaN goes in there: this stage's output of
