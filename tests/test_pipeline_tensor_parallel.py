@@ -15,7 +15,7 @@ from pathlib import Path
 import msgspec
 import pytest
 import torch
-from conftest import run_worker_script, start_agents, stop_process_group
+from conftest import further, run_worker_script, start_agents, stop_process_group
 from numerics import (
     GRAD_NORM_RTOL,
     LOSS_RTOL,
@@ -223,3 +223,34 @@ def test_the_3d_mesh_must_fill_the_world():
                                  ({"tp": 3}, 6, "must divide tiny-gpt-1m's 4 attention heads")):
         with pytest.raises(ConfigError, match=re.escape(words)):
             check_switch_tensor_parallel(msgspec.structs.replace(ok, **change), world, tp_given=True)
+
+
+@further
+@pytest.mark.timeout(300)
+def test_live_switch_commands_into_and_out_of_pp_tp(tmp_path):
+    """The `switch` command on a running 4-rank agent, ddp -> pp with tp 2 (2 stages, one replica:
+    the runner's data rebuilt for its one shard) -> ddp: the losses are one process's given each
+    step's global batch (ddp: 4 x BATCH; 3D: BATCH). The state across switch_strategy itself is
+    checked to the bit in test_live_switches_ddp_to_pp_tp_and_back_keep_the_state."""
+    run = start_agents(tmp_path, 4, "--strategy", "ddp", "--steps", "0", "--batch-size", str(BATCH),
+                       "--seq-len", str(SEQ), "--lr", str(LR))
+    try:
+        run.wait_for_step(2, 120)
+        into = list(run.send_command("switch", {"strategy": "pp", "tp": 2, "micro_batches": 2}, timeout_s=120))[-1]
+        assert into.status == "done", into
+        assert into.result["to"] == "pp(gpipe, stages=world, tp=2, M=2)", into
+        run.wait_for_step(into.result["step"] + 2, 120)
+        out = list(run.send_command("switch", {"strategy": "ddp"}, timeout_s=120))[-1]
+        assert (out.status, out.result["to"]) == ("done", "ddp"), out
+        run.wait_for_step(out.result["step"] + 2, 120)
+        list(run.send_command("stop", {}, timeout_s=60))
+        assert run.wait(60) == 0, run.output()[-3000:]
+    finally:
+        stop_process_group(run.proc)
+    by_rank = [{s.step: s.loss for s in run.steps(rank)} for rank in range(4)]
+    last = min(max(steps) for steps in by_rank)
+    in_3d = range(into.result["step"] + 1, out.result["step"] + 1)
+    batches = [BATCH if step in in_3d else 4 * BATCH for step in range(1, last + 1)]
+    reference = reference_run(last, batches, SEQ, LR)
+    losses = [sum(steps[s] for steps in by_rank) / 4 for s in range(1, last + 1)]
+    assert_series_close(losses, reference.losses, rtol=LOSS_RTOL, what="loss")
