@@ -260,12 +260,12 @@ def _schedule_class(schedule: str, micro_batches: int, stages: int):
 
 @dataclass
 class PipelineStrategy(CountsOwnTensors, Strategy):
-    """Options: `stages` (default: world size), `schedule` ("gpipe" | "1f1b", default gpipe),
+    """Options: `stages` (default: world size / tp), `schedule` ("gpipe" | "1f1b", default gpipe),
     `micro_batches` (default 4; must divide the per-rank batch), `split` (layers per stage,
-    default balanced). The built-in model and hf models. See the module docstring."""
+    default balanced), `tp` (default 1; > 1: 3D, the built-in model only). The built-in model and
+    hf models. See the module docstring."""
 
     name: ClassVar[str] = "pp"
-    sharding: ClassVar[ShardingSpec] = ShardingSpec()  # stages split the layers; replicas copy a stage
     takes_micro_batches: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
@@ -313,6 +313,11 @@ class PipelineStrategy(CountsOwnTensors, Strategy):
         """(embedding, head copy) parameter names of a tied pair; None for an untied model."""
 
     # ------------------------------------------------------------------ description
+
+    @property
+    def sharding(self) -> ShardingSpec:  # type: ignore[override]
+        """Stages split the layers and replicas copy a stage; with tp a stage's matrices are split too."""
+        return ShardingSpec(params=True, grads=True, optimizer=True) if self.tp > 1 else ShardingSpec()
 
     @property
     def schedule(self) -> str:

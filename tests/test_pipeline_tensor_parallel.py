@@ -58,8 +58,8 @@ def run3d(tmp_path_factory):
     return run
 
 
-def held_by_stage() -> list[int]:
-    """Parameters one rank of each stage holds, from the unsplit model: stage 0 the embeddings and
+def held_by_stage() -> list[tuple[int, int]]:
+    """(parameters, tensors) one rank of each stage holds, from the unsplit model: stage 0 the embeddings and
     blocks 0-1, stage 1 blocks 2-3, the final norm and its copy of the tied head; of each block
     the split matrices (qkv, fc: weight and bias by rows; proj, fc_out: the weight by columns)
     halved, the rest (LayerNorms, the Rowwise biases) whole."""
@@ -73,7 +73,8 @@ def held_by_stage() -> list[int]:
     first = model.tok_emb.weight.numel() + model.pos_emb.weight.numel() + sum(block(b) for b in model.blocks[:2])
     last = sum(block(b) for b in model.blocks[2:]) + sum(p.numel() for p in model.ln_f.parameters()) \
         + model.tok_emb.weight.numel()
-    return [first, last]
+    per_block = len(list(model.blocks[0].parameters()))
+    return [(first, 2 + 2 * per_block), (last, 2 * per_block + len(list(model.ln_f.parameters())) + 1)]
 
 
 @pytest.mark.timeout(300)
@@ -90,11 +91,12 @@ def test_pp_tp_dp_trains_like_one_process_with_the_global_batch(run3d):
     hello = next(m for m in run3d.messages(0) if isinstance(m, Hello))
     assert hello.strategy_options == {"schedule": "gpipe", "micro_batches": M, "stages": PP, "tp": TP,
                                       "replicas": DP}
+    assert (hello.sharding.params, hello.sharding.grads, hello.sharding.optimizer) == (True, True, True)
 
 
 @pytest.mark.timeout(300)
 def test_each_mesh_dimension_moves_and_each_rank_holds_what_the_formula_says(run3d):
-    held = held_by_stage()
+    held_tensors = held_by_stage()
     layers = CFG.n_layer // PP
     activation = (BATCH // M) * SEQ * CFG.d_model * 4  # one fp32 micro-batch [b, seq, d]
     tied = CFG.vocab_size * CFG.d_model * 4
@@ -103,9 +105,9 @@ def test_each_mesh_dimension_moves_and_each_rank_holds_what_the_formula_says(run
         steps = run3d.steps(rank)
         hello = next(m for m in run3d.messages(rank) if isinstance(m, Hello))
         mem, predicted = steps[-1].mem, hello.prediction
-        tensors = 24 if stage == 0 else 25  # 2 + 2 x 11 / 2 x 11 + 2 + the head's copy
+        held, tensors = held_tensors[stage]
         assert (mem.params_bytes, mem.grads_bytes, mem.optimizer_bytes) == (
-            4 * held[stage], 4 * held[stage], 8 * held[stage] + 4 * tensors), rank
+            4 * held, 4 * held, 8 * held + 4 * tensors), rank
         assert (predicted.params_bytes, predicted.grads_bytes, predicted.optimizer_bytes) == (
             mem.params_bytes, mem.grads_bytes, mem.optimizer_bytes), predicted.note
         expected = {
@@ -114,7 +116,7 @@ def test_each_mesh_dimension_moves_and_each_rank_holds_what_the_formula_says(run
             # the loss to every stage, the norm's sum over stages, the tied weight's two parts
             ("all_reduce", "pp"): (3, 4 + 4 + tied, PP),
             # this rank's own part of its stage's gradients, averaged over the replicas
-            ("all_reduce", "dp"): (1, 4 * held[stage], DP),
+            ("all_reduce", "dp"): (1, 4 * held, DP),
             # each micro-batch's activations to the next stage, their gradients back
             ("p2p", ""): (2 * M, 2 * M * activation, DP * PP * TP),
         }
