@@ -34,7 +34,7 @@ from ringtop.agent.config import (
 )
 from ringtop.agent.data import synthetic_sample
 from ringtop.agent.model import MODEL_SIZES, build_tiny_gpt
-from ringtop.protocol import Hello
+from ringtop.protocol import Event, Hello
 
 STEPS, BATCH, SEQ, LR, M = 4, 4, 32, 1e-3, 2
 CFG = MODEL_SIZES["1m"]
@@ -92,6 +92,8 @@ def test_pp_tp_dp_trains_like_one_process_with_the_global_batch(run3d):
     assert hello.strategy_options == {"schedule": "gpipe", "micro_batches": M, "stages": PP, "tp": TP,
                                       "replicas": DP}
     assert (hello.sharding.params, hello.sharding.grads, hello.sharding.optimizer) == (True, True, True)
+    # the groups of each dimension under their own names: no desync or hang read into them
+    assert not [m.text for m in run3d.messages(0) if isinstance(m, Event) and m.kind in ("desync", "hang")]
 
 
 @pytest.mark.timeout(300)
@@ -126,6 +128,24 @@ def test_each_mesh_dimension_moves_and_each_rank_holds_what_the_formula_says(run
                 rank, step.step, step.comm)
             assert bytes_by_kind(step.comm) == predicted.comm_payload_bytes, predicted.note
         assert steps[-1].tokens == BATCH * SEQ // (PP * TP)
+
+
+def test_the_planners_mesh_cost_counts_the_measured_activation_traffic(run3d):
+    """`ringtop plan --tp 2 --pp 2 --dp 2` (strategies/mesh_cost.py) for this model and shape: its
+    tp all-reduces are the run's on "tp" less the gradient norm's scalar, its stage-to-stage bytes
+    the run's point to point."""
+    from ringtop.strategies.cost_model import ModelSpec
+    from ringtop.strategies.links import parse_link
+    from ringtop.strategies.mesh_cost import Mesh, Shape, mesh_cost
+
+    link = parse_link("10")
+    plan = mesh_cost(ModelSpec(10**6, 4, 4, 8), Mesh(tp=TP, pp=PP, dp=DP),
+                     Shape(layers=CFG.n_layer, hidden=CFG.d_model, seq_len=SEQ, micro_batch_size=BATCH // M,
+                           micro_batches=M, activation_bytes=4), link_tp=link, link_pp=link, link_dp=link)
+    for rank in range(DP * PP * TP):
+        comm = {(c.kind, c.group): c.bytes for c in run3d.steps(rank)[-1].comm}
+        assert plan.group("tp").comm.by_kind()["all_reduce"].payload_bytes == comm[("all_reduce", "tp")] - 4
+        assert plan.group("pp").comm.by_kind()["send"].payload_bytes == comm[("p2p", "")]
 
 
 @pytest.mark.timeout(300)
