@@ -184,8 +184,9 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
         default_text="balanced")] = None
     tp: Annotated[int | None, Option(
         TRAINING, "with --strategy tp: ranks that split each layer's matrices (its tensor-parallel degree); they "
-        "see the same batch. With --strategy fsdp: 2D, FSDP over the world size / N groups of N",
-        ge=1, metavar="N", default_text="the world size with tp; 1 with fsdp")] = None
+        "see the same batch. With --strategy fsdp: 2D, FSDP over the world size / N groups of N. With --strategy "
+        "pp: 3D, each stage's layers split over N consecutive ranks (world = replicas x stages x N)",
+        ge=1, metavar="N", default_text="the world size with tp; 1 with fsdp and pp")] = None
     tp_sequence_parallel: Annotated[bool, Option(
         TRAINING, "with --strategy tp and the built-in model: sequence parallelism, the LayerNorms run on each "
         "rank's slice of the sequence (all-gather + reduce-scatter instead of all-reduces)")] = False
@@ -352,6 +353,8 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
                 options["stages"] = self.pp_stages
             if self.pp_split is not None:
                 options["split"] = list(self.pp_split)
+            if self.tp is not None and self.tp > 1:
+                options["tp"] = self.tp
             return options
         return {}
 
@@ -550,17 +553,19 @@ def _check_combinations(cfg: AgentConfig, given: Set[str]) -> None:
 def _check_tensor_parallel(cfg: AgentConfig, given: Set[str]) -> None:
     """What can be checked before the world size is known (the runner checks the rest:
     `check_tensor_parallel_world`)."""
-    if "tp" in given and cfg.strategy not in ("tp", "fsdp"):
-        raise ConfigError("--tp applies to --strategy tp and fsdp only")
+    if "tp" in given and cfg.strategy not in ("tp", "fsdp", "pp"):
+        raise ConfigError("--tp applies to --strategy tp, fsdp and pp only")
     if cfg.tp_sequence_parallel and "tp_sequence_parallel" in given:
         if cfg.strategy != "tp":
             raise ConfigError("--tp-sequence-parallel applies to --strategy tp only")
         if cfg.model != BUILTIN_MODEL:
             raise ConfigError("--tp-sequence-parallel splits the built-in tiny-gpt's blocks only; drop --model")
-    if cfg.strategy != "tp" and not (cfg.strategy == "fsdp" and cfg.tp is not None and cfg.tp > 1):
+    if cfg.strategy != "tp" and not (cfg.strategy in ("fsdp", "pp") and cfg.tp is not None and cfg.tp > 1):
         return
     what = "--strategy tp" if cfg.strategy == "tp" else "--tp"
     hf = is_hf_spec(cfg.model)
+    if cfg.strategy == "pp" and cfg.model != BUILTIN_MODEL:
+        raise ConfigError("--strategy pp --tp splits the built-in tiny-gpt's stages only; drop --model or --tp")
     if cfg.model != BUILTIN_MODEL and not hf:
         raise ConfigError(f"{what} splits the layers of the built-in tiny-gpt and of the hf models "
                           "(--model hf:NAME or hf-config:PATH) only; drop --model or use another strategy")
@@ -594,12 +599,16 @@ def check_switch_tensor_parallel(cfg: AgentConfig, world_size: int, tp_given: bo
 
 def check_tensor_parallel_world(cfg: AgentConfig, world_size: int) -> None:
     """The tensor-parallel degree against the run's ranks: --strategy tp runs one group over all of
-    them, --strategy fsdp --tp N world size / N groups."""
-    if cfg.strategy not in ("tp", "fsdp") or (cfg.strategy == "fsdp" and cfg.tp is None):
+    them, --strategy fsdp --tp N world size / N groups, --strategy pp --tp N replicas x stages
+    groups of N (stages: --pp-stages, else world size / N)."""
+    if cfg.strategy not in ("tp", "fsdp", "pp") or (cfg.strategy in ("fsdp", "pp") and cfg.tp is None):
         return
     degree = cfg.tp or world_size
     if world_size % degree:
         raise ConfigError(f"--tp {degree} must divide the world size ({world_size} ranks)")
+    if cfg.strategy == "pp" and cfg.pp_stages is not None and world_size % (cfg.pp_stages * degree):
+        raise ConfigError(f"--pp-stages {cfg.pp_stages} x --tp {degree} must divide the world size ({world_size} "
+                          "ranks): world = replicas x stages x tp")
     if cfg.strategy == "tp" and degree != world_size:
         raise ConfigError(f"--strategy tp runs one tensor-parallel group over all {world_size} ranks; pass "
                           f"--tp {world_size} or leave --tp out; for data-parallel replicas of tp groups, "

@@ -138,3 +138,40 @@ def predict_pipeline_stage(stage_params: int, stage_tensors: int, world_size: in
              + ("; the tied embedding's gradient is summed between first and last stage" if tied else ""),
     )
     return prediction, 8
+
+
+def predict_pipeline_tensor_parallel(stage_params: int, stage_tensors: int, *, stage: int, stages: int, tp: int,
+                                     replicas: int, layers_held: int, hidden: int, micro_batch_size: int,
+                                     seq_len: int, micro_batches: int, tied_params: int) -> tuple[Prediction, int]:
+    """A 3D rank (pipeline stage x tensor-parallel share x data-parallel replica) holds its stage's
+    share (`stage_params`: the split matrices / tp, the rest whole) in fp32 with gradients and
+    AdamW state. Per step it hands to collectives, by kind: its layers' activation all-reduces on
+    the tp group (4 per layer per micro-batch, mesh_cost.py) and the gradient norm's scalar there;
+    on the pp group the loss and the norm's scalars and, on the first and last stage, the tied
+    weight's gradient; on the dp group its own part of its gradients; point to point, each
+    micro-batch's activations and their gradients once per neighbouring stage."""
+    shape = Shape(layers=max(1, layers_held), hidden=hidden, seq_len=seq_len, micro_batch_size=micro_batch_size,
+                  micro_batches=micro_batches, activation_bytes=4)
+    kinds = list(tp_comm_per_step(shape, tp, layers_held).collectives)
+    kinds.append(CollectiveBytes("all_reduce", NORM_BYTES, ring_all_reduce_sent_bytes(NORM_BYTES, tp)))
+    if stages > 1:
+        for payload in (NORM_BYTES, NORM_BYTES):  # the loss to every stage, the norm's sum over stages
+            kinds.append(CollectiveBytes("all_reduce", payload, ring_all_reduce_sent_bytes(payload, stages)))
+        if tied_params and stage in (0, stages - 1):
+            kinds.append(CollectiveBytes("all_reduce", 4 * tied_params, ring_all_reduce_sent_bytes(4 * tied_params, 2)))
+        neighbours = 1 if stage in (0, stages - 1) else 2
+        p2p = neighbours * 2 * micro_batches * shape.activation_payload_bytes
+        kinds.append(CollectiveBytes("p2p", p2p, p2p // 2))
+    if replicas > 1:
+        kinds += comm_per_step("ddp", replicas, ModelSpec(stage_params, 4, 4, 8)).collectives
+    step = CommPerStep(tuple(kinds))
+    prediction = Prediction(
+        params_bytes=4 * stage_params, grads_bytes=4 * stage_params,
+        optimizer_bytes=8 * stage_params + ADAM_STEP_BYTES * stage_tensors,
+        comm_payload_bytes={kind: c.payload_bytes for kind, c in step.by_kind().items()},
+        comm_sent_bytes=step.sent_bytes,
+        note=f"this stage's layers, their split matrices 1/{tp} ({stage_params:,} parameters); traffic: "
+             f"{TP_ALL_REDUCES_PER_LAYER} all-reduces of [micro-batch, seq, hidden] per layer and micro-batch on "
+             "tp, the stages' activations point to point, the gradients over the replicas",
+    )
+    return prediction, 8

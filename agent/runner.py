@@ -74,7 +74,7 @@ from .instruments.step_clock import StepClock, StepTiming, apply_device_phases, 
 from .model import MODEL_SIZES, TinyGPT, build_tiny_gpt, count_params
 from .node_relay import NodeLayout, NodeRelay
 from .peers import Peers
-from .prediction import predict, predict_pipeline_stage, predict_tensor_parallel
+from .prediction import predict, predict_pipeline_stage, predict_pipeline_tensor_parallel, predict_tensor_parallel
 from .prewarm import Prewarm
 from .profiling import ProfileSession, gather_results
 from .relay import Relay
@@ -611,6 +611,13 @@ class Runner:
                 dp=self.ctx.world_size // tp.degree,
                 dp_strategy=self.cfg.canonical_strategy if self.cfg.strategy == "fsdp" else None,
                 sequence_parallel=tp.sequence_parallel, gloo=self.ctx.backend == "gloo")
+        elif stage is not None and getattr(self.strategy, "tp", 1) > 1:
+            pp = self.strategy
+            prediction, optimizer_bytes_per_param = predict_pipeline_tensor_parallel(
+                *stage, stage=pp.stage_index, stages=pp.num_stages, tp=pp.tp, replicas=pp.replicas,
+                layers_held=len(pp.stage_layers()), hidden=pp.hidden, micro_batch_size=self.cfg.batch_size
+                // pp.micro_batches, seq_len=self.cfg.seq_len, micro_batches=pp.micro_batches,
+                tied_params=pp.tied_numel)
         elif stage is not None:
             prediction, optimizer_bytes_per_param = predict_pipeline_stage(
                 *stage, self.ctx.world_size, self.strategy.num_stages, getattr(self.strategy, "tied", None) is not None)

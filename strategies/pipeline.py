@@ -12,6 +12,16 @@ torch's ScheduleGPipe or Schedule1F1B. With more ranks than stages, the ranks fo
 (replicas x stages) device mesh: rank r is stage r % S of replica r // S, and after each schedule
 each stage's gradients are averaged over its replicas (one coalesced all-reduce).
 
+3D (option `tp` = T > 1, the built-in model): a (dp, pp, tp) mesh, tensor parallelism innermost
+so a stage's T ranks are consecutive (one node): rank r is tensor-parallel rank r % T of stage
+(r // T) % S of replica r // (T x S). Each stage's blocks are split over its tp group as
+`--strategy tp` splits them (tensor_parallel.split_tiny_gpt_blocks: qkv rows by head, Colwise /
+Rowwise); embeddings, final norm and head stay whole on each of the T ranks, which all run the
+same schedule on the same micro-batches and send their own full copy of the activations to the
+rank with the same tp index in the next stage. Replicas average each rank's own part of its
+gradients. Full states are gathered over tp (full tensors), put back in the plain q|k|v layout,
+then over the stages as without tp.
+
 The tied embedding/head weight (TinyGPT's, GPT-2's; a Llama is untied). TinyGPT uses one tensor as
 token embedding (stage 0) and output projection (last stage). With S > 1 the last stage holds its
 own copy, initialised from the same weight. After the schedule the two stages all-reduce (sum) the
@@ -57,6 +67,7 @@ from .base import (
     DistContext,
     ModelCall,
     OptimizerFactory,
+    PhaseMarker,
     ShardingSpec,
     Strategy,
     StrategyError,
@@ -64,8 +75,10 @@ from .base import (
     refuse_unknown_options,
     unique_parameters,
 )
+from .tensor_parallel import _local, check_splittable, relayout_qkv, split_tiny_gpt_blocks
+from .torch_native import _is_dtensor, _laid_out_like
 
-OPTIONS = ("stages", "schedule", "micro_batches", "split")
+OPTIONS = ("stages", "schedule", "micro_batches", "split", "tp")
 TIED, TIED_COPY = "tok_emb.weight", "head.weight"
 """TinyGPT's tied pair: the embedding (first stage) and the head's copy of it (last stage)."""
 
@@ -247,12 +260,12 @@ def _schedule_class(schedule: str, micro_batches: int, stages: int):
 
 @dataclass
 class PipelineStrategy(CountsOwnTensors, Strategy):
-    """Options: `stages` (default: world size), `schedule` ("gpipe" | "1f1b", default gpipe),
+    """Options: `stages` (default: world size / tp), `schedule` ("gpipe" | "1f1b", default gpipe),
     `micro_batches` (default 4; must divide the per-rank batch), `split` (layers per stage,
-    default balanced). The built-in model and hf models. See the module docstring."""
+    default balanced), `tp` (default 1; > 1: 3D, the built-in model only). The built-in model and
+    hf models. See the module docstring."""
 
     name: ClassVar[str] = "pp"
-    sharding: ClassVar[ShardingSpec] = ShardingSpec()  # stages split the layers; replicas copy a stage
     takes_micro_batches: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
@@ -272,6 +285,16 @@ class PipelineStrategy(CountsOwnTensors, Strategy):
         split = self.options.get("split")
         if split is not None and (not isinstance(split, (list, tuple)) or not all(_positive_int(v) for v in split)):
             raise StrategyError(f"pp split must be a list of layer counts >= 1 per stage, got {split!r}")
+        if not _positive_int(self.options.get("tp", 1)):
+            raise StrategyError(f"pp tp must be an integer >= 1, got {self.options['tp']!r}")
+        self.tp = self.options.get("tp", 1)
+        self.tp_index = 0
+        self.tp_group = None
+        self.hidden = 0
+        self.tied_numel = 0
+        """With tp: the model's width and the tied weight's elements (summed between the end stages)."""
+        self._rows: torch.Tensor | None = None
+        """The qkv rows' by-head order of a 3D stage (None without tp, or with the trap left in)."""
         self.module: nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self._stage = None
@@ -292,6 +315,11 @@ class PipelineStrategy(CountsOwnTensors, Strategy):
     # ------------------------------------------------------------------ description
 
     @property
+    def sharding(self) -> ShardingSpec:  # type: ignore[override]
+        """Stages split the layers and replicas copy a stage; with tp a stage's matrices are split too."""
+        return ShardingSpec(params=True, grads=True, optimizer=True) if self.tp > 1 else ShardingSpec()
+
+    @property
     def schedule(self) -> str:
         return self.options["schedule"]
 
@@ -300,14 +328,16 @@ class PipelineStrategy(CountsOwnTensors, Strategy):
         return self.options["micro_batches"]
 
     def live_facts(self) -> dict[str, Any]:
-        return {"stages": self.num_stages, "micro_batches": self.micro_batches, "schedule": self.schedule,
-                "replicas": self.replicas}
+        facts = {"stages": self.num_stages, "micro_batches": self.micro_batches, "schedule": self.schedule,
+                 "replicas": self.replicas}
+        return {**facts, "tp": self.tp} if self.tp > 1 else facts
 
     def describe(self) -> str:
         stages = self.options.get("stages")
         s = f"{stages} stages" if stages else "stages=world"
         replicas = f" x {self.replicas}" if self.replicas > 1 else ""
-        return f"pp({self.schedule}, {s}{replicas}, M={self.micro_batches})"
+        tp = f", tp={self.tp}" if self.tp > 1 else ""
+        return f"pp({self.schedule}, {s}{replicas}{tp}, M={self.micro_batches})"
 
     @property
     def data_parallel_rank(self) -> int:
@@ -323,6 +353,7 @@ class PipelineStrategy(CountsOwnTensors, Strategy):
         return self.data_parallel_rank, self.data_parallel_size
 
     def stage_size(self) -> tuple[int, int] | None:
+        """(parameters, tensors) this rank holds: its stage's, with tp its share of the split matrices."""
         return self._stage_size
 
     def stage_layers(self) -> range:
@@ -363,9 +394,16 @@ class PipelineStrategy(CountsOwnTensors, Strategy):
         splitter = _split_of(model)
         if settings.dtype != "fp32":
             raise StrategyError("pp trains in fp32 here; use --strategy fsdp or zero1/2/3 for --dtype bf16")
-        stages = self.options.get("stages") or ctx.world_size
-        if ctx.world_size % stages:
-            raise StrategyError(f"pp stages ({stages}) must divide the number of ranks ({ctx.world_size})")
+        tp = self.tp
+        if tp > 1:
+            if not isinstance(splitter, _TinyGPTSplit):
+                raise StrategyError("pp with tp splits the built-in tiny-gpt's layers only; drop --tp or --model")
+            check_splittable(model, tp, settings.dtype)
+            if ctx.world_size % tp:
+                raise StrategyError(f"pp with tp {tp} needs a world size it divides, not {ctx.world_size}")
+        stages = self.options.get("stages") or ctx.world_size // tp
+        if ctx.world_size % (stages * tp):
+            raise StrategyError(f"pp stages ({stages}) x tp ({tp}) must divide the number of ranks ({ctx.world_size})")
         n_layers = splitter.n_layers
         self.tied = splitter.tied
         try:
@@ -376,11 +414,13 @@ class PipelineStrategy(CountsOwnTensors, Strategy):
         self._check_micro_batches(self.micro_batches, settings.batch_size)
         self.settings = settings
         self.ctx = ctx
-        self.num_stages, self.replicas = stages, ctx.world_size // stages
-        self.stage_index, self.replica = ctx.rank % stages, ctx.rank // stages
+        self.num_stages, self.replicas = stages, ctx.world_size // (stages * tp)
+        self.tp_index = ctx.rank % tp
+        self.stage_index, self.replica = (ctx.rank // tp) % stages, ctx.rank // (stages * tp)
         self._layers = ps.stage_layers(self.split)
         self._stage_size = self.stage_param_counts(model, stages, self.split)[self.stage_index]
         self._make_groups(ctx)
+        cfg = getattr(model, "cfg", None)
 
         self._model_keys = list(model.state_dict().keys())
         self._param_fqns = list(dict.fromkeys(
@@ -388,6 +428,14 @@ class PipelineStrategy(CountsOwnTensors, Strategy):
         first, last = self.stage_index == 0, self.stage_index == stages - 1
         module = splitter.build_stage(self._layers[self.stage_index], first, last).to(ctx.device)
         _release_other_stages(splitter.parts(), module)
+        if tp > 1:
+            self.hidden = cfg.d_model
+            self.tied_numel = model.tok_emb.weight.numel() if self.num_stages > 1 else 0
+            params, tensors = self._stage_size
+            self._rows, split = split_tiny_gpt_blocks(list(module.blocks.values()), cfg.n_head, cfg.d_model,
+                                                      self.mesh["tp"])
+            self._stage_size = (params - split + split // tp, tensors)
+            self.work_split = tp
         self.module = module
         self._fqn_of = {id(p): names[0] for p, names in _names_by_param(module, with_param=True)}
         self.optimizer = make_optimizer(module.parameters())
@@ -396,12 +444,19 @@ class PipelineStrategy(CountsOwnTensors, Strategy):
     def _make_groups(self, ctx: DistContext) -> None:
         from torch.distributed.device_mesh import init_device_mesh
 
-        s, r = self.num_stages, self.replicas
-        mesh = init_device_mesh(ctx.device.type, (r, s), mesh_dim_names=("dp", "pp"))
+        s, r, t = self.num_stages, self.replicas, self.tp
+        if t > 1:
+            mesh = init_device_mesh(ctx.device.type, (r, s, t), mesh_dim_names=("dp", "pp", "tp"))
+            self.tp_group = mesh.get_group("tp")
+        else:
+            mesh = init_device_mesh(ctx.device.type, (r, s), mesh_dim_names=("dp", "pp"))
         self.mesh = mesh
         collective_hooks.name_mesh_dimensions(mesh)
         self.pp_group = mesh.get_group("pp")
         self.dp_group = mesh.get_group("dp") if r > 1 else None
+
+        def rank_of(replica: int, stage: int, tp_index: int) -> int:
+            return (replica * s + stage) * t + tp_index
         # The tied weight's two holders: first and last stage of each replica.
         self.tie_group = None
         holds_tied = self.stage_index in (0, s - 1)
@@ -411,18 +466,20 @@ class PipelineStrategy(CountsOwnTensors, Strategy):
             self.tie_group = self.pp_group
         elif s > 2:
             for replica in range(r):  # every rank takes part in creating every group
-                group = dist.new_group([replica * s, replica * s + s - 1])
-                if replica == self.replica and holds_tied:
-                    self.tie_group = group
+                for tp_index in range(t):
+                    group = dist.new_group([rank_of(replica, 0, tp_index), rank_of(replica, s - 1, tp_index)])
+                    if (replica, tp_index) == (self.replica, self.tp_index) and holds_tied:
+                        self.tie_group = group
         # A gloo group per pipeline for gathering Python objects (checkpoint, timelines).
         if ctx.backend == "gloo":
             self.object_group = self.pp_group
         else:
             self.object_group = None
             for replica in range(r):
-                group = dist.new_group(list(range(replica * s, replica * s + s)), backend="gloo")
-                if replica == self.replica:
-                    self.object_group = group
+                for tp_index in range(t):
+                    group = dist.new_group([rank_of(replica, stage, tp_index) for stage in range(s)], backend="gloo")
+                    if (replica, tp_index) == (self.replica, self.tp_index):
+                        self.object_group = group
 
     def _build_schedule(self, micro_batches: int) -> None:
         stage_cls = _timed_stage_class()
@@ -480,6 +537,13 @@ class PipelineStrategy(CountsOwnTensors, Strategy):
         self._warmup, self._fresh = self._fresh, False
         return loss
 
+    def run_step(self, batch: Any, call_model: ModelCall, phases: PhaseMarker) -> torch.Tensor:
+        """With tp, DTensor's own all-reduces (the split layers' activations) are traced too."""
+        if self.tp == 1:
+            return super().run_step(batch, call_model, phases)
+        with collective_hooks.functional_collectives_traced():
+            return super().run_step(batch, call_model, phases)
+
     def _poisoned_forward(self, batch: Any, call_model: ModelCall) -> torch.Tensor:
         """The backward runs inside the schedule, so the NaN goes in there: this stage's output of
         every micro-batch, which makes its replica's loss NaN (on the last stage, its logits)."""
@@ -498,7 +562,7 @@ class PipelineStrategy(CountsOwnTensors, Strategy):
                 tied.grad = torch.zeros_like(tied)
             dist.all_reduce(tied.grad, group=self.tie_group)
         if self.dp_group is not None:
-            grads = [p.grad for p in unique_parameters(self.module) if p.grad is not None]
+            grads = [_local(p.grad) for p in unique_parameters(self.module) if p.grad is not None]
             if grads:
                 flat = torch.cat([g.reshape(-1) for g in grads])
                 dist.all_reduce(flat, group=self.dp_group)
@@ -515,7 +579,12 @@ class PipelineStrategy(CountsOwnTensors, Strategy):
         if self._skip_if_not_finite(norm):  # the same norm on every stage and replica: all skip together
             return
         if self.settings.grad_clip > 0:
-            torch.nn.utils.clip_grads_with_norm_(params, self.settings.grad_clip, norm)
+            if self.tp > 1:  # each rank scales its own part (torch's helper cannot mix DTensors and tensors)
+                scale = torch.clamp(self.settings.grad_clip / (norm + 1e-6), max=1.0)
+                for p in params:
+                    _local(p.grad).mul_(scale)
+            else:
+                torch.nn.utils.clip_grads_with_norm_(params, self.settings.grad_clip, norm)
         self.optimizer.step()
 
     def _global_grad_norm(self, params: list[nn.Parameter]) -> torch.Tensor:
@@ -524,9 +593,13 @@ class PipelineStrategy(CountsOwnTensors, Strategy):
         copy = (self.module.get_parameter(self.tied[1]) if self.tied is not None and self.num_stages > 1
                 and self.stage_index == self.num_stages - 1 else None)
         counted = [p for p in params if p is not copy]
+        if self.tp > 1:  # a split gradient's part on every tp rank, a replicated one once (tp rank 0's)
+            counted = [p for p in counted if _is_split(p.grad) or self.tp_index == 0]
         sq = torch.zeros((), dtype=torch.float32, device=self.ctx.device)
         for p in counted:
-            sq += p.grad.detach().float().pow(2).sum()
+            sq += _local(p.grad).detach().float().pow(2).sum()
+        if self.tp > 1:
+            dist.all_reduce(sq, group=self.tp_group)
         if self.num_stages > 1:
             dist.all_reduce(sq, group=self.pp_group)
         return sq.sqrt()
@@ -570,7 +643,9 @@ class PipelineStrategy(CountsOwnTensors, Strategy):
     # ------------------------------------------------------------------ state
 
     def _local_state(self) -> tuple[dict[str, torch.Tensor], dict[str, dict], list[dict]]:
-        model_state = {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items()}
+        """This stage's state under the model's names; with tp, full tensors (collective over the
+        stage's tp group) in the plain q|k|v layout."""
+        model_state = {k: _full(v).detach().cpu().clone() for k, v in self.module.state_dict().items()}
         optim_state: dict[str, dict] = {}
         groups: list[dict] = []
         for group in self.optimizer.param_groups:
@@ -581,9 +656,12 @@ class PipelineStrategy(CountsOwnTensors, Strategy):
                     continue  # the copy of the embedding: stage 0 holds the same state
                 fqns.append(fqn)
                 if self.optimizer.state.get(p):
-                    optim_state[fqn] = {k: (v.detach().cpu().clone() if isinstance(v, torch.Tensor) else v)
+                    optim_state[fqn] = {k: (_full(v).detach().cpu().clone() if isinstance(v, torch.Tensor) else v)
                                         for k, v in self.optimizer.state[p].items()}
             groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": fqns})
+        if self._rows is not None:
+            inverse = torch.argsort(self._rows)
+            model_state, optim_state = relayout_qkv(model_state, inverse), relayout_qkv(optim_state, inverse)
         return model_state, optim_state, groups
 
     def full_state_dict(self) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -594,7 +672,7 @@ class PipelineStrategy(CountsOwnTensors, Strategy):
         local = self._local_state()
         if self.num_stages == 1:
             parts = [local]
-        elif self.replica == 0:
+        elif self.replica == 0 and self.tp_index == 0:
             parts = [None] * self.num_stages if self.ctx.rank == 0 else None
             dist.gather_object(local, parts, group=self.object_group, group_dst=0)
         else:
@@ -624,6 +702,8 @@ class PipelineStrategy(CountsOwnTensors, Strategy):
         own names; the last stage's copy of the tied weight takes the embedding's value and state."""
         own = self.module.state_dict()
         tied, tied_copy = self.tied or (None, None)
+        model_state = relayout_qkv(model_state, self._rows)
+        optim_state = {**optim_state, "state": relayout_qkv(optim_state.get("state", {}), self._rows)}
 
         def source(name: str, table: dict) -> str | None:
             if name in table:
@@ -648,8 +728,9 @@ class PipelineStrategy(CountsOwnTensors, Strategy):
                 fqn = self._fqn_of[id(p)]
                 src = source(fqn, state)
                 if src is not None:
-                    local["state"][index] = {k: (v.clone() if isinstance(v, torch.Tensor) else v)
-                                             for k, v in state[src].items()}
+                    local["state"][index] = {k: (_laid_out_like(v, p) if _is_dtensor(p) and isinstance(v, torch.Tensor)
+                                                 and v.shape == p.shape else v.clone() if isinstance(v, torch.Tensor)
+                                                 else v) for k, v in state[src].items()}
                 src_group = group_of.get(fqn) or group_of.get(tied if fqn == tied_copy else fqn)
                 if src_group is not None:
                     hyper.update({k: v for k, v in src_group.items() if k != "params"})
@@ -658,7 +739,8 @@ class PipelineStrategy(CountsOwnTensors, Strategy):
             local["param_groups"].append({**hyper, "params": ids})
         with torch.no_grad():
             for name, tensor in own.items():
-                tensor.copy_(model_state[source(name, model_state)].to(device=tensor.device, dtype=tensor.dtype))
+                full = model_state[source(name, model_state)].to(device=tensor.device, dtype=tensor.dtype)
+                _local(tensor).copy_(_local(_laid_out_like(full, tensor)))
         self.optimizer.load_state_dict(local)
 
     def teardown(self) -> None:
@@ -669,6 +751,15 @@ class PipelineStrategy(CountsOwnTensors, Strategy):
         self.optimizer = None
         self._stage = None
         self._schedule = None
+
+
+def _is_split(t: torch.Tensor) -> bool:
+    return _is_dtensor(t) and any(p.is_shard() for p in t.placements)
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's full value (a collective over its mesh), a plain tensor as it is."""
+    return t.full_tensor() if _is_dtensor(t) else t
 
 
 def _names_by_param(module: nn.Module, with_param: bool = False):

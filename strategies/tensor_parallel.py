@@ -107,31 +107,42 @@ def parallelize_blocks(model: nn.Module, tp_mesh: Any, sequence_parallel: bool =
         if model.spec.dims.model_type == "gpt2":
             return _parallelize_gpt2_blocks(model, tp_mesh)
         return None, _parallelize_llama_layers(model, tp_mesh)
+    degree = tp_mesh.size()
+    total = sum(p.numel() for p in unique_tensors(model))
+    rows, split = split_tiny_gpt_blocks(list(model.blocks), model.cfg.n_head, model.cfg.d_model, tp_mesh,
+                                        sequence_parallel)
+    if sequence_parallel:
+        _shard_the_residual_stream(model, tp_mesh)
+    shape = TensorParallelShape(degree=degree, params=total - split + split // degree,
+                                tensors=len(unique_tensors(model)), layers=len(model.blocks),
+                                hidden=model.cfg.d_model, sequence_parallel=sequence_parallel)
+    return rows, shape
+
+
+def split_tiny_gpt_blocks(blocks: list[nn.Module], heads: int, d_model: int, tp_mesh: Any,
+                          sequence_parallel: bool = False) -> tuple[torch.Tensor | None, int]:
+    """Split TinyGPT `blocks` (all of a model's, or a pipeline stage's) over `tp_mesh`, each qkv's
+    rows first reordered by head unless QKV_BY_HEAD is off (with `sequence_parallel`, the plan of
+    `_sequence_parallel_plan`; the caller shards the residual stream around them); returns (the
+    reordering, or None; the elements the split matrices held before the split)."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     degree = tp_mesh.size()
-    heads = model.cfg.n_head
-    rows = qkv_rows_by_head(heads, model.cfg.d_model // heads) if QKV_BY_HEAD else None
+    rows = qkv_rows_by_head(heads, d_model // heads) if QKV_BY_HEAD else None
     plan: dict[str, Any] = {"qkv": ColwiseParallel(), "proj": RowwiseParallel(), "fc": ColwiseParallel(),
                             "fc_out": RowwiseParallel()}
     if sequence_parallel:
         plan = _sequence_parallel_plan()
-    total = sum(p.numel() for p in unique_tensors(model))
     split = 0
-    for block in model.blocks:
+    for block in blocks:
         if rows is not None:  # a new tensor: the given one may be another wrapping's live state
             block.qkv.weight = nn.Parameter(block.qkv.weight.detach().index_select(0, rows.to(block.qkv.weight.device)))
         block.qkv_by_head = rows is not None
         split += _split_numel(block, plan)
         parallelize_module(block, tp_mesh, plan)
         block.n_head = heads // degree
-    if sequence_parallel:
-        _shard_the_residual_stream(model, tp_mesh)
     collective_hooks.trace_functional_collectives()
-    shape = TensorParallelShape(degree=degree, params=total - split + split // degree,
-                                tensors=len(unique_tensors(model)), layers=len(model.blocks),
-                                hidden=model.cfg.d_model, sequence_parallel=sequence_parallel)
-    return rows, shape
+    return rows, split
 
 
 def _sequence_parallel_plan() -> dict[str, Any]:
@@ -279,6 +290,24 @@ QKV_DIMS = {".qkv.weight": 0, ".attn.c_attn.weight": 1, ".attn.c_attn.bias": 0}
 c_attn columns and bias)."""
 
 
+def relayout_qkv(state: dict[str, Any], rows: torch.Tensor | None) -> dict[str, Any]:
+    """`state` (model state, or the optimizer's per-parameter state by name) with each qkv
+    weight's rows taken in `rows`' order; other entries as they are."""
+    if rows is None:
+        return state
+    out = dict(state)
+    for name, value in state.items():
+        dim = next((d for suffix, d in QKV_DIMS.items() if name.endswith(suffix)), None)
+        if dim is None:
+            continue
+        if isinstance(value, torch.Tensor):
+            out[name] = value.index_select(dim, rows.to(value.device))
+        elif isinstance(value, dict):  # AdamW's moments have the parameter's shape, its step none
+            out[name] = {k: v.index_select(dim, rows.to(v.device))
+                         if isinstance(v, torch.Tensor) and v.dim() > dim else v for k, v in value.items()}
+    return out
+
+
 class HeadOrderedQkv:
     """What a strategy whose model went through `parallelize_blocks` adds to TorchNativeStrategy:
     full states in the plain layout (qkv rows back in q|k|v order, and in by-head order on the
@@ -292,21 +321,7 @@ class HeadOrderedQkv:
         return self._tp_shape
 
     def _relayout(self, state: dict[str, Any], rows: torch.Tensor | None) -> dict[str, Any]:
-        """`state` (model state, or the optimizer's per-parameter state by name) with each qkv
-        weight's rows taken in `rows`' order; other entries as they are."""
-        if rows is None:
-            return state
-        out = dict(state)
-        for name, value in state.items():
-            dim = next((d for suffix, d in QKV_DIMS.items() if name.endswith(suffix)), None)
-            if dim is None:
-                continue
-            if isinstance(value, torch.Tensor):
-                out[name] = value.index_select(dim, rows.to(value.device))
-            elif isinstance(value, dict):  # AdamW's moments have the parameter's shape, its step none
-                out[name] = {k: v.index_select(dim, rows.to(v.device))
-                             if isinstance(v, torch.Tensor) and v.dim() > dim else v for k, v in value.items()}
-        return out
+        return relayout_qkv(state, rows)
 
     def _plain(self, state: tuple[dict[str, Any], dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
         model_state, optim_state = state

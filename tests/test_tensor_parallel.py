@@ -200,7 +200,7 @@ def test_the_qkv_layout_trap_fails_the_equivalence_check(worker, reference):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--tp", "2"], "--tp applies to --strategy tp and fsdp only"),
+    (["--tp", "2"], "--tp applies to --strategy tp, fsdp and pp only"),
     (["--strategy", "fsdp", "--tp", "2", "--fsdp-sharding", "no-shard"], "use --fsdp-sharding full or grad-op"),
     (["--strategy", "fsdp", "--tp", "2", "--dtype", "bf16"], "--tp trains in fp32 here"),
     (["--strategy", "tp", "--tp", "3"], "must divide tiny-gpt-1m's 4 attention heads"),
@@ -310,7 +310,7 @@ def test_a_live_switch_is_checked_for_tensor_parallelism_as_the_command_line_is(
     ok = parse_agent_args(["--strategy", "fsdp", "--tp", "2"])
     check_switch_tensor_parallel(ok, 4, tp_given=True)
     for change, world, words in (
-            ({"strategy": "ddp", "tp": 2}, 4, "--tp applies to --strategy tp and fsdp only"),
+            ({"strategy": "ddp", "tp": 2}, 4, "--tp applies to --strategy tp, fsdp and pp only"),
             ({"tp": 3}, 6, "must divide tiny-gpt-1m's 4 attention heads"),
             ({"tp": 2}, 3, "must divide the world size (3 ranks)"),
             ({"tp": 2, "fsdp_sharding": "no-shard"}, 4, "full or grad-op")):

@@ -68,12 +68,13 @@ SWITCHED_PLAN = ("ddp", "ddp", "tp", "ddp")
 
 
 def run_plan(ctx: DistContext, plan, build, vocab: int, batch: int, seq: int, lr: float):
-    """One step under each strategy of `plan`, switched between through the agent's own switch
-    (state taken on every rank, a model built on meta and handed it, the new wrapping loaded); a
+    """One step under each strategy of `plan` (a name, or (name, options)), switched between through
+    the agent's own switch (state taken on every rank, a model built on meta and handed it, the new
+    wrapping loaded); a
     step reads one batch per data shard (ddp: 2 x batch on 2 ranks; tp: one batch on both).
     Returns (rank 0's result: each step's loss over its global batch, each step's global batch,
     the final full state; the full state's largest difference across each switch)."""
-    from ringtop.agent.switching import switch_strategy
+    from ringtop.agent.switching import full_state_everywhere, switch_strategy
     from ringtop.strategies.registry import build_strategy
 
     group = dist.new_group(backend="gloo")
@@ -82,19 +83,21 @@ def run_plan(ctx: DistContext, plan, build, vocab: int, batch: int, seq: int, lr
     def adamw(params):
         return torch.optim.AdamW(params, lr=lr)
 
-    strategy = build_strategy(plan[0], {}, ctx.device)
+    plan = [(item, {}) if isinstance(item, str) else item for item in plan]
+    strategy = build_strategy(plan[0][0], dict(plan[0][1]), ctx.device)
     strategy.setup(build(), adamw, ctx, settings)
     losses, batches, diffs, first = [], [], [], 0
-    for name in plan:
+    for name, options in plan:
         if name != strategy.name:
-            before = cloned_state(strategy.full_state_dict_on_every_rank())
-            strategy, _ = switch_strategy(strategy, name, dict, ctx, group, build, adamw, settings)
-            diffs.append(state_max_diff(before, cloned_state(strategy.full_state_dict_on_every_rank())))
+            before = cloned_state(full_state_everywhere(strategy, ctx.rank, group))
+            strategy, _ = switch_strategy(strategy, name, lambda o=options: dict(o), ctx, group, build, adamw,
+                                          settings)
+            diffs.append(state_max_diff(before, cloned_state(full_state_everywhere(strategy, ctx.rank, group))))
         shard, shards = strategy.data_shard(ctx)
         loss = strategy.run_step(batch_from(first + shard * batch, batch, seq, vocab, SEED), call_model, _NoPhases())
         mean = loss.detach().clone()
         dist.all_reduce(mean, group=group)
-        losses.append(float(mean) / ctx.world_size)  # tp: both ranks' loss is the same
+        losses.append(float(mean) / ctx.world_size)  # tp, pp: every rank has its replica's loss
         batches.append(shards * batch)
         first += shards * batch
     return {"losses": losses, "batches": batches, "state": cloned_state(strategy.full_state_dict()[0])}, diffs

@@ -1,0 +1,80 @@
+"""3D on 4 gloo ranks without replicas (2 pipeline stages x tp 2), driven through the strategy
+itself for what an agent run cannot show: the same training with the fused qkv split as q|k|v
+(the layout trap), and live switches ddp -> pp with tp -> ddp through the agent's switch.
+
+`python tests/rank_launcher.py 4 python pp_tp_worker.py STEPS BATCH SEQ LR OUT`: rank 0 writes
+OUT/rank-0.pt (per layout: losses, gradient norms, the final full state; the switching run),
+every rank OUT/rank-R.json (what it found).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ringtop.agent.data import batch_from
+from ringtop.agent.distributed import exit_rank
+from ringtop.agent.factories import call_model
+from ringtop.agent.model import MODEL_SIZES, build_tiny_gpt
+from ringtop.strategies import tensor_parallel
+from ringtop.strategies.base import DistContext, TrainSettings
+from ringtop.strategies.pipeline import PipelineStrategy
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tp_worker import SEED, SIZE, _NoPhases, run_plan  # noqa: E402
+
+OPTIONS = {"stages": 2, "tp": 2, "micro_batches": 2, "schedule": "1f1b"}
+SWITCHED_PLAN = ("ddp", ("pp", OPTIONS), ("pp", OPTIONS), "ddp")
+"""ddp, then 3D (one replica: every rank reads the one batch), then ddp again."""
+
+
+def trained(ctx: DistContext, steps: int, batch: int, seq: int, lr: float, by_head: bool):
+    tensor_parallel.QKV_BY_HEAD = by_head
+    strategy = PipelineStrategy(options=dict(OPTIONS))
+    strategy.setup(build_tiny_gpt(SIZE, SEED), lambda p: torch.optim.AdamW(p, lr=lr), ctx,
+                   TrainSettings(batch_size=batch))
+    vocab = MODEL_SIZES[SIZE].vocab_size
+    losses, norms = [], []
+    for step in range(steps):
+        loss = strategy.run_step(batch_from(step * batch, batch, seq, vocab, SEED), call_model, _NoPhases())
+        losses.append(loss.item())
+        norms.append(float(strategy.last_grad_norm()))
+    return strategy, losses, norms
+
+
+def main() -> int:
+    steps, batch, seq = (int(a) for a in sys.argv[1:4])
+    lr, out = float(sys.argv[4]), Path(sys.argv[5])
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(1234)
+    ctx = DistContext(rank, dist.get_world_size(), rank, torch.device("cpu"), "gloo")
+    found: dict = {}
+    saved: dict = {}
+    for by_head in (True, False):
+        strategy, losses, norms = trained(ctx, steps, batch, seq, lr, by_head)
+        model_state = strategy.full_state_dict()[0]  # complete on rank 0
+        saved["by_head" if by_head else "qkv"] = {"losses": losses, "norms": norms, "state": model_state}
+        if by_head:
+            found["position"] = [strategy.replica, strategy.stage_index, strategy.tp_index]
+            found["local_heads"] = [b.n_head for b in strategy.module.blocks.values()]
+        strategy.teardown()
+    tensor_parallel.QKV_BY_HEAD = True
+    saved["switched"], found["switch_diffs"] = run_plan(
+        ctx, SWITCHED_PLAN, lambda: build_tiny_gpt(SIZE, SEED), MODEL_SIZES[SIZE].vocab_size, batch, seq, lr)
+    if rank == 0:
+        torch.save(saved, out / "rank-0.pt")
+    (out / f"rank-{rank}.json").write_text(json.dumps(found))
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    exit_rank(main())
