@@ -152,23 +152,26 @@ def predict_pipeline_tensor_parallel(stage_params: int, stage_tensors: int, *, s
     micro-batch's activations and their gradients once per neighbouring stage."""
     shape = Shape(layers=max(1, layers_held), hidden=hidden, seq_len=seq_len, micro_batch_size=micro_batch_size,
                   micro_batches=micro_batches, activation_bytes=4)
-    kinds = list(tp_comm_per_step(shape, tp, layers_held).collectives)
-    kinds.append(CollectiveBytes("all_reduce", NORM_BYTES, ring_all_reduce_sent_bytes(NORM_BYTES, tp)))
+    groups: dict[str, list[CollectiveBytes]] = {"tp": [
+        *tp_comm_per_step(shape, tp, layers_held).collectives,
+        CollectiveBytes("all_reduce", NORM_BYTES, ring_all_reduce_sent_bytes(NORM_BYTES, tp))]}
     if stages > 1:
-        for payload in (NORM_BYTES, NORM_BYTES):  # the loss to every stage, the norm's sum over stages
-            kinds.append(CollectiveBytes("all_reduce", payload, ring_all_reduce_sent_bytes(payload, stages)))
+        # the loss to every stage, the norm's sum over stages; the tied weight's gradient between the ends
+        pp = groups["pp"] = [CollectiveBytes("all_reduce", NORM_BYTES, ring_all_reduce_sent_bytes(NORM_BYTES, stages))
+                             for _ in range(2)]
         if tied_params and stage in (0, stages - 1):
-            kinds.append(CollectiveBytes("all_reduce", 4 * tied_params, ring_all_reduce_sent_bytes(4 * tied_params, 2)))
+            pp.append(CollectiveBytes("all_reduce", 4 * tied_params, ring_all_reduce_sent_bytes(4 * tied_params, 2)))
         neighbours = 1 if stage in (0, stages - 1) else 2
         p2p = neighbours * 2 * micro_batches * shape.activation_payload_bytes
-        kinds.append(CollectiveBytes("p2p", p2p, p2p // 2))
+        groups[""] = [CollectiveBytes("p2p", p2p, p2p // 2)]
     if replicas > 1:
-        kinds += comm_per_step("ddp", replicas, ModelSpec(stage_params, 4, 4, 8)).collectives
-    step = CommPerStep(tuple(kinds))
+        groups["dp"] = list(comm_per_step("ddp", replicas, ModelSpec(stage_params, 4, 4, 8)).collectives)
+    step = CommPerStep(tuple(c for kinds in groups.values() for c in kinds))
     prediction = Prediction(
         params_bytes=4 * stage_params, grads_bytes=4 * stage_params,
         optimizer_bytes=8 * stage_params + ADAM_STEP_BYTES * stage_tensors,
-        comm_payload_bytes={kind: c.payload_bytes for kind, c in step.by_kind().items()},
+        comm_payload_bytes=payload_by_kind(step.collectives),
+        comm_payload_bytes_by_group={g: payload_by_kind(kinds) for g, kinds in groups.items()},
         comm_sent_bytes=step.sent_bytes,
         note=f"this stage's layers, their split matrices 1/{tp} ({stage_params:,} parameters); traffic: "
              f"{TP_ALL_REDUCES_PER_LAYER} all-reduces of [micro-batch, seq, hidden] per layer and micro-batch on "

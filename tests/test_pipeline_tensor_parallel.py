@@ -127,6 +127,8 @@ def test_each_mesh_dimension_moves_and_each_rank_holds_what_the_formula_says(run
             assert {(c.kind, c.group): (c.count, c.bytes, c.group_size) for c in step.comm} == expected, (
                 rank, step.step, step.comm)
             assert bytes_by_kind(step.comm) == predicted.comm_payload_bytes, predicted.note
+            assert {group: {kind: b for (kind, g), (_, b, _) in expected.items() if g == group}
+                    for (_, group) in expected} == predicted.comm_payload_bytes_by_group
         assert steps[-1].tokens == BATCH * SEQ // (PP * TP)
 
 
