@@ -11,7 +11,7 @@ control replies), and whose Hello carries this run's id and world size. Anything
 and dropped, so a forged frame can neither change what UIs show nor be replayed to every UI that
 attaches later.
 
-A UI of a large run subscribes to `digest.` instead of `step.`: every 0.25 s it gets each rank's
+A UI of a large run subscribes to `digest.` instead of `step.`: every 0.2 s it gets each rank's
 latest step whole and the older ones by their numbers (agent/step_digest.py), built from what the
 relay forwards and only while some UI asks for them.
 

@@ -182,7 +182,7 @@ def one_round(secure: bool, nodes: int, per_rank: int, batch: int, digests: bool
         got, last = receive.recv()
         digest_counts = None
         if digests:
-            time.sleep(0.5)  # two digest intervals: the last steps' digest goes out
+            time.sleep(0.5)  # more than two digest intervals: the last steps' digest goes out
             digest_stop.set()
             digest_counts = digest_receive.recv()
         for p in procs:
