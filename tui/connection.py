@@ -82,8 +82,10 @@ class TelemetryClient:
         self.callback_errors = 0
         self.faults = LoopFaults("UI receiver")
         self._want_digests = False
+        self._digest_subscribed = False
         self.digests = False
-        """Subscribed to digests instead of steps (the thread's state; `want_digests` asks)."""
+        """Taking digests instead of steps (the thread's state; `want_digests` asks): from the
+        first digest on, once the relay is known to build them, steps are unsubscribed."""
 
     # ------------------------------------------------------------------ public
 
@@ -118,8 +120,11 @@ class TelemetryClient:
         return cmd_id
 
     def want_digests(self, on: bool) -> None:
-        """Ask for the relay's digests instead of every rank's steps (or back); never blocks: the
-        thread changes the subscriptions, the new ones first, so nothing is missed meanwhile."""
+        """Ask for the relay's digests instead of every rank's steps (or back); never blocks. The
+        thread subscribes to digests and drops the steps only when the first digest has come: the
+        relay folds into digests what it forwards after it has read the subscription, and ZeroMQ
+        stops the steps as soon as they are unsubscribed, so nothing is missed in between (a step
+        that comes both ways is folded once, by its number)."""
         self._want_digests = bool(on)
 
     @property
@@ -182,7 +187,7 @@ class TelemetryClient:
             try:
                 if dealer is not None:
                     self._send_pending(dealer, rejected)
-                if self._want_digests is not self.digests:
+                if self._want_digests is not self._digest_subscribed:
                     self._subscribe(sub, self._want_digests)
                 events = dict(poller.poll(self.poll_timeout_ms))
                 if sub in events:
@@ -204,12 +209,18 @@ class TelemetryClient:
             self._flush(batch, rejected)
 
     def _subscribe(self, sub: zmq.Socket, digests: bool) -> None:
-        new, old = ((DIGEST_TOPIC, *BUT_STEPS), (b"",)) if digests else ((b"",), (DIGEST_TOPIC, *BUT_STEPS))
-        for topic in new:
-            sub.setsockopt(zmq.SUBSCRIBE, topic)
-        for topic in old:
-            sub.setsockopt(zmq.UNSUBSCRIBE, topic)
-        self.digests = digests
+        """Digests: subscribe to them (and to every other type by name); the steps go at the first
+        digest (`_drain`). Back: every step again, then no digests."""
+        if digests:
+            for topic in (DIGEST_TOPIC, *BUT_STEPS):
+                sub.setsockopt(zmq.SUBSCRIBE, topic)
+        else:
+            if self.digests:
+                sub.setsockopt(zmq.SUBSCRIBE, b"")
+            for topic in (DIGEST_TOPIC, *BUT_STEPS):
+                sub.setsockopt(zmq.UNSUBSCRIBE, topic)
+            self.digests = False
+        self._digest_subscribed = digests
 
     def _drain(self, sock: zmq.Socket, batch: list[Any], rejected: list[str], channel: str) -> None:
         for _ in range(self.max_batch):
@@ -217,8 +228,12 @@ class TelemetryClient:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
             except zmq.Again:
                 return
-            if not self.digests and len(frames) == 2 and frames[0].startswith(DIGEST_TOPIC):
-                continue  # another UI's digests: this one takes every step
+            if len(frames) == 2 and frames[0].startswith(DIGEST_TOPIC):
+                if not self._digest_subscribed:
+                    continue  # another UI's digests: this one takes every step
+                if not self.digests:  # the relay builds them: the steps can go
+                    sock.setsockopt(zmq.UNSUBSCRIBE, b"")
+                    self.digests = True
             payload = _payload(frames)
             if payload is None:
                 self.rejected += 1
