@@ -150,6 +150,35 @@ def test_switch_targets_and_their_arguments():
         {"strategy": "fsdp", "fsdp_sharding": "grad-op"}, {"strategy": "fsdp", "fsdp_sharding": "no-shard"}]
 
 
+def test_mesh_targets_are_tensor_parallelism_and_2d_for_each_degree_that_divides_the_world():
+    from ringtop.tui.actions import mesh_targets
+
+    assert mesh_targets(1) == []
+    assert [(t.key, t.label, t.args) for t in mesh_targets(2)] == [("tp", "tp ×2", {"strategy": "tp"})]
+    assert [(t.key, t.args) for t in mesh_targets(8)] == [
+        ("tp", {"strategy": "tp"}),
+        ("fsdp-full+tp2", {"strategy": "fsdp", "fsdp_sharding": "full", "tp": 2}),
+        ("fsdp-full+tp4", {"strategy": "fsdp", "fsdp_sharding": "full", "tp": 4})]
+
+
+async def test_switch_picker_offers_tensor_parallelism_without_a_prediction_and_sends_it():
+    with FakeRankZero() as run:
+        app = RingtopApp(publish_addr=run.pub_addr, control_addr=run.ctl_addr)
+        async with app.run_test(size=SIZE) as pilot:
+            await attach(app, pilot)
+            await pilot.press("S")
+            await wait_until(pilot, lambda: isinstance(app.screen, SwitchPicker), what="the picker")
+            def _shown():
+                assert picker_cell(app, "tp", "strategy") == "tp ×2"
+            await eventually(pilot, _shown)
+            # what a tp rank holds and sends depends on the model's layers: the UI does not guess it
+            assert [picker_cell(app, "tp", c) for c in ("sharded", "params", "state", "wire")] == \
+                ["matrices", "-", "-", "-"]
+            await pilot.press(*["down"] * 6, "enter")  # the cursor starts on zero1, the second row
+            await wait_until(pilot, lambda: run.commands, what="the switch command")
+            assert run.commands[0].cmd == "switch" and run.commands[0].args == {"strategy": "tp"}
+
+
 async def test_switch_picker_shows_predictions_and_enter_sends_switch():
     answer = lambda cmd: ("done", {"from": "ddp", "to": "zero3", "step": 9, "seconds": 0.4213})  # noqa: E731
     with FakeRankZero(answer) as run:
@@ -161,7 +190,7 @@ async def test_switch_picker_shows_predictions_and_enter_sends_switch():
             def _shown_1():
                 table = app.screen.query_one(DataTable)
                 assert [k.value for k in table.rows] == ["ddp", "zero1", "zero2", "zero3", "fsdp-full", "fsdp-grad-op",
-                                                         "fsdp-no-shard"]
+                                                         "fsdp-no-shard", "tp"]
                 assert picker_cell(app, "ddp", "strategy") == "▶ ddp (now)"
                 assert picker_cell(app, "zero3", "strategy") == "zero3"
             await eventually(pilot, _shown_1)

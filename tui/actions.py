@@ -24,7 +24,8 @@ from .view_model import RunView
 @dataclass(frozen=True, slots=True)
 class SwitchTarget:
     key: str
-    """The cost model's name: ddp, zero1, zero2, zero3, fsdp-full, fsdp-grad-op, fsdp-no-shard."""
+    """The cost model's name: ddp, zero1, zero2, zero3, fsdp-full, fsdp-grad-op, fsdp-no-shard;
+    for a mesh, `tp` or `fsdp-full+tpT` (2D)."""
     label: str
     args: dict[str, Any]
     """The `switch` command's arguments."""
@@ -54,11 +55,42 @@ class SwitchRow:
         return self.params_bytes + self.grads_bytes + self.optimizer_bytes
 
 
+def mesh_targets(world: int) -> list[SwitchTarget]:
+    """Tensor parallelism over every rank and, for each degree T between that divides the world,
+    2D (FSDP full over world/T replicas of tp groups of T): what `switch` takes with `tp`. The
+    agent checks the model (T must divide its heads) and refuses with the reason."""
+    if world < 2:
+        return []
+    out = [SwitchTarget("tp", f"tp ×{world}", {"strategy": "tp"})]
+    for t in range(2, world):
+        if world % t == 0:
+            out.append(SwitchTarget(f"fsdp-full+tp{t}", f"fsdp full tp={t}",
+                                    {"strategy": "fsdp", "fsdp_sharding": "full", "tp": t}))
+    return out
+
+
+def _current_key(f: Any) -> str | None:
+    tp = f.strategy_options.get("tp")
+    if f.strategy == "tp":
+        return "tp"
+    if f.strategy == "fsdp" and isinstance(tp, int) and tp > 1:
+        return f"fsdp-{f.strategy_options.get('sharding', 'full')}+tp{tp}"
+    return current_strategy(f)
+
+
 def switch_rows(view: RunView) -> list[SwitchRow]:
-    """One row per switch target with its predicted state per rank and bytes sent per step."""
+    """One row per switch target with its predicted state per rank and bytes sent per step; the
+    mesh targets (tensor parallelism, 2D) without: what they hold and send depends on the model's
+    layers, which the UI does not know (the agent's Hello predicts them once it runs so)."""
     f = view.facts
     n = f.world_size or len(view.ranks)
-    current = current_strategy(f)
+    current = _current_key(f)
+    mesh = [SwitchRow(t, "matrices" if t.key == "tp" else "matrices, " + sharded_label(sharding_of("fsdp-full")),
+                      None, None, None, None, t.key == current) for t in mesh_targets(n)]
+    return [*_data_parallel_rows(f, n, current), *mesh]
+
+
+def _data_parallel_rows(f: Any, n: int, current: str | None) -> list[SwitchRow]:
     rows = []
     for t in SWITCH_TARGETS:
         sharded = sharded_label(sharding_of(t.key))
