@@ -62,7 +62,8 @@ def predict(strategy: str, fsdp_sharding: str, world_size: int, param_count: int
 
 def predict_tensor_parallel(held_params: int, held_tensors: int, degree: int, layers: int, hidden: int,
                             batch_size: int, seq_len: int, dp: int = 1, dp_strategy: str | None = None,
-                            sequence_parallel: bool = False, gloo: bool = False) -> tuple[Prediction, int]:
+                            sequence_parallel: bool = False, gloo: bool = False,
+                            norm_grad_numel: int | None = None) -> tuple[Prediction, int]:
     """A tensor-parallel rank holds its share of the split matrices and all of the replicated
     parameters (embeddings, LayerNorms, RowwiseParallel biases) in fp32, their gradients and AdamW
     state. Its traffic is the activations' all-reduces, 4 per layer (mesh_cost.py), plus the one
@@ -70,7 +71,8 @@ def predict_tensor_parallel(held_params: int, held_tensors: int, degree: int, la
     groups, 2D) that share is sharded again dp ways and moves as that strategy moves it. With
     `sequence_parallel` (the built-in model) the all-reduces are all-gathers and reduce-scatters,
     plus the residual stream's gather for the final LayerNorm and its gradient's at the first block
-    (one activation each) and the all-reduce of the LayerNorms' weight and bias gradients."""
+    (one activation each) and the all-reduce of the norms' gradients: `norm_grad_numel` elements
+    (counted from the model; by default TinyGPT's two LayerNorms a layer, weight and bias)."""
     shape = Shape(layers=layers, hidden=hidden, seq_len=seq_len, micro_batch_size=batch_size, activation_bytes=4)
     comm = {c.kind: c for c in tp_comm_per_step(shape, degree, layers, sequence_parallel=sequence_parallel,
                                                 gloo=gloo).collectives}
@@ -78,7 +80,7 @@ def predict_tensor_parallel(held_params: int, held_tensors: int, degree: int, la
     tp_kinds = list(comm.values())
     if sequence_parallel and degree > 1:
         boundary = SP_BOUNDARY_GATHERS * shape.activation_payload_bytes
-        norms = SP_NORM_GRADS_PER_LAYER * layers * hidden * 4
+        norms = 4 * (SP_NORM_GRADS_PER_LAYER * layers * hidden if norm_grad_numel is None else norm_grad_numel)
         tp_kinds += [CollectiveBytes("all_gather", boundary, ring_all_gather_sent_bytes(boundary, degree)),
                      CollectiveBytes("all_reduce", norms, ring_all_reduce_sent_bytes(norms, degree))]
     held = held_params
@@ -98,7 +100,7 @@ def predict_tensor_parallel(held_params: int, held_tensors: int, degree: int, la
         note=f"this rank's share of the split matrices plus the replicated parameters ({held_params:,})"
              + (f", sharded {dp} ways" if held != held_params else "")
              + (f"; traffic: {TP_ALL_REDUCES_PER_LAYER} all-gathers and reduce-scatters of [batch, seq, hidden] "
-                "per layer (sequence parallel), 2 more gathers, the LayerNorms' gradients and the gradient norm's "
+                "per layer (sequence parallel), 2 more gathers, the norms' gradients and the gradient norm's "
                 "scalar" if sequence_parallel else
                 f"; traffic: {TP_ALL_REDUCES_PER_LAYER} all-reduces of [batch, seq, hidden] per layer and the "
                 "gradient norm's scalar"),

@@ -610,7 +610,8 @@ class Runner:
                 tp.params, tp.tensors, tp.degree, tp.layers, tp.hidden, self.cfg.batch_size, self.cfg.seq_len,
                 dp=self.ctx.world_size // tp.degree,
                 dp_strategy=self.cfg.canonical_strategy if self.cfg.strategy == "fsdp" else None,
-                sequence_parallel=tp.sequence_parallel, gloo=self.ctx.backend == "gloo")
+                sequence_parallel=tp.sequence_parallel, gloo=self.ctx.backend == "gloo",
+                norm_grad_numel=tp.norm_grad_numel if tp.sequence_parallel else None)
         elif stage is not None and getattr(self.strategy, "tp", 1) > 1:
             pp = self.strategy
             prediction, optimizer_bytes_per_param = predict_pipeline_tensor_parallel(

@@ -62,6 +62,19 @@ class TensorParallelShape:
     layers: int
     hidden: int
     sequence_parallel: bool = False
+    norm_grad_numel: int = 0
+    """Sequence parallel: elements of the norms' gradients, partial sums all-reduced each step."""
+
+
+SP_REFUSAL = "sequence parallelism splits the built-in tiny-gpt's and the llama-like hf models' layers only"
+
+SUM_NORM_GRADS = True
+"""Sum the sequence-parallel norms' partial gradients before the optimizer step. Only a test turns
+it off, to show that the equivalence check catches norms trained on one rank's tokens."""
+
+
+def _norm_numel(layers: Any, names: tuple[str, ...]) -> int:
+    return sum(p.numel() for layer in layers for name in names for p in layer.get_submodule(name).parameters())
 
 
 LLAMA_PLAN = {"self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise", "self_attn.v_proj": "colwise",
@@ -97,16 +110,16 @@ def parallelize_blocks(model: nn.Module, tp_mesh: Any, sequence_parallel: bool =
                        ) -> tuple[torch.Tensor | None, TensorParallelShape]:
     """Split every block of a TinyGPT (its qkv rows first reordered by head unless QKV_BY_HEAD is
     off) or of an hf model (a GPT-2's c_attn columns first reordered by rank) over `tp_mesh`;
-    returns (the reordering, or None; the rank's shape). `sequence_parallel` (TinyGPT only): see
-    `_sequence_parallel_plan`."""
+    returns (the reordering, or None; the rank's shape). `sequence_parallel` (TinyGPT and the
+    llama-like hf models): see `_sequence_parallel_plan` and `_llama_sequence_parallel_plan`."""
     from ringtop.agent.model import TinyGPT
 
     if not isinstance(model, TinyGPT):
-        if sequence_parallel:
-            raise StrategyError("sequence parallelism splits the built-in tiny-gpt's blocks only")
         if model.spec.dims.model_type == "gpt2":
+            if sequence_parallel:
+                raise StrategyError(SP_REFUSAL)
             return _parallelize_gpt2_blocks(model, tp_mesh)
-        return None, _parallelize_llama_layers(model, tp_mesh)
+        return None, _parallelize_llama_layers(model, tp_mesh, sequence_parallel)
     degree = tp_mesh.size()
     total = sum(p.numel() for p in unique_tensors(model))
     rows, split = split_tiny_gpt_blocks(list(model.blocks), model.cfg.n_head, model.cfg.d_model, tp_mesh,
@@ -115,7 +128,8 @@ def parallelize_blocks(model: nn.Module, tp_mesh: Any, sequence_parallel: bool =
         _shard_the_residual_stream(model, tp_mesh)
     shape = TensorParallelShape(degree=degree, params=total - split + split // degree,
                                 tensors=len(unique_tensors(model)), layers=len(model.blocks),
-                                hidden=model.cfg.d_model, sequence_parallel=sequence_parallel)
+                                hidden=model.cfg.d_model, sequence_parallel=sequence_parallel,
+                                norm_grad_numel=_norm_numel(model.blocks, ("ln1", "ln2")) if sequence_parallel else 0)
     return rows, shape
 
 
@@ -162,14 +176,18 @@ def _sequence_parallel_plan() -> dict[str, Any]:
 
 
 def _shard_the_residual_stream(model: nn.Module, tp_mesh: Any) -> None:
+    _shard_between(model.blocks[0], model.blocks[-1], tp_mesh)
+
+
+def _shard_between(first: nn.Module, last: nn.Module, tp_mesh: Any) -> None:
     """The first block takes its rank's slice of the (replicated) embeddings, a local split; the
-    last block's output is all-gathered for the replicated final LayerNorm and head."""
+    last block's output is all-gathered for the replicated final norm and head."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleOutput, parallelize_module
 
-    parallelize_module(model.blocks[0], tp_mesh, PrepareModuleInput(
+    parallelize_module(first, tp_mesh, PrepareModuleInput(
         input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=True))
-    parallelize_module(model.blocks[-1], tp_mesh, PrepareModuleOutput(
+    parallelize_module(last, tp_mesh, PrepareModuleOutput(
         output_layouts=(Shard(1),), desired_output_layouts=(Replicate(),), use_local_output=True))
 
 
@@ -183,12 +201,17 @@ def _split_numel(block: nn.Module, plan: dict[str, Any]) -> int:
                if isinstance(style, ColwiseParallel) or pname == "weight")
 
 
-def _parallelize_llama_layers(model: nn.Module, tp_mesh: Any) -> TensorParallelShape:
+LLAMA_NORMS = ("input_layernorm", "post_attention_layernorm")
+
+
+def _parallelize_llama_layers(model: nn.Module, tp_mesh: Any, sequence_parallel: bool = False
+                              ) -> TensorParallelShape:
     """LLAMA_PLAN on every decoder layer, each sublayer's input declared replicated once
     (PrepareModuleInput, kept a DTensor), so the input gradients of q, k, v (and of gate, up) are
     summed as partial sums and all-reduced once: 2 all-reduces per layer each way, as TinyGPT's.
     transformers' attention infers its local head count (`view(..., -1, head_dim)`) and keeps
-    heads / key-value heads, the GQA group, unchanged; nothing else is set."""
+    heads / key-value heads, the GQA group, unchanged; nothing else is set. `sequence_parallel`:
+    `_llama_sequence_parallel_plan`, the residual stream sharded around the layers as TinyGPT's."""
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -205,16 +228,50 @@ def _parallelize_llama_layers(model: nn.Module, tp_mesh: Any) -> TensorParallelS
         "mlp": PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),)),
         **{name: styles[style]() for name, style in LLAMA_PLAN.items()},
     }
+    if sequence_parallel:
+        plan = _llama_sequence_parallel_plan()
     layers = model._layers()
     total = sum(p.numel() for p in unique_tensors(model))
     split = 0
     for layer in layers:
         split += _split_numel(layer, plan)
         parallelize_module(layer, tp_mesh, plan)
+    if sequence_parallel:
+        _shard_between(layers[0], layers[-1], tp_mesh)
     collective_hooks.trace_functional_collectives()
     degree = tp_mesh.size()
     return TensorParallelShape(degree=degree, params=total - split + split // degree,
-                               tensors=len(unique_tensors(model)), layers=len(layers), hidden=model.spec.dims.hidden)
+                               tensors=len(unique_tensors(model)), layers=len(layers), hidden=model.spec.dims.hidden,
+                               sequence_parallel=sequence_parallel,
+                               norm_grad_numel=_norm_numel(layers, LLAMA_NORMS) if sequence_parallel else 0)
+
+
+def _llama_sequence_parallel_plan() -> dict[str, Any]:
+    """Sequence parallelism in a llama-like decoder layer: the RMSNorms (and residual adds) on
+    each rank's slice of the tokens; each sublayer's input gathered once (PrepareModuleInput from
+    Shard(1), which is q, k, v's and gate, up's `input_layouts=Shard(1)` with one all-gather, one
+    reduce-scatter of its gradient, for all three or two), o and down reduce-scattered back to the
+    slice (`output_layouts=Shard(1)`). Attention runs on the whole gathered sequence, so the
+    rotary embeddings computed for positions 0..S-1 are each token's own."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    return {
+        "input_layernorm": SequenceParallel(),
+        "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
+                                        desired_input_kwarg_layouts={"hidden_states": Replicate()}),
+        **{f"self_attn.{name}": ColwiseParallel() for name in ("q_proj", "k_proj", "v_proj")},
+        "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1)),
+        "post_attention_layernorm": SequenceParallel(),
+        "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+        "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1)),
+    }
 
 
 def qkv_columns_by_rank(d_model: int, degree: int) -> torch.Tensor:
@@ -368,7 +425,7 @@ class HeadOrderedQkv:
         if self._tp_shape is None:
             return super()._optimizer_step()
         if self._tp_shape.sequence_parallel:
-            _sum_partial_grads(self.model)
+            _sum_partial_grads(self.model, SUM_NORM_GRADS)
         grads = [p.grad for p in unique_tensors(self.model) if p.grad is not None]
         locals_ = [_local(g) for g in grads]
         world = dist.get_world_size()
@@ -451,15 +508,18 @@ def _copies(t: torch.Tensor, world: int) -> int:
     return world // mesh.size() * replicated
 
 
-def _sum_partial_grads(model: nn.Module) -> None:
-    """Sequence parallelism's LayerNorm gradients are each rank's tokens' share (Partial(sum)):
-    all-reduced here, one per tensor, so the optimizer steps the same whole weight everywhere."""
-    from torch.distributed.tensor import Replicate
+def _sum_partial_grads(model: nn.Module, summed: bool = True) -> None:
+    """Sequence parallelism's norm gradients are each rank's tokens' share (Partial(sum)):
+    all-reduced here, one per tensor, so the optimizer steps the same whole weight everywhere.
+    `summed` False (a test's trap only): each rank keeps its own share as if it were the whole."""
+    from torch.distributed.tensor import DTensor, Replicate
 
     for p in unique_tensors(model):
         g = p.grad
         if g is not None and _is_dtensor(g) and any(pl.is_partial() for pl in g.placements):
-            p.grad = g.redistribute(placements=[Replicate() if pl.is_partial() else pl for pl in g.placements])
+            whole = [Replicate() if pl.is_partial() else pl for pl in g.placements]
+            p.grad = (g.redistribute(placements=whole) if summed
+                      else DTensor.from_local(g.to_local(), g.device_mesh, whole, run_check=False))
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

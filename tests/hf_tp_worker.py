@@ -1,9 +1,10 @@
 """An hf model on 2 gloo ranks through a plan of strategies, one a step, switched live through the
 agent's own switch (`switch_strategy`), driven without an agent; or under tp with the fused qkv
-split as it is (`trap`: QKV_BY_HEAD off, the layout trap).
+split as it is (`trap`: QKV_BY_HEAD off, the layout trap); or under tp with sequence parallelism
+and the norms' partial gradients left unsummed (`sp-trap`: SUM_NORM_GRADS off).
 
 `python tests/rank_launcher.py ... hf_tp_worker.py MODEL PLAN BATCH SEQ LR OUT` (MODEL: hf:NAME;
-PLAN: the strategies, comma-separated, or `trap`): rank 0 writes OUT/rank-0.pt (each step's loss
+PLAN: the strategies, comma-separated, or `trap` or `sp-trap`): rank 0 writes OUT/rank-0.pt (each step's loss
 over its global batch, each step's global batch, the final full state), every rank
 OUT/rank-R.json (the full state's largest difference across each switch).
 """
@@ -35,6 +36,9 @@ def main() -> int:
     if plan == ["trap"]:
         tensor_parallel.QKV_BY_HEAD = False
         plan = ["tp"] * TRAP_STEPS
+    elif plan == ["sp-trap"]:
+        tensor_parallel.SUM_NORM_GRADS = False
+        plan = [("tp", {"sequence_parallel": True})] * TRAP_STEPS
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(1234)

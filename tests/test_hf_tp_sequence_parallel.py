@@ -1,0 +1,89 @@
+"""Sequence parallelism for a llama-like hf model (`--model hf:llama-tiny --strategy tp
+--tp-sequence-parallel`) on 2 gloo ranks: the RMSNorms and residual adds run on each rank's half
+of the sequence, attention on the gathered whole (rotary embeddings of each token's own position),
+and the run trains like one process given the one batch (losses, gradient norms, every parameter);
+bytes per step per kind by a formula here and by the run's own prediction. The trap, norms whose
+partial gradients are not summed (each rank's norms then learn from its own tokens only), trains
+without an error but fails the same check. One agent run, one worker run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import run_worker_script, start_agents, stop_process_group
+from numerics import GRAD_NORM_RTOL, LOSS_RTOL, assert_series_close, assert_state_close, bytes_by_kind
+from reference import reference_run
+
+from ringtop.protocol import Hello
+
+pytest.importorskip("transformers", reason="the hf models need transformers (pip install 'ringtop[hf]')")
+pytestmark = pytest.mark.timeout(240)
+
+MODEL, STEPS, BATCH, SEQ, LR = "hf:llama-tiny", 5, 4, 16, 1e-3
+TRAP_STEPS = STEPS  # hf_tp_worker.TRAP_STEPS: one reference for both runs
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return reference_run(TRAP_STEPS, BATCH, SEQ, LR, model=MODEL)
+
+
+@pytest.fixture(scope="module")
+def sp_run(tmp_path_factory):
+    run = start_agents(tmp_path_factory.mktemp("hf-tp-sp"), 2, "--model", MODEL, "--strategy", "tp",
+                       "--tp-sequence-parallel", "--steps", str(STEPS), "--batch-size", str(BATCH), "--seq-len",
+                       str(SEQ), "--lr", str(LR), "--checkpoint-every", str(STEPS))
+    try:
+        assert run.wait(200) == 0, run.output()[-4000:]
+    finally:
+        stop_process_group(run.proc)
+    return run
+
+
+def test_sequence_parallel_llama_trains_like_one_process(sp_run, reference):
+    from ringtop.agent.checkpoint_format import load_full_files
+
+    steps = {rank: sp_run.steps(rank) for rank in (0, 1)}
+    assert [s.loss for s in steps[0]] == [s.loss for s in steps[1]], "one batch, one replicated head: one loss"
+    assert_series_close([s.loss for s in steps[0]], reference.losses, rtol=LOSS_RTOL, what="loss")
+    for rank in (0, 1):
+        assert_series_close([s.grad_norm for s in steps[rank]], reference.grad_norms, rtol=GRAD_NORM_RTOL,
+                            what=f"rank {rank}'s gradient norm")
+        hello = next(m for m in sp_run.messages(rank) if isinstance(m, Hello))
+        assert (hello.strategy, hello.strategy_options) == ("tp", {"sequence_parallel": True, "degree": 2})
+    model_state, _, _ = load_full_files(sp_run.checkpoint_dir / f"step-{STEPS:08d}-full")
+    assert set(model_state) == set(reference.state), "the checkpoint keeps transformers' parameter names"
+    assert_state_close(model_state, reference.state, steps=STEPS, lr=LR)
+
+
+def test_sequence_parallel_llama_moves_the_bytes_of_the_formula_and_the_prediction(sp_run):
+    from ringtop.agent.hf_models import build_meta_model
+
+    d = build_meta_model(MODEL).spec.dims
+    activation = BATCH * SEQ * d.hidden * 4  # one fp32 [batch, seq, hidden]
+    # per layer: attention's and MLP's inputs gathered (q, k, v share one; gate, up one), o's and
+    # down's outputs reduce-scattered, the other way round in backward; the last layer's output
+    # gathered for the final norm, the first layer's input gradient for the embeddings; the 2
+    # RMSNorm weights [hidden] a layer (partial sums) and the gradient norm's scalar all-reduced
+    expected = {"all_gather": (4 * d.layers + 2, (4 * d.layers + 2) * activation),
+                "reduce_scatter": (4 * d.layers, 4 * d.layers * activation),
+                "all_reduce": (2 * d.layers + 1, 2 * d.layers * d.hidden * 4 + 4)}
+    for rank in (0, 1):
+        predicted = next(m for m in sp_run.messages(rank) if isinstance(m, Hello)).prediction
+        assert predicted.comm_payload_bytes == {kind: nbytes for kind, (_, nbytes) in expected.items()}
+        for step in sp_run.steps(rank):
+            assert {c.kind: (c.count, c.bytes) for c in step.comm} == expected, step.comm
+            assert bytes_by_kind(step.comm) == predicted.comm_payload_bytes
+
+
+def test_unsummed_norm_gradients_train_without_an_error_but_fail_the_equivalence_check(tmp_path, reference):
+    import torch
+
+    run_worker_script(Path(__file__).resolve().parent / "hf_tp_worker.py",
+                      [MODEL, "sp-trap", str(BATCH), str(SEQ), str(LR)], tmp_path, nproc=2, timeout_s=200)
+    run = torch.load(tmp_path / "rank-0.pt")
+    assert run["batches"] == [BATCH] * TRAP_STEPS and all(torch.isfinite(torch.tensor(run["losses"])))
+    norms = {k: v for k, v in reference.state.items() if k.endswith("layernorm.weight")}
+    with pytest.raises(AssertionError, match="largest"):
+        assert_state_close({k: run["state"][k] for k in norms}, norms, steps=TRAP_STEPS, lr=LR)
