@@ -4,14 +4,15 @@ of the sequence, attention on the gathered whole (rotary embeddings of each toke
 and the run trains like one process given the one batch (losses, gradient norms, every parameter);
 bytes per step per kind by a formula here and by the run's own prediction. The trap, norms whose
 partial gradients are not summed (each rank's norms then learn from its own tokens only), trains
-without an error but fails the same check. One agent run, one worker run."""
+without an error but fails the same check (a worker run, with RINGTOP_SUITE_ALL=1). One agent run
+by default."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from conftest import run_worker_script, start_agents, stop_process_group
+from conftest import further, run_worker_script, start_agents, stop_process_group
 from numerics import GRAD_NORM_RTOL, LOSS_RTOL, assert_series_close, assert_state_close, bytes_by_kind
 from reference import reference_run
 
@@ -77,13 +78,15 @@ def test_sequence_parallel_llama_moves_the_bytes_of_the_formula_and_the_predicti
             assert bytes_by_kind(step.comm) == predicted.comm_payload_bytes
 
 
+@further  # a second 2-rank run (~15 s); the summed norms pass this same check in the worker too
 def test_unsummed_norm_gradients_train_without_an_error_but_fail_the_equivalence_check(tmp_path, reference):
+    """Measured: losses within 3e-6 (relative) of the reference, under LOSS_RTOL, but the norms'
+    weights 7e-3 off after 5 steps, 500 times the parameters' RMS tolerance."""
     import torch
 
     run_worker_script(Path(__file__).resolve().parent / "hf_tp_worker.py",
                       [MODEL, "sp-trap", str(BATCH), str(SEQ), str(LR)], tmp_path, nproc=2, timeout_s=200)
     run = torch.load(tmp_path / "rank-0.pt")
     assert run["batches"] == [BATCH] * TRAP_STEPS and all(torch.isfinite(torch.tensor(run["losses"])))
-    norms = {k: v for k, v in reference.state.items() if k.endswith("layernorm.weight")}
-    with pytest.raises(AssertionError, match="largest"):
-        assert_state_close({k: run["state"][k] for k in norms}, norms, steps=TRAP_STEPS, lr=LR)
+    with pytest.raises(AssertionError, match=r"largest element difference .* at model\.layers\.\d+\.\w+_layernorm"):
+        assert_state_close(run["state"], reference.state, steps=TRAP_STEPS, lr=LR)
