@@ -42,7 +42,7 @@ from ringtop.strategies.ds_config import (
 )
 from ringtop.strategies.links import parse_link
 
-from .hf_catalogue import LLAMA_LIKE, ModelConfigError, check_seq_len, is_hf_spec, tensor_parallel_refusal
+from .hf_catalogue import ModelConfigError, check_seq_len, is_hf_spec, tensor_parallel_refusal
 from .hf_catalogue import resolve as resolve_hf
 from .nonfinite import MODES as NONFINITE_MODES
 from .nonfinite import zero_refusal
@@ -188,7 +188,7 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
         "pp: 3D, each stage's layers split over N consecutive ranks (world = replicas x stages x N)",
         ge=1, metavar="N", default_text="the world size with tp; 1 with fsdp and pp")] = None
     tp_sequence_parallel: Annotated[bool, Option(
-        TRAINING, "with --strategy tp, the built-in model or a llama-like hf model: sequence parallelism, the "
+        TRAINING, "with --strategy tp, the built-in model or an hf model: sequence parallelism, the "
         "norms run on each rank's slice of the sequence (all-gather + reduce-scatter instead of all-reduces)")] = False
     dtype: Annotated[str, Option(
         TRAINING, "fp32, or bf16 mixed precision with fp32 master state", choices=("fp32", "bf16"))] = "fp32"
@@ -558,8 +558,6 @@ def _check_tensor_parallel(cfg: AgentConfig, given: Set[str]) -> None:
     if cfg.tp_sequence_parallel and "tp_sequence_parallel" in given:
         if cfg.strategy != "tp":
             raise ConfigError("--tp-sequence-parallel applies to --strategy tp only")
-        if cfg.model != BUILTIN_MODEL:
-            _check_sequence_parallel_model(cfg.model)
     if cfg.strategy != "tp" and not (cfg.strategy in ("fsdp", "pp") and cfg.tp is not None and cfg.tp > 1):
         return
     what = "--strategy tp" if cfg.strategy == "tp" else "--tp"
@@ -575,17 +573,6 @@ def _check_tensor_parallel(cfg: AgentConfig, given: Set[str]) -> None:
         raise ConfigError("--tp with --strategy fsdp shards over the data-parallel ranks: use --fsdp-sharding "
                           "full or grad-op")
     _check_splits(cfg, cfg.tp or 1)  # with the degree still unknown, what no degree splits (GPT-2)
-
-
-def _check_sequence_parallel_model(spec: str) -> None:
-    """Sequence parallelism splits the built-in model's and the llama-like hf models' layers."""
-    try:
-        model_type = resolve_hf(spec).dims.model_type if is_hf_spec(spec) else None
-    except ModelConfigError as exc:
-        raise ConfigError(str(exc)) from None
-    if model_type not in LLAMA_LIKE:
-        raise ConfigError(f"--tp-sequence-parallel splits the layers of the built-in tiny-gpt and of the llama-like "
-                          f"hf models ({', '.join(LLAMA_LIKE)}) only, not {spec}")
 
 
 def _check_splits(cfg: AgentConfig, degree: int) -> None:

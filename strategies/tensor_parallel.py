@@ -66,8 +66,6 @@ class TensorParallelShape:
     """Sequence parallel: elements of the norms' gradients, partial sums all-reduced each step."""
 
 
-SP_REFUSAL = "sequence parallelism splits the built-in tiny-gpt's and the llama-like hf models' layers only"
-
 SUM_NORM_GRADS = True
 """Sum the sequence-parallel norms' partial gradients before the optimizer step. Only a test turns
 it off, to show that the equivalence check catches norms trained on one rank's tokens."""
@@ -116,9 +114,7 @@ def parallelize_blocks(model: nn.Module, tp_mesh: Any, sequence_parallel: bool =
 
     if not isinstance(model, TinyGPT):
         if model.spec.dims.model_type == "gpt2":
-            if sequence_parallel:
-                raise StrategyError(SP_REFUSAL)
-            return _parallelize_gpt2_blocks(model, tp_mesh)
+            return _parallelize_gpt2_blocks(model, tp_mesh, sequence_parallel)
         return None, _parallelize_llama_layers(model, tp_mesh, sequence_parallel)
     degree = tp_mesh.size()
     total = sum(p.numel() for p in unique_tensors(model))
@@ -315,17 +311,27 @@ def _conv1d_styles() -> tuple[type, type]:
     return ColwiseConv1D, RowwiseConv1D
 
 
-def _parallelize_gpt2_blocks(model: nn.Module, tp_mesh: Any) -> tuple[torch.Tensor | None, TensorParallelShape]:
+def _parallelize_gpt2_blocks(model: nn.Module, tp_mesh: Any, sequence_parallel: bool = False
+                             ) -> tuple[torch.Tensor | None, TensorParallelShape]:
     """GPT-2: c_attn's columns reordered by rank unless QKV_BY_HEAD is off (the trap: split as
     q|k|v, rank 0 would get q and part of k), then c_attn and c_fc split by columns, the two
-    c_proj by rows; the attention splits its local block by its local width."""
-    from torch.distributed.tensor.parallel import parallelize_module
+    c_proj by rows; the attention splits its local block by its local width. `sequence_parallel`:
+    ln_1 and ln_2 on each rank's slice of the tokens, c_attn's and c_fc's inputs gathered from
+    Shard(1), the c_proj outputs reduce-scattered back, as TinyGPT's blocks (GPT-2's learned
+    positions are added to the whole embeddings, before the first block takes its slice)."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import SequenceParallel, parallelize_module
 
     colwise, rowwise = _conv1d_styles()
     degree = tp_mesh.size()
     d = model.spec.dims.hidden
     cols = qkv_columns_by_rank(d, degree) if QKV_BY_HEAD else torch.arange(3 * d)
-    plan = {"attn.c_attn": colwise(), "attn.c_proj": rowwise(), "mlp.c_fc": colwise(), "mlp.c_proj": rowwise()}
+    plan: dict[str, Any] = {"attn.c_attn": colwise(), "attn.c_proj": rowwise(), "mlp.c_fc": colwise(),
+                            "mlp.c_proj": rowwise()}
+    if sequence_parallel:
+        plan = {"ln_1": SequenceParallel(), "attn.c_attn": colwise(input_layouts=Shard(1)),
+                "attn.c_proj": rowwise(output_layouts=Shard(1)), "ln_2": SequenceParallel(),
+                "mlp.c_fc": colwise(input_layouts=Shard(1)), "mlp.c_proj": rowwise(output_layouts=Shard(1))}
     layers = model._layers()
     total = sum(p.numel() for p in unique_tensors(model))
     split = 0
@@ -337,9 +343,13 @@ def _parallelize_gpt2_blocks(model: nn.Module, tp_mesh: Any) -> tuple[torch.Tens
         split += _split_numel(layer, plan)
         parallelize_module(layer, tp_mesh, plan)
         attn.split_size, attn.num_heads = d // degree, attn.num_heads // degree
+    if sequence_parallel:
+        _shard_between(layers[0], layers[-1], tp_mesh)
     collective_hooks.trace_functional_collectives()
-    return cols if QKV_BY_HEAD else None, TensorParallelShape(degree=degree, params=total - split + split // degree,
-                                     tensors=len(unique_tensors(model)), layers=len(layers), hidden=d)
+    return cols if QKV_BY_HEAD else None, TensorParallelShape(
+        degree=degree, params=total - split + split // degree, tensors=len(unique_tensors(model)), layers=len(layers),
+        hidden=d, sequence_parallel=sequence_parallel,
+        norm_grad_numel=_norm_numel(layers, ("ln_1", "ln_2")) if sequence_parallel else 0)
 
 
 QKV_DIMS = {".qkv.weight": 0, ".attn.c_attn.weight": 1, ".attn.c_attn.bias": 0}
