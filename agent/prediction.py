@@ -69,8 +69,8 @@ def predict_tensor_parallel(held_params: int, held_tensors: int, degree: int, la
     state. Its traffic is the activations' all-reduces, 4 per layer (mesh_cost.py), plus the one
     fp32 scalar of the global gradient norm (over all ranks). With `dp_strategy` (FSDP over `dp`
     groups, 2D) that share is sharded again dp ways and moves as that strategy moves it. With
-    `sequence_parallel` (the built-in model) the all-reduces are all-gathers and reduce-scatters,
-    plus the residual stream's gather for the final LayerNorm and its gradient's at the first block
+    `sequence_parallel` the all-reduces are all-gathers and reduce-scatters, plus the residual
+    stream's gather for the final norm and its gradient's at the first block
     (one activation each) and the all-reduce of the norms' gradients: `norm_grad_numel` elements
     (counted from the model; by default TinyGPT's two LayerNorms a layer, weight and bias)."""
     shape = Shape(layers=layers, hidden=hidden, seq_len=seq_len, micro_batch_size=batch_size, activation_bytes=4)

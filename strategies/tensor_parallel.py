@@ -12,6 +12,10 @@ is split TinyGPT's rows are reordered by head (each head's q, k, v together; the
 that way), GPT-2's c_attn columns by rank (each rank's heads' q|k|v, which its attention splits
 in three by the local width); every full state this strategy gives or takes (checkpoints,
 switches) is in the plain layout of the unparallelized model.
+
+With sequence parallelism (every model here) the residual stream between the split matrices is
+sharded by sequence and the norms run on each rank's tokens; their gradients are partial sums,
+all-reduced before the optimizer step (`_sum_partial_grads`).
 """
 
 from __future__ import annotations
@@ -108,8 +112,8 @@ def parallelize_blocks(model: nn.Module, tp_mesh: Any, sequence_parallel: bool =
                        ) -> tuple[torch.Tensor | None, TensorParallelShape]:
     """Split every block of a TinyGPT (its qkv rows first reordered by head unless QKV_BY_HEAD is
     off) or of an hf model (a GPT-2's c_attn columns first reordered by rank) over `tp_mesh`;
-    returns (the reordering, or None; the rank's shape). `sequence_parallel` (TinyGPT and the
-    llama-like hf models): see `_sequence_parallel_plan` and `_llama_sequence_parallel_plan`."""
+    returns (the reordering, or None; the rank's shape). `sequence_parallel`: see
+    `_sequence_parallel_plan`, `_llama_sequence_parallel_plan` and `_parallelize_gpt2_blocks`."""
     from ringtop.agent.model import TinyGPT
 
     if not isinstance(model, TinyGPT):
