@@ -11,16 +11,14 @@ OUT/rank-R.json (the full state's largest difference across each switch).
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import worker_results
 from tp_worker import run_plan
 
-from ringtop.agent.distributed import exit_rank
 from ringtop.agent.hf_models import build_hf_model
 from ringtop.strategies import tensor_parallel
 from ringtop.strategies.base import DistContext
@@ -45,14 +43,8 @@ def main() -> int:
     ctx = DistContext(rank, world, rank, torch.device("cpu"), "gloo")
     vocab = build_hf_model(model, SEED).spec.dims.vocab
     result, diffs = run_plan(ctx, plan, lambda: build_hf_model(model, SEED), vocab, batch, seq, lr)
-    if rank == 0:
-        torch.save(result, out / "rank-0.pt")
-    (out / f"rank-{rank}.json").write_text(json.dumps({"switch_diffs": diffs}))
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
+    return worker_results.finish(out, rank, {"switch_diffs": diffs}, result)
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    exit_rank(main())
+    worker_results.run(main)

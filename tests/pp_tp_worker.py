@@ -9,8 +9,6 @@ every rank OUT/rank-R.json (what it found).
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 from pathlib import Path
 
@@ -18,7 +16,6 @@ import torch
 import torch.distributed as dist
 
 from ringtop.agent.data import batch_from
-from ringtop.agent.distributed import exit_rank
 from ringtop.agent.factories import call_model
 from ringtop.agent.model import MODEL_SIZES, build_tiny_gpt
 from ringtop.strategies import tensor_parallel
@@ -26,6 +23,7 @@ from ringtop.strategies.base import DistContext, TrainSettings
 from ringtop.strategies.pipeline import PipelineStrategy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import worker_results  # noqa: E402
 from tp_worker import SEED, SIZE, _NoPhases, run_plan  # noqa: E402
 
 OPTIONS = {"stages": 2, "tp": 2, "micro_batches": 2, "schedule": "1f1b"}
@@ -67,14 +65,8 @@ def main() -> int:
     tensor_parallel.QKV_BY_HEAD = True
     saved["switched"], found["switch_diffs"] = run_plan(
         ctx, SWITCHED_PLAN, lambda: build_tiny_gpt(SIZE, SEED), MODEL_SIZES[SIZE].vocab_size, batch, seq, lr)
-    if rank == 0:
-        torch.save(saved, out / "rank-0.pt")
-    (out / f"rank-{rank}.json").write_text(json.dumps(found))
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
+    return worker_results.finish(out, rank, found, saved)
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    exit_rank(main())
+    worker_results.run(main)

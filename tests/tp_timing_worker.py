@@ -11,8 +11,6 @@ collective a watcher thread saw in the ledger while rank 1 slept (none: an empty
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import threading
 import time
@@ -22,12 +20,14 @@ import torch
 import torch.distributed as dist
 
 from ringtop.agent.data import batch_from
-from ringtop.agent.distributed import exit_rank
 from ringtop.agent.factories import call_model
 from ringtop.agent.instruments.comm_tracer import CommTracer
 from ringtop.agent.model import MODEL_SIZES, build_tiny_gpt
 from ringtop.strategies import collective_hooks, tensor_parallel
 from ringtop.strategies.base import DistContext, TrainSettings
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import worker_results  # noqa: E402
 
 BATCH, SEQ, SIZE, SEED = 2, 16, "1m", 0
 PLAN = ("plain", "plain", "plain", "plain", "late", "late-untimed")
@@ -82,12 +82,8 @@ def main() -> int:
                       "in_flight_after": tracer.in_flight,
                       "comm": [{"kind": c.kind, "group": c.group, "count": c.count, "bytes": c.bytes,
                                 "busy_ms": c.busy_ms} for c in summary.kinds]})
-    (out / f"rank-{rank}.json").write_text(json.dumps({"steps": steps[1:], "seen_in_flight": seen}))
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
+    return worker_results.finish(out, rank, {"steps": steps[1:], "seen_in_flight": seen})
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    exit_rank(main())
+    worker_results.run(main)

@@ -10,8 +10,6 @@ batch), every rank OUT/rank-R.json (what it found).
 from __future__ import annotations
 
 import copy
-import json
-import os
 import sys
 from pathlib import Path
 
@@ -19,13 +17,13 @@ import torch
 import torch.distributed as dist
 
 from ringtop.agent.data import batch_from
-from ringtop.agent.distributed import exit_rank
 from ringtop.agent.factories import call_model
 from ringtop.agent.model import MODEL_SIZES, build_tiny_gpt
 from ringtop.strategies import tensor_parallel
 from ringtop.strategies.base import DistContext, TrainSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import worker_results  # noqa: E402
 from numerics import cloned_state, state_max_diff  # noqa: E402
 
 SIZE, SEED = "1m", 0
@@ -154,14 +152,8 @@ def main() -> int:
             found["local_heads"] = [b.n_head for b in strategy.model.blocks]
             found["full_names"] = sorted(model_state) if rank == 0 else []
     saved["switched"], found["switch_diffs"] = switched(ctx, batch, seq, lr)
-    if rank == 0:
-        torch.save(saved, out / "rank-0.pt")
-    (out / f"rank-{rank}.json").write_text(json.dumps(found))
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
+    return worker_results.finish(out, rank, found, saved)
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    exit_rank(main())
+    worker_results.run(main)
