@@ -171,6 +171,17 @@ def start_agents(workdir: Path, nproc: int, *agent_args: str, entry: str | None 
     return AgentRun(proc, publish, relay, control, log_dir, ckpt_dir, output_path, max(nproc, 1), argv, run_id)
 
 
+def finished_agents(workdir: Path, nproc: int, *agent_args: str, timeout_s: float = 200) -> AgentRun:
+    """`start_agents`, waited for until it ends with exit code 0 (its output's tail otherwise);
+    every process it started is stopped in any case."""
+    run = start_agents(workdir, nproc, *agent_args)
+    try:
+        assert run.wait(timeout_s) == 0, run.output()[-4000:]
+    finally:
+        stop_process_group(run.proc)
+    return run
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _suite_runtime_dir(tmp_path_factory):
     """The suite's runs write their connection files into a folder of their own, never the user's

@@ -185,6 +185,19 @@ def assert_2d_trains_like_the_reference(run, reference, tp_groups=((0, 1), (2, 3
     return steps
 
 
+def assert_moves_what_it_predicts(run, expected: dict[str, tuple[int, int]], ranks: Sequence[int]) -> None:
+    """Every step of each rank called each collective kind as `expected` says ({kind: (calls,
+    bytes)}), and its Hello predicted exactly those bytes."""
+    from ringtop.protocol import Hello
+
+    for rank in ranks:
+        predicted = next(m for m in run.messages(rank) if isinstance(m, Hello)).prediction
+        assert predicted.comm_payload_bytes == {kind: nbytes for kind, (_, nbytes) in expected.items()}
+        for step in run.steps(rank):
+            assert {c.kind: (c.count, c.bytes) for c in step.comm} == expected, step.comm
+            assert bytes_by_kind(step.comm) == predicted.comm_payload_bytes
+
+
 def bytes_by_kind(comm) -> dict[str, int]:
     """A step's collective bytes per kind, summed over its mesh dimensions (CommStat.group)."""
     out: dict[str, int] = {}

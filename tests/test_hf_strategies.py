@@ -13,7 +13,7 @@ import functools
 import importlib.util
 
 import pytest
-from conftest import further, start_agents, stop_process_group
+from conftest import finished_agents, further
 from numerics import (
     GRAD_NORM_RTOL,
     LOSS_RTOL,
@@ -94,12 +94,9 @@ def without_key_bias(actual: dict, expected: dict) -> tuple[dict, dict]:
 
 @pytest.mark.parametrize("name,strategy_args", CASES)
 def test_an_hf_model_trains_like_one_process_and_holds_what_the_model_predicts(tmp_path, name, strategy_args):
-    run = start_agents(tmp_path, 2, "--model", f"hf:{name}", *strategy_args, "--steps", str(STEPS), "--batch-size",
-                       str(BATCH), "--seq-len", str(SEQ), "--lr", str(LR), "--checkpoint-every", str(STEPS))
-    try:
-        assert run.wait(200) == 0, run.output()[-4000:]
-    finally:
-        stop_process_group(run.proc)
+    run = finished_agents(tmp_path, 2, "--model", f"hf:{name}", *strategy_args, "--steps", str(STEPS), "--batch-size",
+                          str(BATCH), "--seq-len", str(SEQ), "--lr", str(LR), "--checkpoint-every", str(STEPS),
+                          timeout_s=200)
     from ringtop.agent.checkpoint_format import load_full_files
 
     pipeline = strategy_args[1] == "pp"
@@ -159,13 +156,9 @@ def test_an_hf_model_under_tensor_parallelism_trains_like_one_process_and_a_plai
     from ringtop.agent.hf_catalogue import resolve
     from ringtop.agent.hf_models import build_meta_model, hf_config
 
-    run = start_agents(tmp_path, 2, "--model", f"hf:{name}", "--strategy", "tp", "--tp", "2", "--steps",
-                       str(STEPS + 1), "--batch-size", str(BATCH), "--seq-len", str(SEQ), "--lr", str(LR),
-                       "--checkpoint-every", str(STEPS))
-    try:
-        assert run.wait(200) == 0, run.output()[-4000:]
-    finally:
-        stop_process_group(run.proc)
+    run = finished_agents(tmp_path, 2, "--model", f"hf:{name}", "--strategy", "tp", "--tp", "2", "--steps",
+                          str(STEPS + 1), "--batch-size", str(BATCH), "--seq-len", str(SEQ), "--lr", str(LR),
+                          "--checkpoint-every", str(STEPS), timeout_s=200)
     expected = reference(name, BATCH)
     steps = {rank: run.steps(rank) for rank in (0, 1)}
     assert [s.loss for s in steps[0]] == [s.loss for s in steps[1]], "one batch, one replicated head: one loss"
@@ -214,13 +207,9 @@ def test_an_hf_model_under_fsdp_over_tensor_parallel_groups_trains_like_one_proc
     2 x BATCH); memory and bytes per kind as predicted."""
     from ringtop.agent.checkpoint_format import load_full_files
 
-    run = start_agents(tmp_path, 4, "--model", f"hf:{name}", "--strategy", "fsdp", "--tp", "2", "--steps", str(STEPS),
-                       "--batch-size", str(BATCH), "--seq-len", str(SEQ), "--lr", str(LR), "--checkpoint-every",
-                       str(STEPS))
-    try:
-        assert run.wait(280) == 0, run.output()[-4000:]
-    finally:
-        stop_process_group(run.proc)
+    run = finished_agents(tmp_path, 4, "--model", f"hf:{name}", "--strategy", "fsdp", "--tp", "2", "--steps",
+                          str(STEPS), "--batch-size", str(BATCH), "--seq-len", str(SEQ), "--lr", str(LR),
+                          "--checkpoint-every", str(STEPS), timeout_s=280)
     expected = reference(name, 2 * BATCH)
     steps = assert_2d_trains_like_the_reference(run, expected)
     for rank in range(4):

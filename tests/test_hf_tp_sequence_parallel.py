@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import further, run_worker_script, start_agents, stop_process_group
-from numerics import GRAD_NORM_RTOL, LOSS_RTOL, assert_series_close, assert_state_close, bytes_by_kind
+from conftest import finished_agents, further, run_worker_script
+from numerics import GRAD_NORM_RTOL, LOSS_RTOL, assert_moves_what_it_predicts, assert_series_close, assert_state_close
 from reference import reference_run
 
 from ringtop.protocol import Hello
@@ -39,13 +39,9 @@ def reference(model):
 
 @pytest.fixture(scope="module")
 def sp_run(tmp_path_factory, model):
-    run = start_agents(tmp_path_factory.mktemp("hf-tp-sp"), 2, "--model", model, "--strategy", "tp",
-                       "--tp-sequence-parallel", "--steps", str(STEPS), "--batch-size", str(BATCH), "--seq-len",
-                       str(SEQ), "--lr", str(LR), "--checkpoint-every", str(STEPS))
-    try:
-        assert run.wait(200) == 0, run.output()[-4000:]
-    finally:
-        stop_process_group(run.proc)
+    run = finished_agents(tmp_path_factory.mktemp("hf-tp-sp"), 2, "--model", model, "--strategy", "tp",
+                          "--tp-sequence-parallel", "--steps", str(STEPS), "--batch-size", str(BATCH), "--seq-len",
+                          str(SEQ), "--lr", str(LR), "--checkpoint-every", str(STEPS), timeout_s=200)
     return run
 
 
@@ -80,12 +76,7 @@ def test_sequence_parallel_hf_model_moves_the_bytes_of_the_formula_and_the_predi
     expected = {"all_gather": (4 * d.layers + 2, (4 * d.layers + 2) * activation),
                 "reduce_scatter": (4 * d.layers, 4 * d.layers * activation),
                 "all_reduce": (norms + 1, norms * d.hidden * 4 + 4)}
-    for rank in (0, 1):
-        predicted = next(m for m in sp_run.messages(rank) if isinstance(m, Hello)).prediction
-        assert predicted.comm_payload_bytes == {kind: nbytes for kind, (_, nbytes) in expected.items()}
-        for step in sp_run.steps(rank):
-            assert {c.kind: (c.count, c.bytes) for c in step.comm} == expected, step.comm
-            assert bytes_by_kind(step.comm) == predicted.comm_payload_bytes
+    assert_moves_what_it_predicts(sp_run, expected, (0, 1))
 
 
 @further  # a second 2-rank run (~15 s); the summed norms pass this same check in the worker too

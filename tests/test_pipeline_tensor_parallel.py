@@ -15,7 +15,7 @@ from pathlib import Path
 import msgspec
 import pytest
 import torch
-from conftest import further, run_worker_script, start_agents, stop_process_group
+from conftest import finished_agents, further, run_worker_script, start_agents, stop_process_group
 from numerics import (
     GRAD_NORM_RTOL,
     LOSS_RTOL,
@@ -47,14 +47,10 @@ TESTS_DIR = Path(__file__).resolve().parent
 @pytest.fixture(scope="module")
 def run3d(tmp_path_factory):
     """STEPS + 1 steps, the full checkpoint at STEPS: step STEPS + 1's loss is that state's."""
-    run = start_agents(tmp_path_factory.mktemp("pp-tp"), DP * PP * TP, "--strategy", "pp", "--tp", str(TP),
-                       "--pp-stages", str(PP), "--micro-batches", str(M), "--steps", str(STEPS + 1),
-                       "--batch-size", str(BATCH), "--seq-len", str(SEQ), "--lr", str(LR),
-                       "--checkpoint-every", str(STEPS))
-    try:
-        assert run.wait(240) == 0, run.output()[-4000:]
-    finally:
-        stop_process_group(run.proc)
+    run = finished_agents(tmp_path_factory.mktemp("pp-tp"), DP * PP * TP, "--strategy", "pp", "--tp", str(TP),
+                          "--pp-stages", str(PP), "--micro-batches", str(M), "--steps", str(STEPS + 1),
+                          "--batch-size", str(BATCH), "--seq-len", str(SEQ), "--lr", str(LR),
+                          "--checkpoint-every", str(STEPS), timeout_s=240)
     return run
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-from conftest import further, start_agents, stop_process_group
+from conftest import finished_agents, further
 from numerics import GRAD_NORM_RTOL, LOSS_RTOL, assert_series_close, assert_trains_like_the_reference, mean_losses
 from reference import reference_run
 
@@ -35,12 +35,7 @@ def reference():
 
 
 def finished_run(workdir, strategy_args):
-    run = start_agents(workdir, 2, *strategy_args, *COMMON)
-    try:
-        assert run.wait(200) == 0, run.output()[-4000:]
-    finally:
-        stop_process_group(run.proc)
-    return run
+    return finished_agents(workdir, 2, *strategy_args, *COMMON, timeout_s=200)
 
 
 @pytest.fixture(scope="module")
@@ -80,12 +75,8 @@ def clipped_reference():
     pytest.param(("--strategy", "zero2"), id="zero2", marks=needs_deepspeed),
 ])
 def test_gradient_clipping_is_applied_the_same_way_in_every_strategy(tmp_path, strategy_args, clipped_reference):
-    run = start_agents(tmp_path, 2, *strategy_args, "--steps", "8", "--batch-size", str(BATCH), "--seq-len",
-                       str(SEQ), "--lr", str(LR), "--grad-clip", str(CLIP))
-    try:
-        assert run.wait(180) == 0, run.output()[-4000:]
-    finally:
-        stop_process_group(run.proc)
+    run = finished_agents(tmp_path, 2, *strategy_args, "--steps", "8", "--batch-size", str(BATCH), "--seq-len",
+                          str(SEQ), "--lr", str(LR), "--grad-clip", str(CLIP), timeout_s=180)
     expected = clipped_reference
     unclipped = reference_run(8, 2 * BATCH, SEQ, LR)
     assert min(expected.grad_norms) > CLIP, "every step is clipped"

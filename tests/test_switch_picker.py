@@ -122,6 +122,11 @@ async def attach(app: RingtopApp, pilot) -> None:
                      what="the run's facts")
 
 
+async def open_picker(app: RingtopApp, pilot, key: str = "S") -> None:
+    await pilot.press(key)
+    await wait_until(pilot, lambda: isinstance(app.screen, SwitchPicker), what="the picker")
+
+
 def picker_cell(app: RingtopApp, row: str, col: str) -> str:
     return " ".join(str(app.screen.query_one(DataTable).get_cell(row, col)).split())
 
@@ -166,8 +171,7 @@ async def test_switch_picker_offers_tensor_parallelism_without_a_prediction_and_
         app = RingtopApp(publish_addr=run.pub_addr, control_addr=run.ctl_addr)
         async with app.run_test(size=SIZE) as pilot:
             await attach(app, pilot)
-            await pilot.press("S")
-            await wait_until(pilot, lambda: isinstance(app.screen, SwitchPicker), what="the picker")
+            await open_picker(app, pilot)
             def _shown():
                 assert picker_cell(app, "tp", "strategy") == "tp ×2"
             await eventually(pilot, _shown)
@@ -185,8 +189,7 @@ async def test_switch_picker_shows_predictions_and_enter_sends_switch():
         app = RingtopApp(publish_addr=run.pub_addr, control_addr=run.ctl_addr)
         async with app.run_test(size=SIZE) as pilot:
             await attach(app, pilot)
-            await pilot.press("S")
-            await wait_until(pilot, lambda: isinstance(app.screen, SwitchPicker), what="the picker")
+            await open_picker(app, pilot)
             def _shown_1():
                 table = app.screen.query_one(DataTable)
                 assert [k.value for k in table.rows] == ["ddp", "zero1", "zero2", "zero3", "fsdp-full", "fsdp-grad-op",
@@ -224,22 +227,19 @@ async def test_switch_picker_sends_fsdp_sharding_and_escape_sends_nothing():
         app = RingtopApp(publish_addr=run.pub_addr, control_addr=run.ctl_addr)
         async with app.run_test(size=SIZE) as pilot:
             await attach(app, pilot)
-            await pilot.press("S")
-            await wait_until(pilot, lambda: isinstance(app.screen, SwitchPicker), what="the picker")
+            await open_picker(app, pilot)
             await pilot.press("down", "escape")
             await wait_until(pilot, lambda: not isinstance(app.screen, SwitchPicker), what="the picker to close")
             def _shown_2():
                 assert run.commands == [] and app.view.commands == {}
             await eventually(pilot, _shown_2)
             # `w` opens it too; fsdp grad-op is the sixth row
-            await pilot.press("w")
-            await wait_until(pilot, lambda: isinstance(app.screen, SwitchPicker), what="the picker")
+            await open_picker(app, pilot, "w")
             await pilot.press("down", "down", "down", "down", "enter")
             await wait_until(pilot, lambda: run.commands, what="the switch command")
             assert run.commands[0].args == {"strategy": "fsdp", "fsdp_sharding": "grad-op"}
             # choosing the current strategy sends nothing and says why
-            await pilot.press("S")
-            await wait_until(pilot, lambda: isinstance(app.screen, SwitchPicker), what="the picker")
+            await open_picker(app, pilot)
             await pilot.press("up", "enter")
             def _shown_3():
                 assert len(run.commands) == 1
@@ -254,8 +254,7 @@ async def test_a_failed_switch_shows_the_reason_and_that_the_run_goes_on():
         app = RingtopApp(publish_addr=run.pub_addr, control_addr=run.ctl_addr)
         async with app.run_test(size=SIZE) as pilot:
             await attach(app, pilot)
-            await pilot.press("S")
-            await wait_until(pilot, lambda: isinstance(app.screen, SwitchPicker), what="the picker")
+            await open_picker(app, pilot)
             await pilot.press("down", "down", "enter")
             text = await show_events(app, pilot, "error")
             assert "pending → ack → error: SwitchError: zero3 could not be built (injected failure); rolled back " \

@@ -13,7 +13,7 @@ from pathlib import Path
 import msgspec
 import pytest
 import torch
-from conftest import further, run_worker_script, start_agents, stop_process_group
+from conftest import finished_agents, further, run_worker_script, start_agents, stop_process_group
 from numerics import (
     GRAD_NORM_RTOL,
     LOSS_RTOL,
@@ -42,13 +42,9 @@ def reference():
 
 @pytest.fixture(scope="module")
 def tp_run(tmp_path_factory):
-    run = start_agents(tmp_path_factory.mktemp("tp"), 2, "--strategy", "tp", "--tp", "2", "--steps", str(STEPS),
-                       "--batch-size", str(BATCH), "--seq-len", str(SEQ), "--lr", str(LR),
-                       "--checkpoint-every", str(STEPS))
-    try:
-        assert run.wait(200) == 0, run.output()[-4000:]
-    finally:
-        stop_process_group(run.proc)
+    run = finished_agents(tmp_path_factory.mktemp("tp"), 2, "--strategy", "tp", "--tp", "2", "--steps", str(STEPS),
+                          "--batch-size", str(BATCH), "--seq-len", str(SEQ), "--lr", str(LR),
+                          "--checkpoint-every", str(STEPS), timeout_s=200)
     return run
 
 
@@ -102,12 +98,9 @@ def test_fsdp_over_tp_groups_trains_like_one_process_and_holds_and_sends_what_it
     one data shard, so the global batch is 2 x BATCH."""
     from ringtop.agent.checkpoint_format import load_full_files
 
-    run = start_agents(tmp_path, 4, "--strategy", "fsdp", "--tp", "2", "--steps", str(STEPS), "--batch-size",
-                       str(BATCH), "--seq-len", str(SEQ), "--lr", str(LR), "--checkpoint-every", str(STEPS))
-    try:
-        assert run.wait(280) == 0, run.output()[-4000:]
-    finally:
-        stop_process_group(run.proc)
+    run = finished_agents(tmp_path, 4, "--strategy", "fsdp", "--tp", "2", "--steps", str(STEPS), "--batch-size",
+                          str(BATCH), "--seq-len", str(SEQ), "--lr", str(LR), "--checkpoint-every", str(STEPS),
+                          timeout_s=280)
     reference = reference_run(STEPS, 2 * BATCH, SEQ, LR)
     steps = assert_2d_trains_like_the_reference(run, reference)
     model_state, _, _ = load_full_files(run.checkpoint_dir / f"step-{STEPS:08d}-full")

@@ -6,8 +6,8 @@ per step by a formula here, and by the run's own prediction). One agent run."""
 from __future__ import annotations
 
 import pytest
-from conftest import start_agents, stop_process_group
-from numerics import assert_trains_like_the_reference, bytes_by_kind
+from conftest import finished_agents
+from numerics import assert_moves_what_it_predicts, assert_trains_like_the_reference
 from reference import reference_run
 
 from ringtop.agent.config import ConfigError, check_tensor_parallel_world, parse_agent_args
@@ -20,13 +20,9 @@ CFG = MODEL_SIZES["1m"]
 
 @pytest.fixture(scope="module")
 def sp_run(tmp_path_factory):
-    run = start_agents(tmp_path_factory.mktemp("tp-sp"), 2, "--strategy", "tp", "--tp-sequence-parallel",
-                       "--steps", str(STEPS), "--batch-size", str(BATCH), "--seq-len", str(SEQ), "--lr", str(LR),
-                       "--checkpoint-every", str(STEPS))
-    try:
-        assert run.wait(200) == 0, run.output()[-4000:]
-    finally:
-        stop_process_group(run.proc)
+    run = finished_agents(tmp_path_factory.mktemp("tp-sp"), 2, "--strategy", "tp", "--tp-sequence-parallel",
+                          "--steps", str(STEPS), "--batch-size", str(BATCH), "--seq-len", str(SEQ), "--lr", str(LR),
+                          "--checkpoint-every", str(STEPS), timeout_s=200)
     return run
 
 
@@ -50,13 +46,9 @@ def test_each_all_reduce_becomes_an_all_gather_and_a_reduce_scatter_of_the_same_
     expected = {"all_gather": (4 * layers + 2, (4 * layers + 2) * activation),
                 "reduce_scatter": (4 * layers, 4 * layers * activation),
                 "all_reduce": (4 * layers + 1, 4 * layers * CFG.d_model * 4 + 4)}
-    for rank in (0, 1):
-        predicted = next(m for m in sp_run.messages(rank) if isinstance(m, Hello)).prediction
-        assert predicted.comm_payload_bytes == {kind: nbytes for kind, (_, nbytes) in expected.items()}
-        for step in sp_run.steps(rank):
-            assert {c.kind: (c.count, c.bytes) for c in step.comm} == expected, step.comm
-            assert bytes_by_kind(step.comm) == predicted.comm_payload_bytes
-            assert sum(c.busy_ms for c in step.comm) > 0 and 0 <= step.comm_blocked_ms <= step.step_ms
+    assert_moves_what_it_predicts(sp_run, expected, (0, 1))
+    for step in (*sp_run.steps(0), *sp_run.steps(1)):
+        assert sum(c.busy_ms for c in step.comm) > 0 and 0 <= step.comm_blocked_ms <= step.step_ms
 
 
 def test_on_a_ring_sequence_parallel_moves_the_all_reduces_bytes():
