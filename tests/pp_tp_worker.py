@@ -15,16 +15,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ringtop.agent.data import batch_from
-from ringtop.agent.factories import call_model
 from ringtop.agent.model import MODEL_SIZES, build_tiny_gpt
 from ringtop.strategies import tensor_parallel
-from ringtop.strategies.base import DistContext, TrainSettings
+from ringtop.strategies.base import DistContext
 from ringtop.strategies.pipeline import PipelineStrategy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import worker_results  # noqa: E402
-from tp_worker import SEED, SIZE, _NoPhases, run_plan  # noqa: E402
+from tp_worker import SEED, SIZE, run_plan  # noqa: E402
+from tp_worker import trained as tp_trained  # noqa: E402
 
 OPTIONS = {"stages": 2, "tp": 2, "micro_batches": 2, "schedule": "1f1b"}
 SWITCHED_PLAN = ("ddp", ("pp", OPTIONS), ("pp", OPTIONS), "ddp")
@@ -32,17 +31,7 @@ SWITCHED_PLAN = ("ddp", ("pp", OPTIONS), ("pp", OPTIONS), "ddp")
 
 
 def trained(ctx: DistContext, steps: int, batch: int, seq: int, lr: float, by_head: bool):
-    tensor_parallel.QKV_BY_HEAD = by_head
-    strategy = PipelineStrategy(options=dict(OPTIONS))
-    strategy.setup(build_tiny_gpt(SIZE, SEED), lambda p: torch.optim.AdamW(p, lr=lr), ctx,
-                   TrainSettings(batch_size=batch))
-    vocab = MODEL_SIZES[SIZE].vocab_size
-    losses, norms = [], []
-    for step in range(steps):
-        loss = strategy.run_step(batch_from(step * batch, batch, seq, vocab, SEED), call_model, _NoPhases())
-        losses.append(loss.item())
-        norms.append(float(strategy.last_grad_norm()))
-    return strategy, losses, norms
+    return tp_trained(ctx, steps, batch, seq, lr, by_head, PipelineStrategy(options=dict(OPTIONS)))
 
 
 def main() -> int:

@@ -47,9 +47,11 @@ def probe_batch(seq: int) -> torch.Tensor:
     return batch_from(10_000, 2, seq, MODEL_SIZES[SIZE].vocab_size, SEED)[0]
 
 
-def trained(ctx: DistContext, steps: int, batch: int, seq: int, lr: float, by_head: bool):
+def trained(ctx: DistContext, steps: int, batch: int, seq: int, lr: float, by_head: bool, strategy=None):
+    """`steps` steps of `strategy` (tensor parallelism by default) on the suite's batches, its qkv
+    rows by head or not (the trap): (strategy, losses, gradient norms)."""
     tensor_parallel.QKV_BY_HEAD = by_head
-    strategy = tensor_parallel.TensorParallelStrategy()
+    strategy = strategy or tensor_parallel.TensorParallelStrategy()
     strategy.setup(build_tiny_gpt(SIZE, SEED), lambda p: torch.optim.AdamW(p, lr=lr), ctx,
                    TrainSettings(batch_size=batch))
     vocab = MODEL_SIZES[SIZE].vocab_size
