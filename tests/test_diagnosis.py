@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from conftest import further
 
 from ringtop.protocol import Event
 from ringtop.strategies.diagnosis import RankWindow, RunContext, diagnose
@@ -61,7 +62,7 @@ def verdict_events(run) -> list[Event]:
 @pytest.mark.parametrize("injection, expected", [
     pytest.param((), [], id="healthy"),
     pytest.param(("--inject-slow-rank", "1:150"), [("straggler", 1)], id="slow-rank-1"),
-    pytest.param(("--inject-comm-delay", "100"), [("comm_bound", None)], id="slow-link"),
+    pytest.param(("--inject-comm-delay", "100"), [("comm_bound", None)], id="slow-link", marks=further),
 ])
 def test_real_runs_name_the_right_rank_and_bottleneck_and_nothing_when_healthy(launch_agents, injection, expected):
     run = launch_agents(2, "--steps", "40", "--batch-size", "4", "--seq-len", "64", *injection)

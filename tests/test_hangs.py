@@ -88,10 +88,10 @@ def test_a_collective_of_another_size_is_named_as_a_desync_in_its_step(launch_ag
 
 
 @pytest.mark.timeout(150)
-def test_a_healthy_run_of_150_steps_raises_no_alarm(launch_agents):
-    run = launch_agents(2, "--steps", "150", *SMALL)
+def test_a_healthy_run_of_100_steps_raises_no_alarm(launch_agents):
+    run = launch_agents(2, "--steps", "100", *SMALL)
     assert run.wait(140) == 0, run.output()[-3000:]
-    assert len(run.steps(0)) == 150
+    assert len(run.steps(0)) == 100
     for rank in range(2):
         assert [m for m in run.messages(rank) if isinstance(m, Stall)] == []
     assert events(run, "hang") == [] and events(run, "desync") == []

@@ -185,6 +185,7 @@ def check_equivalence(run: dict, reference) -> None:
     assert_state_close(run["state"], reference.state, steps=STEPS, lr=LR)
 
 
+@further  # 4 more ranks (~12 s); the 8-rank run holds 3D, test_tensor_parallel the trap and tp switches
 @pytest.mark.timeout(240)
 def test_pp_tp_without_replicas_trains_like_one_process_and_the_qkv_trap_fails_it(worker):
     """4 ranks, 2 stages x tp 2 (1F1B): one replica, the batch BATCH. Split as q|k|v, a stage's tp
@@ -200,6 +201,7 @@ def test_pp_tp_without_replicas_trains_like_one_process_and_the_qkv_trap_fails_i
         check_equivalence(trap, reference)
 
 
+@further  # 4 more ranks (~12 s); the 8-rank run holds 3D, test_tensor_parallel the trap and tp switches
 @pytest.mark.timeout(240)
 def test_live_switches_ddp_to_pp_tp_and_back_keep_the_state(worker):
     """ddp, 3D, 3D, ddp through the agent's switch on 4 ranks: the full state (weights and AdamW's
