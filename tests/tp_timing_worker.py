@@ -71,7 +71,9 @@ def main() -> int:
         t0 = time.perf_counter()
         with collective_hooks.active(tracer):
             if rank == 1 and kind != "plain":
-                time.sleep(delay_s)  # the injected lateness the test derives its bound from
+                late_until = time.perf_counter() + delay_s  # the injected lateness the test's bound comes from:
+                while time.perf_counter() < late_until:  # a rank busy computing, not a wait for a state
+                    pass
             strategy.run_step(batch, call_model, _NoPhases())
         step_ms = (time.perf_counter() - t0) * 1e3
         stop.set()
