@@ -20,7 +20,10 @@ from outside `tui/` by wrapping methods in its own process (nothing in tui/ is e
   minus the newest step on screen (the view model's newest step at the latest refresh tick),
   sampled every 0.1 s on the app's own event loop (so a blocked loop shows as lag);
 - UI CPU % (user + system over wall, all threads: the receive thread's decoding included) and RSS
-  (psutil), the RSS at the window's start and end ("flat" memory: the growth);
+  (psutil), the RSS at the window's start and end ("flat" memory: the growth, `rss_growth_mb`);
+  the window starts once every rank's bounded histories are full (`histories_full`), so a
+  growth is memory the UI keeps taking, not its histories filling;
+- garbage collection: its longest pause, its time per second and its full passes in the window;
 - the head relay's forward rate: the simulator's relay `forwarded` counter over the window.
 
 Each size is bounded (the simulator's start, the worker's window plus a margin) and everything
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import signal
@@ -127,6 +131,18 @@ def worker(args: argparse.Namespace) -> None:
     Screen._on_timer_update = on_timer_update
     RingtopApp._display = display
 
+    gc_pauses: list[tuple[float, int, float]] = []
+    """(when, generation, ms) of each garbage collection in this process: it holds the GIL, so
+    every thread, the UI's loop included, waits through it."""
+    gc_started = [0.0]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            gc_started[0] = time.perf_counter()
+        else:
+            gc_pauses.append((time.monotonic(), info["generation"], (time.perf_counter() - gc_started[0]) * 1e3))
+
+    gc.callbacks.append(on_gc)
     proc = psutil.Process()
     app = RingtopApp(publish_addr=info.publish, control_addr=info.control, keys=info.keys,
                      **({} if args.digests_from is None else {"digest_min_ranks": args.digests_from or 1 << 21}))
@@ -135,12 +151,18 @@ def worker(args: argparse.Namespace) -> None:
     rss_series: list[float] = []
     """RSS (MB) each second of the window: flat once the view's bounded histories are full."""
 
+    def histories_full(view) -> bool:
+        rows = list(view.ranks.values())
+        return bool(rows) and all(len(r.step_ms_history) == r.step_ms_history.maxlen
+                                  and len(r.comm_history) == r.comm_history.maxlen for r in rows)
+
     def row_so_far(start: dict, lags: list[int], now_status: dict | None, final: bool) -> dict:
         now = time.monotonic()
         cpu = proc.cpu_times()
         wall = now - start["mono"]
         window = [c for c in cycles if c["at"] >= start["mono"]]
         repaint = [c["tick_ms"] + c["paint_ms"] for c in window]
+        pauses = [p for p in gc_pauses if p[0] >= start["mono"]]
         repaint_cpu = [c["tick_cpu_ms"] + c["paint_cpu_ms"] for c in window]
         row = {
             "ranks": args.ranks, "hz": hz,
@@ -153,6 +175,8 @@ def worker(args: argparse.Namespace) -> None:
             "ui_cpu_percent": round(100.0 * (cpu.user + cpu.system - start["cpu"]) / wall, 1),
             "rss_mb": round(proc.memory_info().rss / 2**20, 1),
             "rss_start_mb": round(start["rss"] / 2**20, 1),
+            "rss_growth_mb": round((proc.memory_info().rss - start["rss"]) / 2**20, 1),
+            "histories_full": start["full"],
             "repaint_cpu_ms_median": round(statistics.median(repaint_cpu), 2) if repaint_cpu else None,
             "repaint_cpu_ms_p95": round(_p95(repaint_cpu), 2) if repaint_cpu else None,
             "repaints": len(repaint),
@@ -166,6 +190,9 @@ def worker(args: argparse.Namespace) -> None:
             "paints_per_tick_median": statistics.median(c["paints"] for c in window) if window else None,
             "lag_s_max": None,  # below: by the step rate the simulator reached (below --hz at scale)
             "received_msgs_per_s": round((app.client.received - start["received"]) / wall, 1) if app.client else None,
+            "gc_pause_ms_max": round(max((ms for _, _, ms in pauses), default=0.0), 1),
+            "gc_ms_per_s": round(sum(ms for _, _, ms in pauses) / wall, 1),
+            "gc_full_passes": sum(1 for _, gen, _ in pauses if gen == 2),
             "window_s": round(wall, 2), "final": final, "rss_mb_each_s": list(rss_series),
         }
         if now_status and start["status"]:
@@ -194,10 +221,14 @@ def worker(args: argparse.Namespace) -> None:
                     break
                 await pilot.pause(0.2)
             await asyncio.sleep(args.warmup)
+            fill_deadline = time.monotonic() + args.fill_timeout
+            while not histories_full(app.view) and time.monotonic() < fill_deadline:
+                await asyncio.sleep(0.5)  # "flat" memory: measured once the bounded histories hold all they keep
+            full = histories_full(app.view)
             start = {"mono": time.monotonic(), "cpu": sum(proc.cpu_times()[:2]), "rss": proc.memory_info().rss,
                      "applied": app.view.messages_total, "folded": folded["steps"],
                      "received": app.client.received if app.client else 0,
-                     "status": _read_status(args.status_file)}
+                     "status": _read_status(args.status_file), "full": full}
             lags: list[int] = []
             rss_series.clear()
             profile = None
@@ -249,8 +280,8 @@ def one_size(ranks: int, args: argparse.Namespace, workdir: Path) -> dict:
     nodes = max(1, ranks // 8)
     sim = subprocess.Popen([sys.executable, "-m", "ringtop.cli.main", "simulate", "--ranks", str(ranks), "--nodes",
                             str(nodes), "--hz", str(args.hz), "--seed", "0", "--run-id", run_id, "--status-file",
-                            status], stdout=sim_log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                           preexec_fn=exit_with_parent)
+                            status, "--rank-procs", str(min(args.rank_procs, ranks - 1))], stdout=sim_log,
+                           stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=exit_with_parent)
     ui = None
     row: dict = {"ranks": ranks, "hz": args.hz}
     try:
@@ -264,12 +295,13 @@ def one_size(ranks: int, args: argparse.Namespace, workdir: Path) -> dict:
         started = time.monotonic()
         ui = subprocess.Popen([sys.executable, __file__, "--worker", "--connection", str(path), "--status-file",
                                status, "--out", out, "--ranks", str(ranks), "--hz", str(args.hz), "--seconds",
-                               str(args.seconds), "--warmup", str(args.warmup), "--attach-timeout",
-                               str(args.attach_timeout), *(["--profile", args.profile] if args.profile else []),
+                               str(args.seconds), "--warmup", str(args.warmup), "--fill-timeout",
+                               str(args.fill_timeout), "--attach-timeout", str(args.attach_timeout),
+                               *(["--profile", args.profile] if args.profile else []),
                                *([] if args.digests_from is None else ["--digests-from", str(args.digests_from)])],
                               stdout=subprocess.DEVNULL, stderr=open(workdir / f"ui-{ranks}.txt", "wb"), env=env,
                               start_new_session=True, preexec_fn=exit_with_parent)
-        budget = args.attach_timeout + args.warmup + args.seconds + 60
+        budget = args.attach_timeout + args.warmup + args.fill_timeout + args.seconds + 60
         try:
             ui.wait(budget)
         except subprocess.TimeoutExpired:
@@ -303,8 +335,13 @@ def main() -> None:
     parser.add_argument("--hz", type=float, default=10.0)
     parser.add_argument("--seconds", type=float, default=12.0, help="measured window per size")
     parser.add_argument("--warmup", type=float, default=4.0, help="after every rank's row is on screen")
+    parser.add_argument("--fill-timeout", type=float, default=60.0,
+                        help="after the warmup, at most this long for every rank's bounded histories to fill")
     parser.add_argument("--start-timeout", type=float, default=180.0, help="for the simulator to connect its ranks")
     parser.add_argument("--attach-timeout", type=float, default=60.0, help="for the UI to show every rank")
+    parser.add_argument("--rank-procs", type=int, default=1, metavar="K",
+                        help="the simulator's ranks 1..N-1 in K processes apart from its head relay (default "
+                             "%(default)s; 0: every rank in the relay's process, sharing its GIL)")
     parser.add_argument("--json", action="store_true", help="print the rows as a JSON list")
     parser.add_argument("--profile", metavar="DIR", help="write the UI thread's cProfile stats of each size's "
                         "window to DIR/ui-RANKS.pstats (slows the UI: not for the numbers)")

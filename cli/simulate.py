@@ -16,7 +16,9 @@ table drawn once from `--seed`, indexed by (rank, step), so the messages do not 
 
 With `--procs 1` (or `--nodes 1`) one process holds the relay and all N ranks, each straight
 to the head relay (one GIL): at thousands of ranks on a small machine the simulator and its relay,
-not the UI, set the pace. With `--nodes M --procs P` (P > 1; the default is 1 for now) the
+not the UI, set the pace. `--rank-procs K` moves ranks 1..N-1 to K worker processes, each rank
+still straight to the head relay, which stays here with rank 0 (as real ranks are processes apart
+from rank 0's relay). With `--nodes M --procs P` (P > 1; the default is 1 for now) the
 run takes the real multi-node path and spreads over P processes: node 0's ranks stay in this one,
 publishing to the head relay as node 0's ranks do in a real run, and nodes 1..M-1 go to P - 1
 worker processes, each node with a real `NodeRelay` (its node key `RunKeys.for_node`, and the head
@@ -133,6 +135,11 @@ class SimConfig:
     head relay; P > 1 puts nodes 1..M-1, each with its node relay, in P - 1 workers. None: 1 for
     now: on the 2-vCPU VM a worker's hundreds of node relay and gatekeeper threads (each relay its
     own) cost more than the processes gain (benchmarks/README.md, UI at scale)."""
+    rank_procs: int = 0
+    """K > 0: ranks 1..N-1 go to K worker processes, each rank straight to the head relay as in a
+    one-node run, and this process keeps rank 0 with the head relay. In one process the ranks'
+    sends and the relay's forwarding share one GIL, and at a thousand ranks the relay falls behind
+    its ranks (benchmarks/README.md, UI at scale); real ranks are processes apart from it."""
 
     def validate(self) -> None:
         if self.ranks < 1:
@@ -150,10 +157,23 @@ class SimConfig:
         if self.procs is not None and not 1 <= self.procs <= self.nodes:
             raise SimulateError(f"--procs must be between 1 and --nodes ({self.nodes}): one process holds "
                                 f"node 0, each other one at least a node (got {self.procs})")
+        if not 0 <= self.rank_procs < self.ranks:
+            raise SimulateError(f"--rank-procs must be between 0 and --ranks - 1 ({self.ranks - 1}): this process "
+                                f"keeps rank 0, each worker at least a rank (got {self.rank_procs})")
+        if self.rank_procs and (self.procs or 1) > 1:
+            raise SimulateError("--rank-procs and --procs > 1 exclude each other: ranks apart publish straight "
+                                "to the head relay, --procs puts nodes behind node relays")
 
     @property
     def processes(self) -> int:
+        if self.rank_procs:
+            return 1 + self.rank_procs
         return self.procs if self.procs is not None else 1
+
+    @property
+    def node_relays(self) -> bool:
+        """Workers hold nodes behind their node relays (--procs P > 1), not ranks straight to the head."""
+        return self.processes > 1 and not self.rank_procs
 
 
 @dataclass
@@ -193,7 +213,7 @@ def node_ranks(ranks: int, nodes: int) -> list[range]:
 
 
 def worker_shares(nodes: int, procs: int) -> list[list[int]]:
-    """The nodes each of the procs - 1 workers holds: 1..nodes-1 in contiguous shares."""
+    """The nodes (or ranks) each of the procs - 1 workers holds: 1..nodes-1 in contiguous shares."""
     workers = procs - 1
     return [list(range(1 + w * (nodes - 1) // workers, 1 + (w + 1) * (nodes - 1) // workers))
             for w in range(workers)]
@@ -260,7 +280,7 @@ class Simulation:
         self.hang_watch = HangWatch(self.cfg.ranks, self._rank0_event)
         cfg = self.cfg
         carriers = None
-        if cfg.processes > 1:  # node relay k carries node k + 1's ranks, as `ringtop run` lets it
+        if cfg.node_relays:  # node relay k carries node k + 1's ranks, as `ringtop run` lets it
             carriers = NodeLayout(tuple(tuple(r) for r in node_ranks(cfg.ranks, cfg.nodes))).carriers(node_user)
         self.relay = Relay(cfg.relay or DEFAULT_RELAY_ADDRESS, cfg.publish or DEFAULT_PUBLISH_ADDRESS,
                            run_id=self.run_id, world_size=cfg.ranks, gate=self.gate,
@@ -452,12 +472,17 @@ class Simulation:
             json.dump(status, f)
         os.replace(tmp, self.cfg.status_file)
 
-    def _setup_of(self, keys: curve.RunKeys, nodes: list[int]) -> dict[str, Any]:
-        """What worker holding `nodes` needs: its ranks' and nodes' keys only (on its stdin)."""
-        ranks = [r for node in nodes for r in node_ranks(self.cfg.ranks, self.cfg.nodes)[node]]
+    def _setup_of(self, keys: curve.RunKeys, share: list[int]) -> dict[str, Any]:
+        """What the worker holding `share` (nodes, or with --rank-procs ranks) needs: its ranks' and
+        nodes' keys only (on its stdin)."""
+        if self.cfg.rank_procs:
+            nodes, ranks = [], share
+        else:
+            nodes, ranks = share, [r for node in share for r in node_ranks(self.cfg.ranks, self.cfg.nodes)[node]]
         cfg = {k: v for k, v in vars(self.cfg).items() if k in ("ranks", "nodes", "hz", "straggler", "hang", "seconds",
-                                                                "seed")}
-        return {"cfg": dict(cfg, run_id=self.run_id, procs=self.cfg.processes), "parent": os.getpid(),
+                                                                "seed", "rank_procs")}
+        procs = self.cfg.procs if not self.cfg.rank_procs else None
+        return {"cfg": dict(cfg, run_id=self.run_id, procs=procs), "parent": os.getpid(),
                 "relay": self.relay.relay_address, "publish": self.publish_address, "control": self.control_address,
                 "server_public": keys.server_public, "nodes": nodes,
                 "node_keys": {n: [keys.node_public[n - 1], keys.node_secret[n - 1]] for n in nodes},
@@ -466,9 +491,14 @@ class Simulation:
     def run(self) -> SimResult:
         cfg = self.cfg
         procs = cfg.processes
-        mine = list(node_ranks(cfg.ranks, cfg.nodes)[0]) if procs > 1 else list(range(cfg.ranks))
-        _raise_fd_limit(len(mine) * 4 + cfg.nodes * 2 + 256)
-        keys = curve.generate(cfg.ranks, cfg.nodes - 1 if procs > 1 else 0)
+        if cfg.rank_procs:
+            mine, shares = [0], worker_shares(cfg.ranks, procs)
+        elif procs > 1:
+            mine, shares = list(node_ranks(cfg.ranks, cfg.nodes)[0]), worker_shares(cfg.nodes, procs)
+        else:
+            mine, shares = list(range(cfg.ranks)), []
+        _raise_fd_limit((cfg.ranks if cfg.rank_procs else len(mine)) * 4 + cfg.nodes * 2 + 256)
+        keys = curve.generate(cfg.ranks, cfg.nodes - 1 if cfg.node_relays else 0)
         ctx = zmq.Context(io_threads=2)
         ctx.set(zmq.MAX_SOCKETS, len(mine) + 64)
         socks: dict[int, zmq.Socket] = {}
@@ -477,8 +507,8 @@ class Simulation:
         try:
             self._start_rank0(keys)
             self._write_connection_file(keys)
-            for nodes in worker_shares(cfg.nodes, procs):  # they connect theirs meanwhile
-                self.workers.append(_WorkerProcess(len(self.workers) + 1, self._setup_of(keys, nodes)))
+            for share in shares:  # they connect theirs meanwhile
+                self.workers.append(_WorkerProcess(len(self.workers) + 1, self._setup_of(keys, share)))
             head = self.relay.relay_address
             self._connect_all(ctx, mine, lambda rank: (head, keys.for_rank(rank)), socks)
             self._await_workers_ready()
@@ -759,7 +789,15 @@ class _Worker(Simulation):
                 relay.start()
                 self.node_relays.append(relay)
                 where.update({r: relay for r in members})
-            self._connect_all(ctx, ranks, lambda r: (where[r].address, where[r].client_keys(*rank_keys[r])), socks)
+            if self.cfg.rank_procs:  # straight to the head relay, each rank with its own keys
+                def to(r):
+                    public, secret = rank_keys[r]
+                    return setup["relay"], curve.ClientKeys(server_public=setup["server_public"],
+                                                            client_public=public, client_secret=secret)
+            else:
+                def to(r):
+                    return where[r].address, where[r].client_keys(*rank_keys[r])
+            self._connect_all(ctx, ranks, to, socks)
             deadline = time.monotonic() + SUBSCRIBE_WAIT_S
             while not all(r.head_up for r in self.node_relays) and not self.stop.is_set():
                 if time.monotonic() > deadline:
@@ -787,7 +825,11 @@ class _Worker(Simulation):
                 relay.stop()
 
     def _await_taken(self) -> None:
-        """Every message its ranks sent handed on by their node relays (the Byes last)."""
+        """Every message its ranks sent handed on by their node relays (the Byes last). Ranks
+        straight to the head: their sockets stay open until the parent, which counts what the head
+        forwarded, closes this worker's stdin."""
+        if not self.node_relays:
+            return
         deadline = time.monotonic() + DRAIN_S
         while time.monotonic() < deadline and not self.closed.is_set():
             if sum(r.forwarded + r.dropped + r.lost for r in self.node_relays) >= self.sent:
@@ -832,6 +874,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="processes the run spreads over, this one included: nodes 1..M-1, each with a real "
                              "node relay, go to P-1 workers (default 1: every rank in this process, straight to the "
                              "head relay)")
+    parser.add_argument("--rank-procs", type=int, default=0, metavar="K",
+                        help="ranks 1..N-1 in K worker processes, each rank straight to the head relay (which "
+                             "stays here with rank 0); default 0: every rank in this process, sharing the relay's GIL")
     parser.add_argument("--hz", type=float, default=10.0, help="steps per second, all ranks together "
                         "(default %(default)s)")
     parser.add_argument("--straggler", type=int, default=None, metavar="R", help="rank R's steps take 1.3x longer")
@@ -854,7 +899,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from(args: argparse.Namespace) -> SimConfig:
     return SimConfig(ranks=args.ranks, nodes=args.nodes, hz=args.hz, straggler=args.straggler, hang=args.hang,
                      seconds=args.seconds, seed=args.seed, run_id=args.run_id, status_file=args.status_file,
-                     relay=args.relay, publish=args.publish, control=args.control, procs=args.procs)
+                     relay=args.relay, publish=args.publish, control=args.control, procs=args.procs,
+                     rank_procs=args.rank_procs)
 
 
 def main(args: argparse.Namespace) -> int:

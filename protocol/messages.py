@@ -3,6 +3,11 @@
 Each message is a map whose envelope keys (`v`, `type`, `rank`, `seq`, `ts`) sit beside its own
 fields; `type` is the tag that selects the struct. The same structs are written as MessagePack on
 the wire and as JSON lines on disk.
+
+The parts made only of scalars (`CommStat`, `MemorySample`, `GpuSample`, `GroupCursor`,
+`InFlight`, `StageSpan`, `StepBrief`) are `gc=False`: they can hold no cycle, and a large run's UI
+keeps hundreds of thousands of them, which the garbage collector's full passes would otherwise
+walk every time (pauses of hundreds of ms at 1024 ranks).
 """
 
 from __future__ import annotations
@@ -126,7 +131,7 @@ class Hello(Envelope, tag="hello", kw_only=True):
     control: str = ""
 
 
-class MemorySample(msgspec.Struct, kw_only=True):
+class MemorySample(msgspec.Struct, kw_only=True, gc=False):
     """Bytes this rank holds. `*_bytes` of state are counted from the tensors the rank owns."""
 
     params_bytes: Count = 0
@@ -144,7 +149,7 @@ class MemorySample(msgspec.Struct, kw_only=True):
 
 
 
-class CommStat(msgspec.Struct, kw_only=True, array_like=False):
+class CommStat(msgspec.Struct, kw_only=True, array_like=False, gc=False):
     """Collectives of one kind issued since the previous step. The one shape of a kind's totals
     from the agent's tracer to the UI's windows, which sum these over steps and ranks."""
 
@@ -172,7 +177,7 @@ MAX_IN_FLIGHT = 64
 MAX_GROUPS = 64
 
 
-class InFlight(msgspec.Struct, kw_only=True):
+class InFlight(msgspec.Struct, kw_only=True, gc=False):
     """A collective this rank has issued and not yet seen complete."""
 
     group: str
@@ -187,7 +192,7 @@ class InFlight(msgspec.Struct, kw_only=True):
     age_s: Real = 0.0
 
 
-class GroupCursor(msgspec.Struct, kw_only=True):
+class GroupCursor(msgspec.Struct, kw_only=True, gc=False):
     """How far this rank has got on one process group."""
 
     group: str
@@ -238,7 +243,7 @@ class Step(Envelope, tag="step", kw_only=True):
     told to skip such steps (--on-nonfinite); parameters and optimizer state are as before it."""
 
 
-class GpuSample(msgspec.Struct, kw_only=True):
+class GpuSample(msgspec.Struct, kw_only=True, gc=False):
     index: Count = 0
     name: str = ""
     util_percent: Real = 0.0
@@ -265,7 +270,7 @@ class Sample(Envelope, tag="sample", kw_only=True):
     gpu: GpuSample | None = None
 
 
-class StageSpan(msgspec.Struct, array_like=True):
+class StageSpan(msgspec.Struct, array_like=True, gc=False):
     """One forward or backward of one micro-batch on one stage, in ms from the step window's start.
     Encoded as an array [micro_batch, op, start_ms, end_ms] to keep timelines small."""
 
@@ -381,7 +386,7 @@ MAX_DIGEST_STEPS = 1024
 MAX_DIGEST_BRIEFS = 8192
 
 
-class StepBrief(msgspec.Struct, array_like=True):
+class StepBrief(msgspec.Struct, array_like=True, gc=False):
     """What a digest keeps of a step it does not carry whole (a newer one of the same rank came
     before the digest went out): what the step-time and loss histories, the cross-rank chart and
     goodput need of every step."""

@@ -107,13 +107,14 @@ def simulate(cfg: SimConfig, until=None, timeout_s: float = 30.0):
             s.close()
 
 
-@pytest.mark.parametrize("nodes, procs", [(2, 1), (4, 3)])
-def test_every_rank_says_hello_steps_together_and_nothing_is_dropped(nodes, procs):
-    """One process (--procs 1), and the real multi-node path: nodes 1.. in workers, each node's
-    ranks through its own node relay (4 nodes in 2 workers)."""
-    cfg = SimConfig(ranks=16, nodes=nodes, hz=10, seconds=3, seed=1, procs=procs)
+@pytest.mark.parametrize("nodes, procs, rank_procs", [(2, 1, 0), (4, 3, 0), (2, None, 2)])
+def test_every_rank_says_hello_steps_together_and_nothing_is_dropped(nodes, procs, rank_procs):
+    """One process (--procs 1); the real multi-node path: nodes 1.. in workers, each node's ranks
+    through its own node relay (4 nodes in 2 workers); and ranks 1..15 apart from the head relay
+    in 2 workers, straight to it (--rank-procs 2)."""
+    cfg = SimConfig(ranks=16, nodes=nodes, hz=10, seconds=3, seed=1, procs=procs, rank_procs=rank_procs)
     result, sub = simulate(cfg)
-    assert result.procs == cfg.processes and (procs != 3 or result.procs == 3)
+    assert result.procs == cfg.processes == (procs or 1 + rank_procs)
     assert result.dropped == 0 and result.send_drops == 0 and result.refused == 0
     assert result.gaps == 0 and result.lost == 0
     assert result.forwarded >= result.sent  # and rank 0's replies/events, if any
@@ -186,6 +187,9 @@ def test_the_simulation_leaves_no_thread_behind():
     (["--seconds", "-1"], "--seconds must be >= 0"),
     (["--ranks", "8", "--nodes", "4", "--procs", "0"], "--procs must be between 1 and --nodes (4)"),
     (["--ranks", "8", "--nodes", "4", "--procs", "5"], "--procs must be between 1 and --nodes (4)"),
+    (["--ranks", "4", "--rank-procs", "4"], "--rank-procs must be between 0 and --ranks - 1 (3)"),
+    (["--ranks", "4", "--rank-procs", "-1"], "--rank-procs must be between 0 and --ranks - 1 (3)"),
+    (["--ranks", "8", "--nodes", "4", "--procs", "2", "--rank-procs", "1"], "--rank-procs and --procs > 1 exclude"),
 ])
 def test_bad_arguments_fail_with_the_reason(argv, message, capsys):
     assert ringtop_main(["simulate", *argv]) == 2

@@ -690,3 +690,45 @@ def test_rank_0s_hang_event_stands_in_for_reports_the_ui_never_got_and_a_desync_
     assert v.desync_notice() is desync
     v.apply(hs.step(2, 9, seq(2), ts=hs.T0 + 71), now=6.0)  # 61 s later by the run's clock
     assert v.desync_notice() is None
+
+
+@pytest.mark.parametrize("world, kept", [(8, 240), (256, 240), (1024, 64), (8192, 20)])
+def test_comm_histories_share_a_budget_so_memory_is_bounded_at_any_world_size(world, kept):
+    """Each rank keeps HISTORY_POINTS timed steps up to 273 ranks, then its share of
+    COMM_HISTORY_BUDGET (65,536 // world), never fewer than the Comm tab's window of 20: the
+    expected lengths are worked out here from those numbers. Rows are bounded again when rank 0's
+    Hello names another world size; the newest steps are the ones kept."""
+    v = RunView()
+    comm = [CommStat(kind="all_reduce", count=1, bytes=1000, busy_ms=1.0)]
+    v.apply(hello(0, world_size=4), now=1.0)
+    for n in range(1, 301):
+        v.apply(step(3, n, seq=n, comm=comm), now=1.0)
+    assert len(v.ranks[3].comm_history) == 240
+    v.apply(hello(0, seq=1, world_size=world), now=1.0)  # the run's world, as a resized run's Hello says
+    for n in range(301, 311):
+        v.apply(step(3, n, seq=n, comm=comm), now=1.0)
+    history = v.ranks[3].comm_history
+    assert len(history) == kept and [t.step for t in history] == list(range(311 - kept, 311))
+    v.apply(step(5, 1, seq=1, comm=comm), now=1.0)
+    assert v.ranks[5].comm_history.maxlen == kept
+
+
+def test_a_large_runs_comm_histories_give_the_garbage_collector_nothing_to_walk():
+    """The protocol's scalar parts are gc=False and a history keeps a step's CommStats in a tuple,
+    which the collector stops tracking at its first pass: 1024 ranks' histories are no longer
+    walked by every full collection (which took up to 400 ms at 1024 ranks). A list of them, as
+    decoded, stays tracked: that is what the check would see were the tuple a list."""
+    import gc
+
+    from ringtop.protocol import decode, encode
+
+    v = RunView()
+    v.apply(hello(0, world_size=4), now=1.0)
+    comm = [CommStat(kind="all_reduce", count=1, bytes=1000, busy_ms=1.0)]
+    msg = decode(encode(step(1, 1, seq=1, comm=comm, mem=MemorySample(rss_bytes=1))))
+    assert not gc.is_tracked(msg.comm[0]) and not gc.is_tracked(msg.mem)
+    v.apply(msg, now=1.0)
+    gc.collect()
+    (kept,) = v.ranks[1].comm_history
+    assert not gc.is_tracked(kept) and not gc.is_tracked(kept.comm)
+    assert gc.is_tracked(msg.comm)  # the decoded list: tracked for as long as it lives

@@ -31,11 +31,8 @@ from ringtop.metrics.busbw import busbw_factor_or_nan, rate_gbps
 from ringtop.metrics.timing import compute_ms, overlap_pct, share_pct
 from ringtop.protocol import CommStat
 
-from .reducers.comm import COMM_KIND_ORDER, CommStep, rank_step
+from .reducers.comm import COMM_KIND_ORDER, COMM_WINDOW, CommStep, rank_step
 from .view_model import RankRow, RunView
-
-COMM_WINDOW = 20
-"""Steps in the Comm tab's window (per rank; aggregated: these step numbers over all ranks)."""
 
 
 @dataclass(frozen=True, slots=True)

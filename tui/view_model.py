@@ -55,12 +55,17 @@ from .reducers import (
     VerdictBoard,
     VerdictState,
 )
-from .reducers.comm import CommLedger, CommStep
+from .reducers.comm import COMM_WINDOW, CommLedger, CommStep
 from .reducers.events import MAX_EVENTS
 from .reducers.steps import StepHistory, StepPoint
 
 HISTORY_POINTS = 240
 """Points kept per chart history (per rank and cross-rank)."""
+COMM_HISTORY_BUDGET = 64 * 1024
+"""Timed steps kept over all ranks' communication histories (about 500 bytes each, ~32 MB): a
+rank keeps HISTORY_POINTS of them up to 273 ranks, then its share (64 at 1024 ranks), never fewer
+than the Comm tab's window. 240 for each of 1024 ranks held 125 MB, and the UI's memory rose
+for the 48 s they took to fill."""
 DIGEST_MIN_RANKS = 128
 """From this world size on the UI takes the relay's digests instead of every rank's steps
 (agent/step_digest.py): at 1024 ranks x 10 Hz, folding each step was most of the UI's time."""
@@ -933,10 +938,21 @@ class RunView:
             row = RankRow(rank=rank, device_mem_total_bytes=self.facts.device_mem_total_bytes)
             row.step_ms_history = deque(maxlen=self.history_points)
             row.loss_history = deque(maxlen=self.history_points)
-            row.comm_history = deque(maxlen=self.history_points)
+            row.comm_history = deque(maxlen=self.comm_points())
             self.ranks[rank] = row
             self._live.add(rank)
         return row
+
+    def comm_points(self) -> int:
+        """A rank's communication history's length: its share of COMM_HISTORY_BUDGET."""
+        world = max(self.facts.world_size, len(self.ranks), 1)
+        return max(min(COMM_WINDOW, self.history_points), min(self.history_points, COMM_HISTORY_BUDGET // world))
+
+    def _bound_comm_histories(self) -> None:
+        points = self.comm_points()
+        for r in self.ranks.values():
+            if r.comm_history.maxlen != points:
+                r.comm_history = deque(r.comm_history, maxlen=points)
 
     def _track_seq(self, row: RankRow, msg: Any) -> None:
         seq = msg.seq
@@ -962,6 +978,7 @@ class RunView:
             f.run_id = msg.run_id or f.run_id
             f.world_size = msg.world_size or f.world_size
             self._drop_phantom_rows()
+            self._bound_comm_histories()
             if msg.strategy and (msg.strategy, dict(msg.strategy_options)) != (f.strategy, f.strategy_options):
                 self.comm_ledger.clear()  # a new strategy talks in other collectives
                 for r in self.ranks.values():
