@@ -12,9 +12,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-
 from ringtop.agent.model import MODEL_SIZES, build_tiny_gpt
 from ringtop.strategies import tensor_parallel
 from ringtop.strategies.base import DistContext
@@ -22,7 +19,7 @@ from ringtop.strategies.pipeline import PipelineStrategy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import worker_results  # noqa: E402
-from tp_worker import SEED, SIZE, run_plan  # noqa: E402
+from tp_worker import SEED, SIZE, run_plan, trainer_args  # noqa: E402
 from tp_worker import trained as tp_trained  # noqa: E402
 
 OPTIONS = {"stages": 2, "tp": 2, "micro_batches": 2, "schedule": "1f1b"}
@@ -35,12 +32,8 @@ def trained(ctx: DistContext, steps: int, batch: int, seq: int, lr: float, by_he
 
 
 def main() -> int:
-    steps, batch, seq = (int(a) for a in sys.argv[1:4])
-    lr, out = float(sys.argv[4]), Path(sys.argv[5])
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    torch.manual_seed(1234)
-    ctx = DistContext(rank, dist.get_world_size(), rank, torch.device("cpu"), "gloo")
+    steps, batch, seq, lr, out = trainer_args()
+    rank, ctx = worker_results.gloo_rank()
     found: dict = {}
     saved: dict = {}
     for by_head in (True, False):

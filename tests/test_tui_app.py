@@ -291,6 +291,27 @@ async def test_live_app_with_nothing_listening_waits():
         await eventually(pilot, _shown_4)
 
 
+@pytest.mark.timeout(30)
+async def test_the_apps_collector_thresholds_are_its_own_and_given_back_when_it_ends():
+    """A large run's UI collects less often (GC_THRESHOLDS; the pauses it saves are measured in
+    benchmarks/README.md, UI at scale); the process that ran the app, a test or a script, gets
+    its own thresholds back."""
+    import gc
+
+    from ringtop.tui.app import GC_THRESHOLDS
+
+    before = gc.get_threshold()
+    gc.set_threshold(500, 5, 5)
+    try:
+        app = RingtopApp(publish_addr=f"tcp://127.0.0.1:{free_tcp_port()}", control_addr=None)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            assert gc.get_threshold() == GC_THRESHOLDS
+        assert gc.get_threshold() == (500, 5, 5)
+    finally:
+        gc.set_threshold(*before)
+
+
 # ---------------------------------------------------------------------- no torch
 
 

@@ -24,7 +24,7 @@ from ringtop.agent.factories import call_model
 from ringtop.agent.instruments.comm_tracer import CommTracer
 from ringtop.agent.model import MODEL_SIZES, build_tiny_gpt
 from ringtop.strategies import collective_hooks, tensor_parallel
-from ringtop.strategies.base import DistContext, TrainSettings
+from ringtop.strategies.base import TrainSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import worker_results  # noqa: E402
@@ -50,10 +50,7 @@ def watch_ledger(tracer: CommTracer, min_age_s: float, stop: threading.Event, se
 
 def main() -> int:
     delay_s, out = float(sys.argv[1]), Path(sys.argv[2])
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    torch.manual_seed(1234)
-    ctx = DistContext(rank, dist.get_world_size(), rank, torch.device("cpu"), "gloo")
+    rank, ctx = worker_results.gloo_rank()
     strategy = tensor_parallel.TensorParallelStrategy()
     strategy.setup(build_tiny_gpt(SIZE, SEED), lambda p: torch.optim.AdamW(p, lr=1e-3), ctx,
                    TrainSettings(batch_size=BATCH))

@@ -110,13 +110,15 @@ def switched(ctx: DistContext, batch: int, seq: int, lr: float):
                     batch, seq, lr)
 
 
-def main() -> int:
+def trainer_args() -> tuple[int, int, int, float, Path]:
+    """argv: steps, batch, seq, lr, the output folder (as the tests start the workers)."""
     steps, batch, seq = (int(a) for a in sys.argv[1:4])
-    lr, out = float(sys.argv[4]), Path(sys.argv[5])
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    torch.manual_seed(1234)
-    ctx = DistContext(rank, dist.get_world_size(), rank, torch.device("cpu"), "gloo")
+    return steps, batch, seq, float(sys.argv[4]), Path(sys.argv[5])
+
+
+def main() -> int:
+    steps, batch, seq, lr, out = trainer_args()
+    rank, ctx = worker_results.gloo_rank()
     vocab = MODEL_SIZES[SIZE].vocab_size
     probe = probe_batch(seq)
     found: dict = {}

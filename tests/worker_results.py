@@ -15,6 +15,17 @@ import torch.distributed as dist
 from ringtop.agent.distributed import exit_rank
 
 
+def gloo_rank() -> tuple[int, Any]:
+    """Join the launcher's gloo group: (this rank, its CPU DistContext), the seed set alike on
+    every rank."""
+    from ringtop.strategies.base import DistContext
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(1234)
+    return rank, DistContext(rank, dist.get_world_size(), rank, torch.device("cpu"), "gloo")
+
+
 def finish(out: Path, rank: int, found: dict[str, Any], saved: Any = None) -> int:
     if rank == 0 and saved is not None:
         torch.save(saved, out / "rank-0.pt")

@@ -11,6 +11,7 @@ Quitting closes only the UI's own sockets; the agents are separate processes and
 
 from __future__ import annotations
 
+import gc
 import sys
 import time
 from pathlib import Path
@@ -46,6 +47,12 @@ from .widgets import (
 )
 
 REFRESH_S = 0.25
+GC_THRESHOLDS = (10_000, 20, 10)
+"""The collector's thresholds while the app runs (Python's: 700, 10, 10). A large run's UI makes
+and drops tens of thousands of objects a second (decoded messages, each refresh's figures); at
+the defaults its full passes came every 3 s and paused every thread, the event loop included, for
+120-170 ms at 1024 ranks (65 ms of each second in collections); at these, 13 ms a second, none
+over 35 ms (benchmarks/README.md, UI at scale). Restored when the app ends."""
 TABS = ("overview", "memory", "comm", "pipeline", "events", "hang")
 PANELS = (OverviewPanel, MemoryPanel, CommPanel, PipelinePanel, EventsPanel, HangPanel)
 
@@ -110,6 +117,7 @@ class RingtopApp(Feeds, RunCommands, OverviewKeys, App):
         """Per tab, the row under its table's cursor as last drawn (what Enter opens)."""
         self.table_page_rows: dict[str, int] = {}
         self.builders = Builders()
+        self._gc_thresholds = gc.get_threshold()
         self._offered: tuple = ()
         self.refreshed_at = -1e9
 
@@ -122,6 +130,8 @@ class RingtopApp(Feeds, RunCommands, OverviewKeys, App):
         yield Footer()
 
     def on_mount(self) -> None:
+        self._gc_thresholds = gc.get_threshold()
+        gc.set_threshold(*GC_THRESHOLDS)  # back in on_unmount
         if self.replay:
             self.sub_title = f"replay {self.source}"
             for p in self._replay_problems:
@@ -135,6 +145,7 @@ class RingtopApp(Feeds, RunCommands, OverviewKeys, App):
 
     def on_unmount(self) -> None:
         self._stop_client()
+        gc.set_threshold(*self._gc_thresholds)
 
     # ------------------------------------------------------------------ keys
 
