@@ -88,3 +88,31 @@ async def test_the_comparison_catches_a_cell_drawn_without_its_base_style(monkey
     monkeypatch.setattr(fast_table, "_JOINER", Unjoined)
     theirs, ours, _, _ = await draw_both(2.5, False, cursor=2)
     assert ours != theirs
+
+
+async def test_the_drawn_cells_are_bounded_while_every_cell_changes_and_the_shown_ones_stay_drawn(monkeypatch):
+    """Thirty passes of all-new cells (35 a pass with the header) with the cache's turn at 40
+    cells: at most two generations (80) are held, not every cell ever drawn (~1,000); the drawing
+    still equals DataTable's; and a pass over unchanged cells draws none anew, across turns."""
+    monkeypatch.setattr(fast_table, "MAX_CACHED_CELLS", 40)
+    app = Pair()
+    async with app.run_test(size=(64, 30)) as pilot:
+        tables = [SyncedTable(app.query_one(f"#{name}", DataTable)) for name in ("textual", "fast")]
+        for synced in tables:
+            synced.set_columns(COLUMNS)
+        app.set_focus(None)
+        fast = tables[1].table
+        for scale in range(30):
+            for synced in tables:
+                synced.set_rows(rows(1.0 + scale))
+            await pilot.pause()
+            ours = drawn(fast, 8)
+            assert len(fast._drawn_cells) + len(fast._drawn_before) <= 80
+        assert ours == drawn(tables[0].table, 8)
+        draws = []
+        original = fast._draw
+        monkeypatch.setattr(fast, "_draw", lambda *a: draws.append(a) or original(*a))
+        for _ in range(3):
+            fast._line_cache.clear()  # DataTable's own line cache: every line through _render_cell
+            assert drawn(fast, 8) == ours
+        assert draws == []

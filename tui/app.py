@@ -51,8 +51,8 @@ GC_THRESHOLDS = (10_000, 20, 10)
 """The collector's thresholds while the app runs (Python's: 700, 10, 10). A large run's UI makes
 and drops tens of thousands of objects a second (decoded messages, each refresh's figures); at
 the defaults its full passes came every 3 s and paused every thread, the event loop included, for
-120-170 ms at 1024 ranks (65 ms of each second in collections); at these, 13 ms a second, none
-over 35 ms (benchmarks/README.md, UI at scale). Restored when the app ends."""
+120-170 ms at 1024 ranks (65 ms of each second in collections); at these, 12-26 ms a second and
+no full pass in a 12 s window (benchmarks/README.md, UI at scale). Restored when the app ends."""
 TABS = ("overview", "memory", "comm", "pipeline", "events", "hang")
 PANELS = (OverviewPanel, MemoryPanel, CommPanel, PipelinePanel, EventsPanel, HangPanel)
 
