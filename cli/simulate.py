@@ -481,8 +481,7 @@ class Simulation:
             nodes, ranks = share, [r for node in share for r in node_ranks(self.cfg.ranks, self.cfg.nodes)[node]]
         cfg = {k: v for k, v in vars(self.cfg).items() if k in ("ranks", "nodes", "hz", "straggler", "hang", "seconds",
                                                                 "seed", "rank_procs")}
-        procs = self.cfg.procs if not self.cfg.rank_procs else None
-        return {"cfg": dict(cfg, run_id=self.run_id, procs=procs), "parent": os.getpid(),
+        return {"cfg": dict(cfg, run_id=self.run_id, procs=self.cfg.procs), "parent": os.getpid(),
                 "relay": self.relay.relay_address, "publish": self.publish_address, "control": self.control_address,
                 "server_public": keys.server_public, "nodes": nodes,
                 "node_keys": {n: [keys.node_public[n - 1], keys.node_secret[n - 1]] for n in nodes},

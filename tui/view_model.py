@@ -976,9 +976,11 @@ class RunView:
         authoritative = msg.rank == 0 or not f.run_id
         if authoritative:
             f.run_id = msg.run_id or f.run_id
+            world = f.world_size
             f.world_size = msg.world_size or f.world_size
             self._drop_phantom_rows()
-            self._bound_comm_histories()
+            if f.world_size != world:
+                self._bound_comm_histories()
             if msg.strategy and (msg.strategy, dict(msg.strategy_options)) != (f.strategy, f.strategy_options):
                 self.comm_ledger.clear()  # a new strategy talks in other collectives
                 for r in self.ranks.values():
