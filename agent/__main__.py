@@ -7,15 +7,30 @@ import sys
 
 import torch.distributed as dist
 
+from ringtop.agent.checkpoints.format import CheckpointError
+from ringtop.agent.config import ConfigError, parse_agent_args
+from ringtop.agent.distributed import DeviceError, exit_rank, init_distributed
+from ringtop.agent.health.stall_watch import StoppedWhileStuck
+from ringtop.agent.lifecycle import EXIT_WITH_PARENT_ENV, exit_with_parent
+from ringtop.agent.loop.goodbye import EXIT_STOPPED_WHILE_STUCK
+from ringtop.agent.loop.runner import Interrupted, Runner
+from ringtop.agent.models.factories import FactoryError
+from ringtop.protocol import safe_files
 from ringtop.strategies.base import StrategyError
 
-from .checkpoint_format import CheckpointError
-from .config import ConfigError, parse_agent_args
-from .distributed import DeviceError, exit_rank, init_distributed
-from .factories import FactoryError
-from .lifecycle import EXIT_WITH_PARENT_ENV, exit_with_parent
-from .runner import EXIT_STOPPED_WHILE_STUCK, Interrupted, Runner
-from .stall_watch import StoppedWhileStuck
+
+def say(line: str) -> None:
+    """One line on stderr in one write: the ranks share the launcher's pipe, and a line written in
+    two parts (text, then its newline) interleaves with another rank's."""
+    data = (line[:3000] + "\n").encode(errors="replace")  # under PIPE_BUF: one atomic write
+    try:
+        sys.stderr.flush()
+        os.write(sys.stderr.fileno(), data)
+    except (OSError, ValueError, AttributeError):  # no file descriptor under it (a test's capture)
+        try:
+            print(line, file=sys.stderr)
+        except (OSError, ValueError):
+            pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,25 +40,27 @@ def main(argv: list[str] | None = None) -> int:
         parent = os.getppid()
         exit_with_parent()  # the launcher dies (even SIGKILLed): this rank gets SIGTERM, stops cleanly
         if os.getppid() != parent:  # it died before we asked
-            print(f"ringtop agent [rank {rank}]: the launcher is gone; not starting", file=sys.stderr)
+            say(f"ringtop agent [rank {rank}]: the launcher is gone; not starting")
             return 1
     try:
         cfg = parse_agent_args(argv)
     except ConfigError as exc:
-        print(f"ringtop agent: error: {exc}", file=sys.stderr)
+        say(f"ringtop agent: error: {exc}")
         return 2
     try:
         ctx = init_distributed(cfg.device, cfg.dist_timeout_s)
     except DeviceError as exc:
-        print(f"ringtop agent [rank {rank}]: error: {exc}", file=sys.stderr)
+        say(f"ringtop agent [rank {rank}]: error: {exc}")
         return 2
+    safe_files.set_group_readable(cfg.group_readable)
+    os.umask(safe_files.process_umask())  # what a path-only writer (DCP, the profiler) makes is private too
     try:
         return Runner(cfg, ctx).run()
     except (StrategyError, FactoryError, CheckpointError, ConfigError, OSError) as exc:
-        print(f"ringtop agent [rank {rank}]: error: {exc}", file=sys.stderr)
+        say(f"ringtop agent [rank {rank}]: error: {exc}")
         return 2
     except (KeyboardInterrupt, Interrupted):
-        print(f"ringtop agent [rank {rank}]: interrupted", file=sys.stderr)
+        say(f"ringtop agent [rank {rank}]: interrupted")
         return 130
     except StoppedWhileStuck:  # raised again after the shutdown it interrupted had its say
         return EXIT_STOPPED_WHILE_STUCK

@@ -10,7 +10,7 @@ __all__ = ["Monitor"]
 
 def __getattr__(name: str) -> Any:
     if name == "Monitor":
-        from ringtop.agent.monitor import Monitor
+        from ringtop.agent.loop.monitor import Monitor
 
         return Monitor
     raise AttributeError(f"module 'ringtop' has no attribute {name!r}")

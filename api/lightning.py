@@ -2,7 +2,11 @@
 
 Needs `lightning`: `pip install -e ".[lightning]"`. The strategy's DDP (or FSDP2) model and the
 first optimizer are watched by a `ringtop.Monitor` from train start to train end; each training
-batch is a ringtop step, its loss the one `training_step` returned. The UI's checkpoint runs
+batch is a ringtop step, its loss the one `training_step` returned. Its FLOPs are the module's
+`flops_per_batch`, as Lightning's `ThroughputMonitor` reads them (set it with
+`lightning.fabric.utilities.throughput.measure_flops`); tokens are what the callback is given
+(`RingtopCallback(tokens_per_step=…)`): Lightning counts none of its own, and ringtop guesses none.
+The UI's checkpoint runs
 `trainer.save_checkpoint(directory / "model.ckpt")`; its stop sets `trainer.should_stop`."""
 
 from __future__ import annotations
@@ -14,8 +18,8 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from ringtop.agent.monitor import Monitor
-from ringtop.agent.own_loop import MonitorError
+from ringtop.agent.loop.monitor import Monitor
+from ringtop.agent.loop.own_loop import MonitorError
 
 
 class RingtopCallback(pl.Callback):
@@ -30,7 +34,10 @@ class RingtopCallback(pl.Callback):
             return
         self._trainer = trainer
         try:
-            self.monitor = Monitor(trainer.strategy.model, trainer.optimizers[0], save_fn=self._save, **self.options)
+            flops = getattr(pl_module, "flops_per_batch", None)
+            given = {"flops_per_step": float(flops)} if isinstance(flops, (int, float)) and flops > 0 else {}
+            self.monitor = Monitor(trainer.strategy.model, trainer.optimizers[0], save_fn=self._save,
+                                   **{"trainer": "lightning", **given, **self.options})
         except MonitorError as exc:
             print(f"ringtop: not watching this Trainer: {exc}", file=sys.stderr, flush=True)
 

@@ -11,8 +11,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from ringtop.agent.diagnosis_exchange import FIELDS, Diagnostician
-from ringtop.strategies.diagnosis import RankWindow, RunContext, diagnose
+from ringtop.agent.health.diagnosis_exchange import FIELDS, Diagnostician
+from ringtop.metrics.rules.diagnosis import RankWindow, RunContext, diagnose
 
 
 def gather_all(d: Diagnostician, world_size: int) -> list:

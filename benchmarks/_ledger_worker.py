@@ -11,9 +11,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from ringtop.agent.data import global_batch
 from ringtop.agent.instruments.comm_tracer import CommTracer
-from ringtop.agent.model import MODEL_SIZES, build_tiny_gpt
+from ringtop.agent.models.data import global_batch
+from ringtop.agent.models.model import MODEL_SIZES, build_tiny_gpt
 from ringtop.strategies import collective_hooks
 from ringtop.strategies.base import DistContext, TrainSettings
 from ringtop.strategies.registry import build_strategy

@@ -16,7 +16,7 @@ from typing import Any
 
 from ringtop.cli.ctl import send_command
 from ringtop.cli.launch import stop_ranks
-from ringtop.protocol import Event, Hello, Step, free_tcp_port, read_log
+from ringtop.protocol import Event, Hello, Step, free_tcp_ports, read_log
 
 HERE = Path(__file__).resolve().parent
 TIMED_AGENT = HERE / "_timed_agent.py"
@@ -106,7 +106,7 @@ def agent_env(phases_dir: Path) -> dict[str, str]:
 
 
 def start_agents(workdir: Path, nproc: int, *agent_args: str) -> AgentRun:
-    ports = [free_tcp_port() for _ in range(3)]
+    ports = free_tcp_ports(3)
     publish, relay, control = (f"tcp://127.0.0.1:{p}" for p in ports)
     workdir.mkdir(parents=True, exist_ok=True)
     log_dir, ckpt_dir, phases_dir = workdir / "logs", workdir / "checkpoints", workdir / "phases"

@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ringtop.protocol import free_tcp_port
+from ringtop.protocol import free_tcp_ports
 
 HERE = Path(__file__).resolve().parent
 WARMUP_STEPS = 5
@@ -55,7 +55,7 @@ def run_plain(work: Path, common: list[str]) -> list[float]:
 def run_agent(work: Path, common: list[str], telemetry: bool, insecure: bool = False) -> list[float]:
     out = work / f"agent-{telemetry}-{insecure}.json"
     if telemetry:
-        p = [free_tcp_port() for _ in range(3)]
+        p = free_tcp_ports(3)
         extra = ["--log-dir", str(work / f"logs-{insecure}"), "--publish", f"tcp://127.0.0.1:{p[0]}",
                  "--relay", f"tcp://127.0.0.1:{p[1]}", "--control", f"tcp://127.0.0.1:{p[2]}"]
         if insecure:

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from ringtop.cli.ctl import send_command
 from ringtop.cli.launch import stop_ranks
-from ringtop.protocol import Timeline, free_tcp_port, read_log
-from ringtop.strategies.pipeline_schedule import explain_bubble
+from ringtop.metrics.costs.pipeline_schedule import explain_bubble
+from ringtop.protocol import Timeline, free_tcp_ports, read_log
 
 MICRO_BATCHES = (1, 2, 4, 8, 16)
 
@@ -40,7 +40,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=64)
     args = parser.parse_args()
-    ports = [free_tcp_port() for _ in range(3)]
+    ports = free_tcp_ports(3)
     with tempfile.TemporaryDirectory() as tmp:
         log_dir = Path(tmp) / "logs"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",

@@ -1,7 +1,7 @@
 """The diagnosis exchange's time and bytes at 2, 4 and 8 gloo ranks (issue 15: O(1) bytes per rank).
 
 In one run per world size, the exchange as it is (a reduce of fixed-size histograms and three
-rounds of top-k reductions, agent/diagnosis_exchange.py) alternates with the all-gather of every
+rounds of top-k reductions, agent/health/diagnosis_exchange.py) alternates with the all-gather of every
 rank's window it replaced (benchmarks/_diagnosis_worker.py), 30 rounds each, the order rotated,
 each between barriers. Reports the median time of each and the bytes each rank hands to the
 collectives: constant for the sketch; for the all-gather, what each rank receives grows with N.

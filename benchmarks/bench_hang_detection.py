@@ -3,7 +3,7 @@ collective timeout that would otherwise end the job (the agent's default, 600 s,
 
 2 gloo ranks on CPU; rank 1 hangs at step 30, in its model's forward or just before its next
 collective (`--inject-hang`). A subscriber does what the UI does: it receives the telemetry over the
-run's authenticated socket and runs the UI's reading (`ringtop.metrics.hang.diagnose`) on every
+run's authenticated socket and runs the UI's reading (`ringtop.metrics.rules.hang.diagnose`) on every
 stall report until it names rank 1. The fault's time is the start of the hung step (the stall
 report's `ts - running_s`, the earliest rank's): an upper bound, as the fault comes a few ms into
 that step. `detect_s` is until the reading names rank 1 with where it is (phase and frame);
@@ -30,7 +30,7 @@ from _runs import start_agents
 
 from ringtop.cli.ctl import send_command
 from ringtop.cli.launch import stop_ranks
-from ringtop.metrics.hang import diagnose
+from ringtop.metrics.rules.hang import diagnose
 from ringtop.protocol import Stall, Step, connection_file, decode
 from ringtop.protocol.curve import secure_client
 

@@ -33,8 +33,8 @@ def arm(watched: bool, steps: int, log_dir: str) -> list[float]:
     from torch.nn.parallel import DistributedDataParallel
 
     import ringtop
-    from ringtop.agent.data import global_batch
-    from ringtop.agent.model import MODEL_SIZES, build_tiny_gpt
+    from ringtop.agent.models.data import global_batch
+    from ringtop.agent.models.model import MODEL_SIZES, build_tiny_gpt
     from ringtop.protocol import free_tcp_port
 
     rank, world = dist.get_rank(), dist.get_world_size()

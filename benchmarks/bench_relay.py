@@ -13,7 +13,7 @@ the last message received; the relay's, the messages it forwarded by the time it
 them all (it can be more: the relay drops what a slow UI leaves past its 10,000-message queue, as
 in a run). Arms alternate for several rounds: plain sockets (--insecure), CURVE (the default),
 and CURVE with a second UI subscribed to the relay's digests (`digests`: the relay then also folds
-every step into them, agent/step_digest.py; that UI counts the steps the digests carry, whole or
+every step into them, agent/transport/step_digest.py; that UI counts the steps the digests carry, whole or
 as briefs); reports the medians and the ratios CURVE / plain and digests / CURVE (with --json, as
 JSON with every round's counts: received, the relay's forwarded, dropped, gaps and duplicates).
 
@@ -33,9 +33,9 @@ from datetime import datetime, timezone
 
 import zmq
 
-from ringtop.agent.gatekeeper import Gatekeeper, node_user
-from ringtop.agent.node_relay import HEARTBEAT_IVL_MS, QUEUE_CAPACITY
-from ringtop.agent.relay import Relay
+from ringtop.agent.transport.gatekeeper import Gatekeeper, node_user
+from ringtop.agent.transport.node_relay import HEARTBEAT_IVL_MS, QUEUE_CAPACITY
+from ringtop.agent.transport.relay import Relay
 from ringtop.protocol import CommStat, Hello, Step, curve, encode, free_tcp_port
 from ringtop.protocol.batch import encode_batch
 from ringtop.protocol.curve import ClientKeys, secure_client

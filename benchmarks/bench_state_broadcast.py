@@ -4,7 +4,7 @@ for bench_switch.py: a live switch moves the state with `broadcast_object_list`)
 2 gloo ranks on CPU; tiny-gpt of the given size with AdamW state (one step taken); rank 0's full
 (model, optimizer) state dicts are sent to rank 1:
 
-- pickled: `dist.broadcast_object_list([state])` (what agent/switching.py does): pickles every
+- pickled: `dist.broadcast_object_list([state])` (what agent/loop/switching.py does): pickles every
   storage (torch.save per storage), sends one byte tensor, unpickles;
 - tensors: `dist.broadcast` of each tensor into a tensor of the same shape already on rank 1
   (the receiver knows the shapes: it builds the same model and optimizer);
@@ -47,7 +47,7 @@ def worker(args) -> None:
         get_optimizer_state_dict,
     )
 
-    from ringtop.agent.model import build_tiny_gpt
+    from ringtop.agent.models.model import build_tiny_gpt
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()

@@ -3,7 +3,7 @@
 For each model size, 2 gloo ranks on CPU, each round runs two chains in alternating order:
 
 - switch chain: one run started in ddp, then, once the agent has said that its background
-  warm-up for switching is done (a few seconds after start; see agent/prewarm.py), live `switch`
+  warm-up for switching is done (a few seconds after start; see agent/loop/prewarm.py), live `switch`
   commands ddp -> fsdp(full) -> ddp -> zero2 (a couple of steps after each). A switch's time is
   the done reply's `seconds` (what the agent
   reports) and the wall time from sending the command to the done reply (which adds the wait for

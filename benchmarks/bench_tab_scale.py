@@ -1,6 +1,6 @@
 """The Memory and Comm tabs at scale (issue 15, point 4): a `RunView` fed with N ranks' messages
-(tests/scale_scenario.py: 8 nodes of N/8 ranks, one straggler), then per tab the model build
-(`Builders.memory` / `Builders.comm_tab`: the first, then live 4 Hz repaints with a new step of
+(tests/helpers/scale_scenario.py: 8 nodes of N/8 ranks, one straggler), then per tab the model build
+(`MemoryTab.model` / `CommTab.model`: the first, then live 4 Hz repaints with a new step of
 every rank between them) and, in the
 real app (`App.run_test`), the tab's key pressed until the panel has drawn, and a repaint there.
 
@@ -17,13 +17,14 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "helpers"))
 
 import scale_scenario as sc  # noqa: E402
 
 from ringtop.tui.app import RingtopApp  # noqa: E402
-from ringtop.tui.builders import Builders  # noqa: E402
-from ringtop.tui.view_model import RunView  # noqa: E402
+from ringtop.tui.state.view_model import RunView  # noqa: E402
+from ringtop.tui.tabs.comm.panel import CommTab  # noqa: E402
+from ringtop.tui.tabs.memory.panel import MemoryTab  # noqa: E402
 
 
 def messages(ranks: int, steps: int) -> list:
@@ -36,7 +37,7 @@ def _ms(t: float) -> float:
 
 
 def _call(build, *args, **live):
-    """The builders before the tabs' scaling work took no `now` / `replay` (to compare with them)."""
+    """The panels' builds before the tabs' scaling work took no `now` / `replay` (to compare with them)."""
     try:
         return build(*args, **live)
     except TypeError:
@@ -54,9 +55,9 @@ def builds(msgs: list, rounds: int, ranks: int, steps: int) -> dict:
             seq(r)
     out = {}
     step = steps
-    for tab, build in (("memory", lambda b, now: _call(b.memory, view, 156, now=now, replay=False)),
-                       ("comm", lambda b, now: _call(b.comm_tab, view, None, 156, now=now, replay=False))):
-        b, now = Builders(), 10.0
+    for tab, panel, build in (("memory", MemoryTab, lambda b, now: _call(b.model, view, 156, now=now, replay=False)),
+                              ("comm", CommTab, lambda b, now: _call(b.model, view, None, 156, now=now, replay=False))):
+        b, now = panel(), 10.0
         t = time.perf_counter()
         build(b, now)
         first = _ms(t)

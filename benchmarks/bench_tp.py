@@ -11,7 +11,7 @@ of its ranks see whole. From the runs' telemetry (rank-R.jsonl):
 - bytes per step per rank: the sum of a step's CommStat bytes (what was handed to collectives),
   each rank's median over the measured steps;
 - TP's measured bytes against the cost model's (the Hello's Prediction.comm_payload_bytes,
-  agent/prediction.py predict_tensor_parallel) and against the formula written out here
+  agent/loop/prediction.py predict_tensor_parallel) and against the formula written out here
   (4 all-reduces of fp32 [2B, seq, d_model] per layer, plus the gradient norm's fp32 scalar);
   target: equal payload. DDP's measured bytes are compared with its prediction the same way.
 
@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _runs import AgentRun, kill, start_agents  # noqa: E402
 
-from ringtop.agent.model import MODEL_SIZES  # noqa: E402
+from ringtop.agent.models.model import MODEL_SIZES  # noqa: E402
 from ringtop.protocol import Hello, Step  # noqa: E402
 
 WARMUP_STEPS = 3

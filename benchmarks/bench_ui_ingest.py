@@ -2,7 +2,7 @@
 
 What is timed: the app's own handler, `Feeds.on_telemetry_batch`, called on a stand-in for the app
 (an object with a `view` = a `RunView`), with batches of BATCH messages (what the receive thread
-hands over every 50 ms at ~12k messages/s). The messages are `tests/scale_scenario.py`'s: Hellos
+hands over every 50 ms at ~12k messages/s). The messages are `tests/helpers/scale_scenario.py`'s: Hellos
 of every rank first (not timed), then `step(rank, n, seq)` for every rank, step by step, decoded
 objects built before the clock starts. A size's µs per Step = the CPU time of the worker
 process (`time.process_time`: on a shared VM a descheduled process's wall time says more about its
@@ -44,12 +44,12 @@ TARGET = 1 / 3
 
 def worker(sizes: list[int]) -> dict:
     """One arm's round: µs per Step folded, per size."""
-    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path.insert(0, str(ROOT / "tests" / "helpers"))
     import hang_scenario as hs
     import scale_scenario as sc
 
-    import ringtop.tui.view_model as vm
-    from ringtop.tui.feeds import Feeds
+    import ringtop.tui.state.view_model as vm
+    from ringtop.tui.sources.feeds import Feeds
 
     class Host(Feeds):
         def __init__(self, view: vm.RunView) -> None:

@@ -15,7 +15,7 @@ from outside `tui/` by wrapping methods in its own process (nothing in tui/ is e
   the relay's counts once) and steps folded into the ranks' histories per second
   (`steps_folded_per_s`: whole or by a digest's brief, counted around `RunView._fold_step`);
   from `--digests-from` ranks on (the UI's default, 128) the UI takes the relay's digests instead
-  of every step (agent/step_digest.py); `--digests-from 0` measures the UI taking every step;
+  of every step (agent/transport/step_digest.py); `--digests-from 0` measures the UI taking every step;
 - lag: the newest step the simulator has published (its `--status-file`, rewritten every step)
   minus the newest step on screen (the view model's newest step at the latest refresh tick),
   sampled every 0.1 s on the app's own event loop (so a blocked loop shows as lag);
@@ -79,7 +79,7 @@ def worker(args: argparse.Namespace) -> None:
 
     from ringtop.protocol import connection_file
     from ringtop.tui.app import RingtopApp
-    from ringtop.tui.view_model import RunView
+    from ringtop.tui.state.view_model import RunView
 
     info = connection_file.read(Path(args.connection))
     cycles: list[dict] = []

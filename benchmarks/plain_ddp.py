@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ringtop.agent.data import global_batch
-from ringtop.agent.model import MODEL_SIZES, build_tiny_gpt
+from ringtop.agent.models.data import global_batch
+from ringtop.agent.models.model import MODEL_SIZES, build_tiny_gpt
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=40)

@@ -1,5 +1,5 @@
 import sys
 
-from .main import main
+from ringtop.cli.main import main
 
 sys.exit(main())

@@ -4,7 +4,7 @@
                        [--min-bytes 1K] [--max-bytes 256M] [--iters K] [--warmup W]
                        [--backend auto|gloo|nccl] [--json] [--out FILE]
 
-Torch-free in this process: the ranks run `ringtop.agent.bench_comm` under torch's elastic launcher
+Torch-free in this process: the ranks run `ringtop.agent.instruments.bench_comm` under torch's elastic launcher
 (`python -m torch.distributed.run --standalone`, as `ringtop run` does), in a child process. Rank 0
 writes the result as JSON; this process prints it as a table (one block per op, like nccl-tests)
 or, with --json, as JSON. --out FILE keeps the JSON, so the diagnosis can take the best busbw of an
@@ -58,7 +58,7 @@ import tempfile
 from pathlib import Path
 
 from ringtop.metrics import fmt
-from ringtop.metrics.busbw import BUSBW_FACTOR_TEXT, busbw_factor
+from ringtop.metrics.costs.busbw import BUSBW_FACTOR_TEXT, busbw_factor
 
 OPS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 ELEMENT_BYTES = 4
@@ -156,7 +156,7 @@ def worker_args(args: argparse.Namespace, out_path: Path) -> list[str]:
 
 def launcher_command(nproc: int, argv: list[str]) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            "-m", "ringtop.agent.bench_comm", *argv]
+            "-m", "ringtop.agent.instruments.bench_comm", *argv]
 
 
 def render_table(result: dict) -> str:
@@ -191,7 +191,7 @@ def load_result(path: str | os.PathLike) -> dict:
 
 
 def run_comm(args: argparse.Namespace) -> int:
-    from .launch import stop_ranks
+    from ringtop.cli.launch import stop_ranks
 
     with tempfile.TemporaryDirectory(prefix="ringtop-bench-") as tmp:
         out_path = Path(args.out).resolve() if args.out else Path(tmp) / "bench.json"

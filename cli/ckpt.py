@@ -3,23 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from pathlib import Path
 
 
 def _info(path: str) -> int:
-    from ringtop.agent import checkpoint_format as ckpt
+    from ringtop.agent.checkpoints import format as ckpt
+    from ringtop.metrics.fmt import nbytes
 
     where = ckpt.resolve(path, path)
     meta = ckpt.read_meta(where)
-    print(f"{where}  ({meta['kind']} checkpoint, {ckpt.dir_bytes(where) / 1e6:.1f} MB on disk)")
+    print(f"{where}  ({meta['kind']} checkpoint, {nbytes(ckpt.dir_bytes(where))} on disk)")
     for key in ("step", "samples_seen", "strategy", "strategy_options", "world_size", "model", "model_size",
                 "param_count", "dtype", "batch_size", "seq_len", "lr", "seed", "data", "run_id", "torch_version"):
         if key in meta:
             print(f"  {key:<17} {meta[key]}")
     tensors = _tensor_summary(where, meta["kind"])
-    print(f"  {'tensors':<17} {tensors[0]} ({tensors[1] / 1e6:.1f} MB)")
+    print(f"  {'tensors':<17} {tensors[0]} ({nbytes(tensors[1])})")
     return 0
 
 
@@ -50,7 +52,8 @@ def _consolidate(sharded: str, out: str) -> int:
     import torch
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    from ringtop.agent import checkpoint_format as ckpt
+    from ringtop.agent.checkpoints import format as ckpt
+    from ringtop.protocol import safe_files
 
     source = ckpt.resolve(sharded, sharded)
     meta = ckpt.read_meta(source)
@@ -63,10 +66,21 @@ def _consolidate(sharded: str, out: str) -> int:
     target = Path(out)
     if target.exists():
         raise ckpt.CheckpointError(f"{target} exists; choose a new path")
-    tmp_target = target.with_name(f".{target.name}.tmp")
-    ckpt.write_full(tmp_target, int(meta["step"]), state["model"], state["optim"],
-                    {**meta, "consolidated_from": str(source)})
-    tmp_target.rename(target)
+    folder = safe_files.open_dir(target.parent, what="output folder")
+    scratch = safe_files.temporary_name(target.name)
+    try:
+        scratch_fd = safe_files.make_dir(folder, scratch)
+        try:
+            ckpt.write_full(scratch_fd, int(meta["step"]), state["model"], state["optim"],
+                            {**meta, "consolidated_from": str(source)})
+        finally:
+            os.close(scratch_fd)
+        os.rename(scratch, target.name, src_dir_fd=folder, dst_dir_fd=folder)
+    except BaseException:
+        safe_files.remove_tree(folder, scratch)
+        raise
+    finally:
+        os.close(folder)
     print(f"wrote {target} (full checkpoint of step {meta['step']} from {source})")
     return 0
 
@@ -80,7 +94,7 @@ def main(argv: list[str]) -> int:
     cons.add_argument("sharded")
     cons.add_argument("out")
     args = parser.parse_args(argv)
-    from ringtop.agent.checkpoint_format import CheckpointError
+    from ringtop.agent.checkpoints.format import CheckpointError
 
     try:
         if args.verb == "info":

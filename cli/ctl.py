@@ -13,6 +13,7 @@ import zmq
 
 from ringtop.protocol import UI_RANK, Command, ProtocolError, Reply, decode, encode
 from ringtop.protocol.curve import ClientKeys, HandshakeWatch, secure_client
+from ringtop.protocol.text_safety import json_safe
 from ringtop.tui.stacks_text import stacks_plain  # pure: no Textual, no Rich
 
 
@@ -79,7 +80,7 @@ def run_ctl(address: str, keys: ClientKeys | None, cmd: str, raw_args: list[str]
         args = parse_kv(raw_args)
         for reply in send_command(address, cmd, args, timeout_s, keys):
             if as_json:
-                print(msgspec.json.encode(reply).decode(), flush=True)
+                print(json_safe(msgspec.json.encode(reply).decode()), flush=True)
             elif reply.status == "ack":
                 print(f"{cmd}: accepted, applies at the step boundary after next", flush=True)
             elif reply.status == "done":

@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 
 from ringtop.agent.lifecycle import EXIT_WITH_PARENT_ENV, exit_with_parent
+from ringtop.protocol import safe_files
 
 
 def launcher_command(nproc: int, agent_args: list[str]) -> list[str]:
@@ -35,8 +36,11 @@ def start_ranks(nproc: int, agent_args: list[str], output_file: Path | None = No
     env[EXIT_WITH_PARENT_ENV] = "1"
     out = None
     if output_file is not None:
-        output_file.parent.mkdir(parents=True, exist_ok=True)
-        out = open(output_file, "ab")
+        folder = safe_files.open_dir(output_file.parent, what="log folder")
+        try:
+            out = safe_files.open_append(folder, output_file.name)
+        finally:
+            os.close(folder)
     try:
         stderr = subprocess.STDOUT if out else (subprocess.PIPE if capture_stderr else None)
         return subprocess.Popen(launcher_command(nproc, agent_args), env=env, stdout=out, stderr=stderr,
@@ -102,13 +106,14 @@ def kill_all(pids: list[int], sig: int = signal.SIGKILL) -> None:
             pass
 
 
-def stop_ranks(proc: subprocess.Popen, timeout_s: float = 15.0) -> int:
-    """SIGTERM the launcher (it stops the ranks, which send their Bye), then SIGKILL whatever of
-    the launcher and its ranks is left."""
+def stop_ranks(proc: subprocess.Popen, timeout_s: float = 15.0, sig: int = signal.SIGTERM) -> int:
+    """`sig` to the launcher (it passes it on to the ranks, which send their Bye), then SIGKILL
+    whatever of the launcher and its ranks is left. Ctrl-C is passed on as SIGINT, so that each
+    rank's Bye says who stopped it (metrics/run_lifecycle.py)."""
     if proc.poll() is None:
         ranks = descendants(proc.pid)
         try:
-            os.killpg(proc.pid, signal.SIGTERM)
+            os.killpg(proc.pid, sig)
         except ProcessLookupError:
             pass
         try:
@@ -170,9 +175,10 @@ def _terminal_restorer():
 
 
 def wait_ranks(proc: subprocess.Popen) -> int:
-    """Wait for the run. Ctrl-C, SIGTERM and SIGHUP stop it cleanly: the ranks get SIGTERM (they
-    finish the step and send their Bye), whatever is left after a grace period is killed; the
-    exit code is 130 for Ctrl-C, 128 + the signal otherwise."""
+    """Wait for the run. Ctrl-C, SIGTERM and SIGHUP stop it cleanly: the ranks get SIGINT for
+    Ctrl-C, SIGTERM otherwise (they finish the step and send their Bye), whatever is left after a
+    grace period is killed; the exit code is 130 for Ctrl-C, 128 + the signal otherwise (not the
+    launcher's own, which says only that it was interrupted)."""
     previous = {sig: signal.signal(sig, _raise_stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         return proc.wait()
@@ -181,8 +187,7 @@ def wait_ranks(proc: subprocess.Popen) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)
         print(f"\nringtop: {signal.Signals(signum).name}: stopping the ranks ...", file=sys.stderr, flush=True)
-        code = stop_ranks(proc)
-        print(f"ringtop: the ranks stopped (launcher exit code {code})", file=sys.stderr, flush=True)
+        stop_ranks(proc, sig=signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
         return 128 + signum
     finally:
         for sig, handler in previous.items():

@@ -11,7 +11,7 @@ import json
 import sys
 from dataclasses import asdict
 
-from ringtop.agent.hf_catalogue import CATALOGUE, HF_PREFIX
+from ringtop.agent.models.hf_catalogue import CATALOGUE, HF_PREFIX
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def rows() -> list[dict]:
-    from ringtop.agent.hf_models import model_facts
+    from ringtop.agent.models.hf_models import model_facts
 
     return [{**asdict(model_facts(f"{HF_PREFIX}{name}")), "shape": shape} for name, (shape, _) in CATALOGUE.items()]
 

@@ -16,26 +16,41 @@ import re
 import sys
 from dataclasses import asdict
 
-from ringtop.metrics import fmt
-from ringtop.metrics.peaks import ACCELERATORS, compute_dtype, match_device
-from ringtop.metrics.units import GB
-from ringtop.strategies.cost_model import (
+from ringtop.cli import plan_mesh
+from ringtop.cli.plan_table import render_table
+from ringtop.metrics.costs.cost_model import (
     DTYPE_BYTES,
+    RECOMPUTE_FLOPS_FACTOR,
     ModelSpec,
+    StrategyCost,
     activation_bytes_per_micro_batch,
     comm_overhead,
+    comm_per_step,
     comm_share_of_step,
     comm_time_s,
     gpipe_bubble_fraction,
+    implementation_cost,
+    memory_per_rank,
     one_f_one_b_bubble_fraction,
     peak_in_flight_micro_batches,
     which_fit,
 )
-from ringtop.strategies.links import LINKS, Link, parse_link
+from ringtop.metrics.costs.links import LINKS, Link, parse_link
+from ringtop.metrics.costs.memory_model import (
+    DEEPSPEED_ADAM,
+    TORCH_ADAM,
+    OptimizerState,
+    chapter_optimizer_state,
+    given_optimizer_state,
+    implementation_specs,
+    predicted_state,
+)
+from ringtop.metrics.parallel_dims import ParallelDims
+from ringtop.metrics.rules.peaks import ACCELERATORS, compute_dtype, match_device
+from ringtop.metrics.strategy_names import sharded_words
+from ringtop.metrics.units import GB
 
-from . import plan_mesh
-
-KIND_COLUMNS = ("all_reduce", "reduce_scatter", "all_gather")
+STATE_MODELS = ("implementation", "chapter")
 BUBBLE_TABLE_M = (1, 2, 4, 8, 16, 32)
 _SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 
@@ -60,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ringtop plan",
         description="Predict memory per rank and communication per step of each parallel strategy.",
-        epilog="GB = 1e9 bytes. Comm time = bytes each rank sends / the link's per-direction bandwidth "
+        epilog="Sizes shown in binary units (MiB, GiB); --mem-gb, --other-gb and link rates in GB = 1e9 bytes. "
+               "Comm time = bytes each rank sends / the link's per-direction bandwidth "
                "(half the bidirectional figure vendors quote); overhead = comm time / compute step. "
                "Links: " + "; ".join(f"{k}: {v.description}" for k, v in LINKS.items()) + ".")
     what = p.add_mutually_exclusive_group(required=True)
@@ -87,9 +103,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --model: the device's dense peak TFLOP/s instead of --accelerator")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"),
                    help="dtype of parameters and gradients (default %(default)s)")
-    p.add_argument("--optimizer-bytes", type=int, default=8,
-                   help="optimizer state bytes per parameter: 8 = the chapter's 4x bf16 params (also fp32 "
-                        "Adam's two moments), 12 = the ZeRO paper's mixed-precision Adam (default %(default)s)")
+    p.add_argument("--state-model", choices=STATE_MODELS, default="implementation",
+                   help="implementation (default): each strategy's state and traffic as ringtop's implementation "
+                        f"holds and sends them (torch strategies: fp32 params and grads, {TORCH_ADAM.words}; "
+                        f"ZeRO: params and grads in --dtype, {DEEPSPEED_ADAM.words}); chapter: the textbook "
+                        "model of seed/distributed-training-basics.zh.txt, params and grads in --dtype and "
+                        "optimizer state 4 x the param bytes (its memory table)")
+    p.add_argument("--optimizer-bytes", type=int, default=None,
+                   help="optimizer state bytes per parameter for every strategy, with params and grads in "
+                        "--dtype (e.g. 12: the ZeRO paper's mixed-precision Adam); overrides --state-model")
+    p.add_argument("--activation-checkpointing", action="store_true",
+                   help="with --model: each layer keeps only its input for backward and recomputes the rest "
+                        "(activations: one input per layer + one layer's full set; compute: one more forward, "
+                        "4/3 of the FLOPs)")
     p.add_argument("--pp-stages", "--pp", dest="pp_stages", type=int, default=None,
                    help="pipeline stages (adds a pp row and the bubble)")
     p.add_argument("--micro-batches", type=int, default=None, help="micro-batches per step (needs --pp-stages)")
@@ -127,7 +153,9 @@ def _validate(args: argparse.Namespace) -> tuple[int, Link]:
         raise PlanError(f"--ranks must be >= 1, got {args.ranks}")
     if args.step_s is not None and not (args.step_s > 0 and math.isfinite(args.step_s)):
         raise PlanError(f"--step-s must be a positive number of seconds, got {args.step_s}")
-    if args.optimizer_bytes < 0:
+    if args.activation_checkpointing and args.model is None:
+        raise PlanError("--activation-checkpointing needs --model (it sizes the activations of an architecture)")
+    if args.optimizer_bytes is not None and args.optimizer_bytes < 0:
         raise PlanError(f"--optimizer-bytes must be >= 0, got {args.optimizer_bytes}")
     if not (args.mem_gb > 0 and math.isfinite(args.mem_gb)):
         raise PlanError(f"--mem-gb must be a positive number of GB, got {args.mem_gb}")
@@ -174,10 +202,12 @@ def _peak(args: argparse.Namespace) -> tuple[float, str]:
 def _model_definition(args: argparse.Namespace):
     """The architecture's facts from its meta-device definition; PlanError for a bad spec."""
     try:
-        from ringtop.agent.hf_catalogue import ModelConfigError, check_seq_len, resolve
-        from ringtop.agent.hf_models import model_facts
+        from ringtop.agent.models.hf_catalogue import ModelConfigError, check_seq_len, resolve
+        from ringtop.agent.models.hf_models import model_facts
     except ImportError as exc:
-        raise PlanError(f"--model needs torch and transformers ({exc}): pip install 'ringtop[agent,hf]'") from None
+        from ringtop.metrics.install_hint import install_command
+
+        raise PlanError(f"--model needs torch and transformers ({exc}): {install_command('agent,hf')}") from None
     try:
         spec = resolve(args.model)
         if args.seq_len is None:
@@ -187,7 +217,9 @@ def _model_definition(args: argparse.Namespace):
     except ModelConfigError as exc:
         raise PlanError(str(exc)) from None
     except ImportError as exc:
-        raise PlanError(f"--model needs transformers ({exc}): pip install 'ringtop[hf]'") from None
+        from ringtop.metrics.install_hint import install_command
+
+        raise PlanError(f"--model needs transformers ({exc}): {install_command('hf')}") from None
 
 
 def _model_part(args: argparse.Namespace, facts, ranks: int, stages: int) -> dict:
@@ -201,17 +233,20 @@ def _model_part(args: argparse.Namespace, facts, ranks: int, stages: int) -> dic
 
     def activations(sequences: int, flash: bool = True) -> int:
         return activation_bytes_per_micro_batch(facts.layers, facts.hidden, facts.heads, args.seq_len, sequences,
-                                                facts.vocab, act_bytes, flash_attention=flash)
+                                                facts.vocab, act_bytes, flash_attention=flash,
+                                                checkpointing=args.activation_checkpointing)
 
     flops_per_token = facts.flops_per_token(args.seq_len)
+    recompute = RECOMPUTE_FLOPS_FACTOR if args.activation_checkpointing else 1.0
     per_rank_flops = flops_per_token * args.batch_size * args.seq_len
     peak_tflops, peak_source = _peak(args)
-    floor = per_rank_flops / (peak_tflops * 1e12) if peak_tflops > 0 else None
+    floor = recompute * per_rank_flops / (peak_tflops * 1e12) if peak_tflops > 0 else None
     pipeline = None
     if stages > 1:
         bubble = gpipe_bubble_fraction(stages, micro_batches)
-        pipeline = {"tokens_per_step": args.batch_size * args.seq_len * (ranks // stages),
-                    "flops_per_step": flops_per_token * args.batch_size * args.seq_len * (ranks // stages),
+        replicas = ParallelDims.filling(ranks, pp=stages).dp
+        pipeline = {"tokens_per_step": args.batch_size * args.seq_len * replicas,
+                    "flops_per_step": flops_per_token * args.batch_size * args.seq_len * replicas,
                     "flops_per_rank_per_step": per_rank_flops / stages, "bubble": bubble,
                     "compute_floor_s": floor / stages / (1 - bubble) if floor is not None else None}
     return {
@@ -219,7 +254,7 @@ def _model_part(args: argparse.Namespace, facts, ranks: int, stages: int) -> dic
         "non_embedding_params": facts.non_embedding_params, "layers": facts.layers, "hidden": facts.hidden,
         "heads": facts.heads, "kv_heads": facts.kv_heads, "vocab": facts.vocab, "tied_head": facts.tied,
         "seq_len": args.seq_len, "batch_size_per_rank": args.batch_size, "micro_batches": micro_batches,
-        "micro_batch_size": micro_batch_size,
+        "micro_batch_size": micro_batch_size, "activation_checkpointing": args.activation_checkpointing,
         "activation_bytes_per_micro_batch": activations(micro_batch_size),
         "activation_bytes_per_micro_batch_eager_attention": activations(micro_batch_size, flash=False),
         "activation_bytes_per_rank": activations(args.batch_size),
@@ -231,8 +266,77 @@ def _model_part(args: argparse.Namespace, facts, ranks: int, stages: int) -> dic
             "activation_bytes": "Korthikanti et al. 2022 eq. 1, s*b*h*34 per layer (+5*a*s^2*b with eager "
                                 "attention), scaled to the dtype, + fp32 logits and softmax 8*s*b*V",
             "compute_floor_s": "FLOPs per rank per step / dense peak (100 % MFU); a pipeline's: its replica's "
-                               "work / stages / (1 - GPipe bubble)",
+                               "work / stages / (1 - GPipe bubble); with activation checkpointing x 4/3 "
+                               "(forward runs twice)",
+            "activation_checkpointing": "each layer keeps its input (s*b*h) and one layer's full activations "
+                                        "are live while it is recomputed in backward (Korthikanti et al. 2022 "
+                                        "section 5, full recomputation)",
         },
+    }
+
+
+def _implementation_cost(strategy: str, ranks: int, params: int, dtype: str, stages: int,
+                         gloo: bool) -> tuple[StrategyCost, OptimizerState, tuple[str, ...]]:
+    """A strategy as ringtop's implementation holds and sends it (metrics.memory_model, the agent's
+    and the UI's prediction); pp: every stage a torch module with fp32 state, its replicas all-reduce."""
+    if strategy != "pp":
+        state = predicted_state(strategy, ranks, params, dtype)
+        return implementation_cost(strategy, ranks, params, dtype, gloo=gloo), state.optimizer, state.notes
+    held, wire = implementation_specs("pp", params, dtype)
+    cost = StrategyCost(strategy="pp", ranks=ranks, pp_stages=stages,
+                        memory=memory_per_rank("pp", ranks, held, pp_stages=stages),
+                        comm=comm_per_step("pp", ranks, wire, pp_stages=stages))
+    return cost, TORCH_ADAM, ()
+
+
+def _strategy_row(args: argparse.Namespace, cost: StrategyCost, optimizer: OptimizerState, state_model: str,
+                  params: int, stages: int, gloo: bool, capacity: float, other: float, link: Link,
+                  definition: dict | None) -> dict:
+    """One strategy's memory, fit, traffic and times (and its step floor, given a model's definition)."""
+    notes: tuple[str, ...] = ()
+    if state_model == "implementation":
+        cost, optimizer, notes = _implementation_cost(cost.strategy, args.ranks, params, args.dtype, stages, gloo)
+    need = cost.memory.total_bytes + math.ceil(other)
+    t = comm_time_s(cost.comm.sent_bytes, link)
+    row = {
+        "strategy": cost.strategy,
+        "sharded": sharded_words(cost.strategy),
+        "optimizer_state": {"model": optimizer.key, "bytes_per_param": optimizer.bytes_per_param,
+                            "words": optimizer.words, "short": optimizer.short},
+        "notes": list(notes),
+        "memory": {**asdict(cost.memory), "total_bytes": cost.memory.total_bytes},
+        "fits": need <= capacity,
+        "need_bytes": need,
+        "headroom_bytes": math.floor(capacity) - need,
+        "comm": {
+            "by_kind": {k: {"payload_bytes": c.payload_bytes, "sent_bytes": c.sent_bytes}
+                        for k, c in cost.comm.by_kind().items()},
+            "sent_bytes": cost.comm.sent_bytes,
+        },
+        "comm_s": t,
+        "comm_overhead": comm_overhead(t, args.step_s),
+        "comm_share_of_step": comm_share_of_step(t, args.step_s),
+    }
+    if definition is not None and definition["compute_floor_s"] is not None:
+        compute = definition["pipeline" if cost.strategy == "pp" else "compute_floor_s"]
+        compute = compute["compute_floor_s"] if cost.strategy == "pp" else compute
+        row["step_floor_s"] = {"compute": compute, "overlapped": max(compute, t), "serial": compute + t}
+    return row
+
+
+def _pipeline_part(args: argparse.Namespace, stages: int) -> dict:
+    """With --pp-stages: the bubble of both schedules, and GPipe's over a range of micro-batch counts."""
+    m = args.micro_batches or 1
+    return {
+        "stages": stages,
+        "micro_batches": m,
+        "data_parallel": ParallelDims.filling(args.ranks, pp=stages).dp,
+        "gpipe_bubble_fraction": gpipe_bubble_fraction(stages, m),
+        "one_f_one_b_bubble_fraction": one_f_one_b_bubble_fraction(stages, m),
+        "peak_in_flight_micro_batches": {"gpipe": peak_in_flight_micro_batches("gpipe", stages, m),
+                                         "1f1b": peak_in_flight_micro_batches("1f1b", stages, m)},
+        "bubble_by_micro_batches": {str(mm): gpipe_bubble_fraction(stages, mm)
+                                    for mm in sorted({*BUBBLE_TABLE_M, m})},
     }
 
 
@@ -247,52 +351,24 @@ def make_plan(args: argparse.Namespace) -> dict:
         definition = _model_part(args, facts, args.ranks, stages)
         if args.step_s is None:
             args.step_s = definition["compute_floor_s"] or 2.0
-    model = ModelSpec.from_dtype(params, args.dtype, args.optimizer_bytes)
+    textbook_optimizer = (given_optimizer_state(args.optimizer_bytes) if args.optimizer_bytes is not None
+                          else chapter_optimizer_state(DTYPE_BYTES[args.dtype]))
+    model = ModelSpec.from_dtype(params, args.dtype, textbook_optimizer.bytes_per_param)
+    state_model = "given" if args.optimizer_bytes is not None else args.state_model
     capacity = args.mem_gb * GB
     other = args.other_gb * GB
     if definition is not None:  # the rank's whole batch at once; a pipeline stage holds about 1/S of it
         other += definition["activation_bytes_per_rank"]
-    rows = []
-    for fit in which_fit(model, args.ranks, capacity, other, pp_stages=stages,
-                         gloo_reduce_scatter_as_all_reduce=args.backend == "gloo"):
-        cost = fit.cost
-        t = comm_time_s(cost.comm.sent_bytes, link)
-        rows.append({
-            "strategy": cost.strategy,
-            "memory": {**asdict(cost.memory), "total_bytes": cost.memory.total_bytes},
-            "fits": fit.fits,
-            "need_bytes": fit.need_bytes,
-            "headroom_bytes": fit.headroom_bytes,
-            "comm": {
-                "by_kind": {k: {"payload_bytes": c.payload_bytes, "sent_bytes": c.sent_bytes}
-                            for k, c in cost.comm.by_kind().items()},
-                "sent_bytes": cost.comm.sent_bytes,
-            },
-            "comm_s": t,
-            "comm_overhead": comm_overhead(t, args.step_s),
-            "comm_share_of_step": comm_share_of_step(t, args.step_s),
-        })
-        if definition is not None and definition["compute_floor_s"] is not None:
-            compute = definition["pipeline" if cost.strategy == "pp" else "compute_floor_s"]
-            compute = compute["compute_floor_s"] if cost.strategy == "pp" else compute
-            rows[-1]["step_floor_s"] = {"compute": compute, "overlapped": max(compute, t), "serial": compute + t}
-    pipeline = None
-    if args.pp_stages is not None:
-        m = args.micro_batches or 1
-        pipeline = {
-            "stages": stages,
-            "micro_batches": m,
-            "data_parallel": args.ranks // stages,
-            "gpipe_bubble_fraction": gpipe_bubble_fraction(stages, m),
-            "one_f_one_b_bubble_fraction": one_f_one_b_bubble_fraction(stages, m),
-            "peak_in_flight_micro_batches": {"gpipe": peak_in_flight_micro_batches("gpipe", stages, m),
-                                             "1f1b": peak_in_flight_micro_batches("1f1b", stages, m)},
-            "bubble_by_micro_batches": {str(mm): gpipe_bubble_fraction(stages, mm)
-                                        for mm in sorted({*BUBBLE_TABLE_M, m})},
-        }
+    gloo = args.backend == "gloo"
+    rows = [_strategy_row(args, fit.cost, textbook_optimizer, state_model, params, stages, gloo, capacity, other,
+                          link, definition)
+            for fit in which_fit(model, args.ranks, capacity, other, pp_stages=stages,
+                                 gloo_reduce_scatter_as_all_reduce=gloo)]
+    pipeline = _pipeline_part(args, stages) if args.pp_stages is not None else None
     mesh = plan_mesh.mesh_plan(args, params, model, link, facts) if plan_mesh.wanted(args) else None
     return {
         "model": {**asdict(model), "dtype": args.dtype},
+        "state_model": state_model,
         "model_definition": definition,
         "ranks": args.ranks,
         "link": {"name": link.name, "per_direction_gbps": link.per_direction_gbps,
@@ -301,7 +377,7 @@ def make_plan(args: argparse.Namespace) -> dict:
         "compute_step_s": args.step_s,
         "mem_capacity_bytes": round(capacity),
         "other_bytes": round(other),
-        "units": {"GB": 1e9},
+        "units": {"bytes": "binary (MiB = 2**20, GiB = 2**30) in the table; link rates in GB/s = 1e9 bytes/s"},
         "conventions": {
             "comm_s": "bytes each rank sends / link per-direction bandwidth (bidirectional / 2)",
             "comm_overhead": "comm_s / compute_step_s",
@@ -312,101 +388,6 @@ def make_plan(args: argparse.Namespace) -> dict:
         "pipeline": pipeline,
         "mesh": mesh,
     }
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-
-    def line(row: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip()
-
-    return [line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)]
-
-
-def render_table(plan: dict) -> str:
-    m, link = plan["model"], plan["link"]
-    mem_gb = plan["mem_capacity_bytes"] / GB
-    lines = [
-        f"ringtop plan: {m['params']:,} params ({m['params'] / 1e9:.2f} B), {plan['ranks']} ranks, "
-        f"{m['dtype']} params+grads ({m['param_bytes']}+{m['grad_bytes']} bytes/param), "
-        f"optimizer {m['optimizer_bytes_per_param']} bytes/param",
-        f"link {link['name']}: {link['per_direction_gbps']:g} GB/s per direction "
-        f"({link['bidirectional_gbps']:g} GB/s bidirectional); compute step {plan['compute_step_s']:g} s; "
-        f"backend {plan['backend']}",
-        "GB = 1e9 bytes. Comm time = bytes each rank sends / per-direction bandwidth; overhead = comm / compute step.",
-        *_definition_lines(plan),
-    ]
-    if plan["mesh"]:
-        lines += plan_mesh.render(plan["mesh"])
-        lines += ["", f"For comparison, each strategy alone over the {plan['ranks']} ranks:"]
-    lines += ["", f"Memory per rank (GB), fit in {mem_gb:g} GB with {plan['other_bytes'] / GB:g} GB "
-                  "for activations/other:"]
-    lines += _table(
-        ["strategy", "params", "grads", "optimizer", "total", "fits"],
-        [[r["strategy"], fmt.gb(r["memory"]["params_bytes"]), fmt.gb(r["memory"]["grads_bytes"]),
-          fmt.gb(r["memory"]["optimizer_bytes"]), fmt.gb(r["memory"]["total_bytes"]),
-          "yes" if r["fits"] else f"no ({fmt.gb(-r['headroom_bytes'])} over)"] for r in plan["strategies"]])
-    lines += ["", f"Communication per rank per step (GB sent) on {link['name']}:"]
-    body = []
-    for r in plan["strategies"]:
-        kinds = r["comm"]["by_kind"]
-        extra = sorted(set(kinds) - set(KIND_COLUMNS))
-        body.append([r["strategy"],
-                     *(fmt.gb(kinds[k]["sent_bytes"]) if k in kinds else "-" for k in KIND_COLUMNS),
-                     fmt.gb(r["comm"]["sent_bytes"]), fmt.seconds(r["comm_s"]), f"{100 * r['comm_overhead']:.1f}",
-                     ", ".join(extra)])
-    header = ["strategy", "all-reduce", "reduce-scatter", "all-gather", "total", "comm s", "overhead %", "other kinds"]
-    if not any(r[-1] for r in body):
-        header, body = header[:-1], [r[:-1] for r in body]
-    lines += _table(header, body)
-    pipe = plan["pipeline"]
-    if pipe:
-        lines += ["", f"Pipeline: {pipe['stages']} stages x {pipe['data_parallel']} data-parallel, "
-                      f"{pipe['micro_batches']} micro-batches: bubble (S-1)/(S+M-1) = "
-                      f"{100 * pipe['gpipe_bubble_fraction']:.1f} % for GPipe and "
-                      f"{100 * pipe['one_f_one_b_bubble_fraction']:.1f} % for 1F1B; activations held by "
-                      f"stage 0: GPipe {pipe['peak_in_flight_micro_batches']['gpipe']}, "
-                      f"1F1B {pipe['peak_in_flight_micro_batches']['1f1b']} micro-batches.",
-                  "  micro-batches  " + "  ".join(f"{k:>6}" for k in pipe["bubble_by_micro_batches"]),
-                  "  bubble %       " + "  ".join(f"{100 * v:>6.1f}" for v in pipe["bubble_by_micro_batches"].values())]
-        lines.append("  (pp comm counts the gradient all-reduce among a stage's copies; activation "
-                     "send/recv depends on activation size and is not included)")
-    return "\n".join(lines)
-
-
-def _definition_lines(plan: dict) -> list[str]:
-    d = plan["model_definition"]
-    if d is None:
-        return []
-    floor = d["compute_floor_s"]
-    lines = [
-        "",
-        f"Model {d['name']} ({d['model_type']}, from its definition on the meta device): {d['params']:,} params "
-        f"({d['non_embedding_params']:,} non-embedding), {d['layers']} layers, hidden {d['hidden']}, {d['heads']} "
-        f"heads ({d['kv_heads']} kv), vocab {d['vocab']:,}{', tied head' if d['tied_head'] else ''}",
-        f"  sequence {d['seq_len']:,} tokens, {d['batch_size_per_rank']} sequences per rank per step in "
-        f"{d['micro_batches']} micro-batch(es) of {d['micro_batch_size']}",
-        f"  activations per micro-batch: {fmt.gb(d['activation_bytes_per_micro_batch'])} GB (flash/SDPA attention; "
-        f"{fmt.gb(d['activation_bytes_per_micro_batch_eager_attention'])} GB with eager attention); the rank's "
-        f"whole batch, {fmt.gb(d['activation_bytes_per_rank'])} GB, is counted in the fit below",
-        f"  FLOPs: {d['flops_per_token']:.4g} per token (6N + 12LHS), {d['flops_per_step']:.4g} per step "
-        f"({d['tokens_per_step']:,} tokens, every rank a replica), {d['flops_per_rank_per_step']:.4g} per rank",
-    ]
-    pipe = d["pipeline"]
-    if pipe is not None:
-        lines.append(f"  pipeline: {pipe['flops_per_step']:.4g} per step ({pipe['tokens_per_step']:,} tokens), "
-                     f"{pipe['flops_per_rank_per_step']:.4g} per rank, bubble {100 * pipe['bubble']:.1f} %")
-    if floor is None:
-        lines.append(f"  step-time floor: n/a ({d['peak_source']})")
-    else:
-        lines.append(f"  compute floor: {fmt.seconds(floor)} s per step at 100 % MFU of {d['peak_tflops']:g} TFLOP/s "
-                     f"({d['peak_source'].split(', http')[0]}); with each strategy's communication:")
-        lines += ["  " + line for line in _table(
-            ["strategy", "compute s", "comm s", "floor overlapped s", "floor serial s"],
-            [[r["strategy"], fmt.seconds(r["step_floor_s"]["compute"]), fmt.seconds(r["comm_s"]),
-              fmt.seconds(r["step_floor_s"]["overlapped"]), fmt.seconds(r["step_floor_s"]["serial"])]
-             for r in plan["strategies"]])]
-    return lines
 
 
 def _glue_negative_numbers(argv: list[str]) -> list[str]:

@@ -1,4 +1,4 @@
-"""`ringtop plan --tp T --pp P --dp D`: a TP x PP x DP layout from strategies/mesh_cost.py — memory
+"""`ringtop plan --tp T --pp P --dp D`: a TP x PP x DP layout from metrics/costs/mesh_cost.py — memory
 per rank, bytes and time per step in each dimension on its own link, the bubble, and where TP's
 groups land on the nodes. Torch-free, like the rest of `ringtop plan`."""
 
@@ -8,9 +8,10 @@ import argparse
 import math
 
 from ringtop.metrics import fmt
-from ringtop.strategies.cost_model import ModelSpec
-from ringtop.strategies.links import Link, parse_link
-from ringtop.strategies.mesh_cost import DP_STRATEGIES, Mesh, Shape, assumed_shape, mesh_cost
+from ringtop.metrics.costs.cost_model import ModelSpec
+from ringtop.metrics.costs.links import Link, parse_link
+from ringtop.metrics.costs.mesh_cost import DP_STRATEGIES, Shape, assumed_shape, mesh_cost
+from ringtop.metrics.parallel_dims import ParallelDims
 
 MAX_DEGREE = 1 << 16
 MAX_SHAPE = 1 << 24
@@ -37,9 +38,9 @@ def wanted(args: argparse.Namespace) -> bool:
 
 def mesh_ranks(args: argparse.Namespace) -> int:
     """tp x pp x dp, each bounded."""
-    degrees = [_bounded(v, flag, MAX_DEGREE) or 1 for v, flag in
-               ((args.tp, "--tp"), (args.pp_stages, "--pp"), (args.dp, "--dp"))]
-    return math.prod(degrees)
+    tp, pp, dp = (_bounded(v, flag, MAX_DEGREE) or 1 for v, flag in
+                  ((args.tp, "--tp"), (args.pp_stages, "--pp"), (args.dp, "--dp")))
+    return ParallelDims(tp=tp, pp=pp, dp=dp).world
 
 
 def _link(text: str, flag: str) -> Link:
@@ -71,9 +72,9 @@ def mesh_plan(args: argparse.Namespace, params: int, model: ModelSpec, link: Lin
     micro_batches = args.micro_batches or 1
     if args.batch_size % micro_batches:
         raise ValueError(f"--micro-batches {micro_batches} must divide --batch-size {args.batch_size}")
-    mesh = Mesh(tp, pp, dp)
-    if args.ranks is not None and args.ranks != mesh.ranks:
-        raise ValueError(f"--ranks {args.ranks} is not tp x pp x dp = {tp} x {pp} x {dp} = {mesh.ranks}")
+    mesh = ParallelDims(tp=tp, pp=pp, dp=dp)
+    if args.ranks is not None and args.ranks != mesh.world:
+        raise ValueError(f"--ranks {args.ranks} is not tp x pp x dp = {tp} x {pp} x {dp} = {mesh.world}")
     if facts is not None:
         guessed, source = (facts.layers, facts.hidden), args.model
     else:
@@ -89,8 +90,8 @@ def mesh_plan(args: argparse.Namespace, params: int, model: ModelSpec, link: Lin
     tp_group = cost.group("tp")
     across_s = tp_group.comm.sent_bytes / link_dp.per_direction_bytes_per_s
     return {
-        "tp": tp, "pp": pp, "dp": dp, "ranks": mesh.ranks, "dp_strategy": cost.dp_strategy,
-        "gpus_per_node": per_node, "nodes": math.ceil(mesh.ranks / per_node),
+        "tp": tp, "pp": pp, "dp": dp, "ranks": mesh.world, "dp_strategy": cost.dp_strategy,
+        "gpus_per_node": per_node, "nodes": math.ceil(mesh.world / per_node),
         "tp_within_node": tp <= per_node and per_node % tp == 0,
         "shape": {"layers": layers, "hidden": hidden, "seq_len": shape.seq_len,
                   "micro_batch_size": shape.micro_batch_size, "micro_batches": shape.micro_batches,
@@ -120,9 +121,10 @@ def render(mesh: dict) -> list[str]:
         f"  model: {s['layers']} layers x hidden {s['hidden']}{assumed}, {mesh['layers_per_stage']} layers per stage; "
         f"micro-batch {s['micro_batch_size']} x {s['seq_len']} tokens, {s['micro_batches']} per step",
         "",
-        "Memory per rank (GB): params / (TP x PP), then the DP strategy's sharding:",
-        f"  params {fmt.gb(mesh['memory']['params_bytes'])}  grads {fmt.gb(mesh['memory']['grads_bytes'])}  "
-        f"optimizer {fmt.gb(mesh['memory']['optimizer_bytes'])}  total {fmt.gb(mesh['memory']['total_bytes'])}",
+        "Memory per rank: params / (TP x PP), then the DP strategy's sharding (params+grads in --dtype, "
+        "optimizer as the header's textbook model says):",
+        f"  params {fmt.nbytes(mesh['memory']['params_bytes'])}  grads {fmt.nbytes(mesh['memory']['grads_bytes'])}  "
+        f"optimizer {fmt.nbytes(mesh['memory']['optimizer_bytes'])}  total {fmt.nbytes(mesh['memory']['total_bytes'])}",
         "",
         "Communication per rank per step, by group:",
     ]
@@ -132,21 +134,21 @@ def render(mesh: dict) -> list[str]:
     rows = []
     for dim in ("tp", "pp", "dp"):
         g = groups[dim]
-        rows.append([dim, str(g["ranks"]), g["link"], fmt.gb(g["sent_bytes"]), fmt.seconds(g["comm_s"]),
+        rows.append([dim, str(g["ranks"]), g["link"], fmt.nbytes(g["sent_bytes"]), fmt.seconds(g["comm_s"]),
                      what[dim] if g["sent_bytes"] else "-"])
-    widths = [max(len(r[i]) for r in [["group", "ranks", "link", "GB sent", "comm s", ""], *rows]) for i in range(6)]
-    for r in [["group", "ranks", "link", "GB sent", "comm s", "what"], *rows]:
+    widths = [max(len(r[i]) for r in [["group", "ranks", "link", "sent", "comm s", ""], *rows]) for i in range(6)]
+    for r in [["group", "ranks", "link", "sent", "comm s", "what"], *rows]:
         lines.append("  " + "  ".join(c.ljust(w) if i in (0, 2, 5) else c.rjust(w)
                                       for i, (c, w) in enumerate(zip(r, widths))).rstrip())
     tp, dp = groups["tp"], groups["dp"]
     if mesh["tp"] > 1:
         slower = mesh["tp_comm_s_across_nodes"] / tp["comm_s"] if tp["comm_s"] else math.inf
-        verdict = (f"TP stays inside the node: its {fmt.gb(tp['sent_bytes'])} GB per step take "
+        verdict = (f"TP stays inside the node: its {fmt.nbytes(tp['sent_bytes'])} per step take "
                    f"{fmt.seconds(tp['comm_s'])} s on {tp['link']} and would take "
                    f"{fmt.seconds(mesh['tp_comm_s_across_nodes'])} s across nodes on {dp['link']} "
                    f"({slower:.1f}x), on the critical path of every layer; DP moves "
-                   f"{fmt.gb(dp['sent_bytes'])} GB once per step and PP "
-                   f"{fmt.gb(groups['pp']['sent_bytes'])} GB, which the slower link carries.")
+                   f"{fmt.nbytes(dp['sent_bytes'])} once per step and PP "
+                   f"{fmt.nbytes(groups['pp']['sent_bytes'])}, which the slower link carries.")
         if not mesh["tp_within_node"]:
             verdict = (f"warning: TP {mesh['tp']} does not fit in a node of {mesh['gpus_per_node']}: its "
                        f"all-reduces cross the node link, {fmt.seconds(mesh['tp_comm_s_across_nodes'])} s per step "

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-import re
 import signal
 import statistics
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ringtop.metrics import fmt
-from ringtop.metrics.flops import mfu
+from ringtop.metrics import fmt, step_waterfall
+from ringtop.metrics.costs.flops import mfu
 from ringtop.metrics.goodput import CAUSES, GoodputResult, goodput_of
-from ringtop.metrics.hang import HangVerdict, diagnose
 from ringtop.metrics.rank_sets import ranks_text
+from ringtop.metrics.rules.hang import HangVerdict, diagnose
+from ringtop.metrics.rules.peaks import implausible
+from ringtop.metrics.run_lifecycle import ENDED_SIGNAL_EXIT, STOP_SIGNALS, Lifecycle, RankEnd, fold
 from ringtop.metrics.timing import share_pct
-from ringtop.metrics.units import MB
 from ringtop.protocol import Bye, Event, Hello, Stall, Step, read_log
 
 
@@ -43,19 +44,103 @@ def summarize(log_dir: Path) -> list[dict]:
             "first_loss": steps[0].loss,
             "last_loss": steps[-1].loss,
             "median_step_ms": statistics.median(step_ms),
-            "comm_mb_per_step": comm_bytes / len(steps) / MB,
-            "comm_blocked_pct": share_pct(sum(s.comm_blocked_ms for s in steps), sum(s.step_ms for s in steps)),
+            "comm_bytes_per_step": comm_bytes / len(steps),
+            "exposed_comm_pct": share_pct(sum(s.exposed_comm_ms for s in steps), sum(s.step_ms for s in steps)),
             "median_tflops": median_tflops,
             "mfu": mfu(median_tflops, hello.peak_tflops) if hello is not None and median_tflops > 0 else None,
+            "implausible": hello is not None and implausible(median_tflops, hello.tflops_ceiling),
             "drops": steps[-1].drops,
             "exit": bye.reason if bye else "no bye (still running or killed)",
         })
     return rows
 
 
+def step_parts_of(steps: list[Step], hello: Hello | None, skip_first: bool = True) -> dict[str, float]:
+    """A rank's step, where it went (metrics/step_waterfall.py), averaged over its steps (after the
+    first, which warms up, as the step ms above, unless `skip_first` is False)."""
+    peak = hello.peak_tflops if hello is not None else 0.0
+    pipeline = hello is not None and hello.strategy == "pp"
+    return step_waterfall.mean_parts(
+        step_waterfall.step_parts(s.step_ms, s.data_ms, s.forward_ms, s.backward_ms, s.optimizer_ms,
+                                  s.exposed_comm_ms, s.idle_ms, pipeline,
+                                  mfu(s.tflops, peak) if peak > 0 and s.tflops > 0 else None)
+        for s in ((steps[1:] or steps) if skip_first else steps))
+
+
+def waterfall(log_dir: Path) -> dict[int, dict[str, float]]:
+    """Each rank's mean step parts, from its log."""
+    out = {}
+    for path in sorted(log_dir.glob("rank-*.jsonl"), key=lambda p: int(p.stem.split("-")[1])):
+        logged = read_log(path)
+        steps = [m for m in logged if isinstance(m, Step)]
+        hello = next((m for m in logged if isinstance(m, Hello)), None)
+        if steps:
+            out[steps[0].rank] = step_parts_of(steps, hello)
+    return out
+
+
+def waterfall_lines(log_dir: Path) -> list[str]:
+    parts = waterfall(log_dir)
+    if not parts:
+        return []
+    lines = ["where the step went (mean of each rank's steps after its first; the parts add up to the step):"]
+    for rank, p in parts.items():
+        lines.append(f"  rank {rank:<3} {sum(p.values()):>8.1f} ms = {step_waterfall.line(p)}")
+    if len(parts) > 1:
+        run = step_waterfall.mean_parts(parts.values())
+        lines.append(f"  {'run':<8} {sum(run.values()):>8.1f} ms = {step_waterfall.line(run)}")
+    if any(step_waterfall.IDEAL in p for p in parts.values()):
+        lines.append("  ideal: the step's FLOPs at the device's peak; the other parts are MFU's gap to 100 %")
+    return lines
+
+
 def mfu_text(ratio: float | None) -> str:
     """The MFU column: `n/a` where the device's peak is not known (never a guessed one)."""
     return "n/a" if ratio is None else fmt.fraction_pct(ratio)
+
+
+def tflops_text(row: dict) -> str:
+    """The TFLOP/s column: `?` after a figure above the most its device can do (not a measurement)."""
+    return fmt.tflops(row["median_tflops"]) + ("?" if row.get("implausible") else "")
+
+
+def step_finding_lines(log_dir: Path) -> list[str]:
+    """The summary's lines about the steps' numbers: steps whose gradient norm was not finite
+    (skipped or applied, and whose loss was not finite), each rank's loss spikes, and TFLOP/s
+    figures above what the device can do."""
+    nonfinite: dict[int, Event] = {}
+    skipped: set[int] = set()
+    findings: list[Event] = []
+    for path in sorted(log_dir.glob("rank-*.jsonl")):
+        for m in read_log(path):
+            if isinstance(m, Step) and m.skipped:
+                skipped.add(m.step)
+            elif isinstance(m, Event) and m.kind == "nonfinite":
+                d = m.data if isinstance(m.data, dict) else {}
+                step = d.get("step", m.step)
+                if isinstance(step, int):
+                    nonfinite.setdefault(step, m)
+            elif isinstance(m, Event) and m.kind in ("loss_spike", "implausible_tflops"):
+                findings.append(m)
+    lines = []
+    for was_skipped in (True, False):
+        steps = sorted(skipped if was_skipped else set(nonfinite) - skipped)
+        if not steps:
+            continue
+        ranks = sorted({r for step in steps for r in _ranks_of(nonfinite.get(step))})
+        shown = ", ".join(f"{x:,}" for x in steps[:10]) + (f" … ({len(steps) - 10} more)" if len(steps) > 10 else "")
+        where = f"; loss not finite on {ranks_text(ranks)}" if ranks else ""
+        what = "skipped (gradient norm not finite)" if was_skipped else "with a gradient norm not finite, applied"
+        lines.append(f"non-finite: {len(steps)} step{'s' if len(steps) != 1 else ''} {what}: "
+                     f"step{'s' if len(steps) != 1 else ''} {shown}{where}")
+    for m in sorted(findings, key=lambda m: (m.ts, m.rank)):
+        lines.append(f"⚠ {m.text}")
+    return lines
+
+
+def _ranks_of(event: Event | None) -> list[int]:
+    ranks = event.data.get("ranks") if event is not None and isinstance(event.data, dict) else None
+    return [r for r in ranks if isinstance(r, int)] if isinstance(ranks, list) else []
 
 
 def diagnosis(log_dir: Path) -> Event | None:
@@ -174,9 +259,9 @@ def hang_events(log_dir: Path) -> list[tuple[Event, int]]:
         for m in read_log(path):
             if not (isinstance(m, Event) and m.kind in ("hang", "desync")):
                 continue
-            d = m.data if isinstance(m.data, dict) else {}
-            key = (m.kind, d.get("verdict"), str(d.get("culprits")), d.get("group"), d.get("seq"), d.get("step"),
-                   m.text if d.get("cleared") or m.kind == "desync" else "")
+            h = m.hang
+            key = ((m.kind, h.verdict, str(h.culprits), h.group, h.seq, h.step) if h is not None else (m.kind,)) + \
+                (m.text if h is None or h.verdict in ("cleared", "desync") else "",)
             if key in index:
                 event, n = found[index[key]]
                 found[index[key]] = (event, n + 1)
@@ -206,7 +291,7 @@ def hang_lines(log_dir: Path) -> list[str]:
     if events:
         lines.append("rank 0's hang watch:")
         for event, restated in events:
-            cleared = isinstance(event.data, dict) and event.data.get("cleared")
+            cleared = event.hang is not None and event.hang.verdict == "cleared"
             mark = "✓" if cleared or event.level == "info" else ("⚠" if event.level == "warn" else "✖")
             again = f" (restated {restated}×)" if restated else ""
             lines.append(f"  {mark} {fmt.clock(event.ts)} {event.kind}: {event.text}{again}")
@@ -222,11 +307,15 @@ def print_summary(log_dir: Path) -> None:
             print("\n" + "\n".join(hangs))
         return
     print(f"\n{'rank':>4} {'steps':>6} {'loss first→last':>18} {'step ms (median)':>17} "
-          f"{'comm MB/step':>13} {'comm blocked %':>15} {'TFLOP/s':>8} {'MFU':>6} {'drops':>6}  exit")
+          f"{'comm/step':>13} {'exposed comm %':>15} {'TFLOP/s':>8} {'MFU':>6} {'drops':>6}  exit")
     for r in rows:
         print(f"{r['rank']:>4} {r['steps']:>6} {r['first_loss']:>8.4f} → {r['last_loss']:<7.4f} "
-              f"{r['median_step_ms']:>17.1f} {r['comm_mb_per_step']:>13.2f} {r['comm_blocked_pct']:>15.1f} "
-              f"{fmt.tflops(r['median_tflops']):>8} {mfu_text(r['mfu']):>6} {r['drops']:>6}  {r['exit']}")
+              f"{r['median_step_ms']:>17.1f} {fmt.nbytes(r['comm_bytes_per_step']):>13} {r['exposed_comm_pct']:>15.1f} "
+              f"{tflops_text(r):>8} {mfu_text(None if r['implausible'] else r['mfu']):>6} {r['drops']:>6}  "
+              f"{r['exit']}")
+    if any(r["implausible"] for r in rows):
+        print("  ? above the most the device can do: the tokens or FLOPs it is computed from are wrong")
+    print("\n" + lifecycle_line(lifecycle_of_logs(log_dir)))
     good = goodput(log_dir)
     if good.known:
         print("\n" + goodput_line(good))
@@ -236,49 +325,92 @@ def print_summary(log_dir: Path) -> None:
         print("\ndiagnosis: " + ("no problems found" if not verdicts else ""))
         for v in verdicts:
             print(f"  ⚠ {v['text']}\n    advice: {v['advice']}")
+    where = waterfall_lines(log_dir)
+    if where:
+        print("\n" + "\n".join(where))
+    findings = step_finding_lines(log_dir)
+    if findings:
+        print("\n" + "\n".join(findings))
     hangs = hang_lines(log_dir)
     if hangs:
         print("\n" + "\n".join(hangs))
 
 
-_LAUNCHER_FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
-
-
-def launcher_signals(launcher_output: str) -> dict[int, str]:
-    """Rank -> the signal that ended it, from the failure report torch's elastic launcher prints
-    (`rank : 1 (local_rank: 1)` / `exitcode : -9 (pid: ...)`)."""
-    found = {}
-    for rank, code in _LAUNCHER_FAILURE.findall(launcher_output):
-        if int(code) < 0:
-            try:
-                found[int(rank)] = signal.Signals(-int(code)).name
-            except ValueError:
-                found[int(rank)] = f"signal {-int(code)}"
-    return found
-
-
-def failure_line(log_dir: Path | None, launcher_code: int, signals: dict[int, str] | None = None) -> str:
-    """One line saying which rank failed first, from the ranks' logs: a rank whose log ends
-    without a Bye was killed (or crashed hard) and is named before ranks whose Bye reports the
-    error its death caused them; of several such, the one whose log ends first. `signals`: what
-    the launcher saw end each rank (launcher_signals)."""
+def rank_ends(log_dir: Path, signals: dict[int, str] | None = None) -> tuple[list[RankEnd], int]:
+    """Each rank's end as its log tells it (its last message a Bye, or not: then ended without one,
+    killed by the signal the launcher saw where it says so), and the world size."""
     signals = signals or {}
-    if log_dir is None or not any(log_dir.glob("rank-*.jsonl")):
-        return f"ringtop: the run failed (launcher exit code {launcher_code}); see the launcher's report above"
-    silent, failed = [], []
+    ends, world = [], 0
     for path in sorted(log_dir.glob("rank-*.jsonl"), key=lambda p: int(p.stem.split("-")[1])):
         messages = read_log(path)
         rank = int(path.stem.split("-")[1])
-        last_step = max((m.step for m in messages if isinstance(m, Step)), default=0)
-        bye = messages[-1] if messages and isinstance(messages[-1], Bye) else None
-        if bye is None:
-            last_ts = messages[-1].ts if messages else 0.0
-            how = f"killed by {signals[rank]}" if rank in signals else "killed by a signal, or crashed"
-            silent.append((last_ts, f"rank {rank} ended without a Bye after step {last_step} ({how})"))
-        elif not bye.ok:
-            reason = " ".join(bye.reason.split())  # a traceback's lines, made one
-            failed.append(f"rank {rank}: {reason[:160]}{'…' if len(reason) > 160 else ''}")
-    causes = [text for _, text in sorted(silent)] + failed  # the log that ends first: the rank that went first
-    if not causes:
-        return f"ringtop: the launcher exited with code {launcher_code} after every rank said Bye"
-    return "ringtop: the run failed: " + "; ".join(causes[:3]) + (" ..." if len(causes) > 3 else "")
+        world = max([world, rank + 1, *(m.world_size for m in messages if isinstance(m, Hello))])
+        last_step = max((m.step for m in messages if isinstance(m, Step)), default=-1)
+        last = messages[-1] if messages else None
+        if isinstance(last, Bye):
+            ends.append(RankEnd(rank, max(last.step, last_step), last.ok, last.reason, at=last.ts))
+        else:
+            how = f"killed by {signals[rank]}" if rank in signals else "ended without a Bye"
+            ends.append(RankEnd(rank, last_step, None, how=how, at=last.ts if last is not None else 0.0))
+    return ends, world
+
+
+def lifecycle_of_logs(log_dir: Path | None, signals: dict[int, str] | None = None) -> Lifecycle | None:
+    """The run's lifecycle from its logs (the same fold the UI makes); None without logs."""
+    if log_dir is None or not any(log_dir.glob("rank-*.jsonl")):
+        return None
+    ends, world = rank_ends(log_dir, signals)
+    return fold(ends, world_size=world)
+
+
+def lifecycle_line(life: Lifecycle | None) -> str:
+    """`summary`'s line on how the run ended: `run ended: completed 100 steps`, `run stopped by Ctrl-C at
+    step 40`, `run failed: rank 1 …`."""
+    if life is None:
+        return "run: no logs"
+    if not life.final:
+        return f"run {life.state}: not every rank has said Bye (still running, or killed with its logs cut short)"
+    return f"run {life.words}" if life.state == "stopped" else f"run {life.state}: {life.words}"
+
+
+def launcher_signals(launcher_output: str) -> dict[int, str]:
+    """Rank -> the signal that ended it, from the launcher's failure report (cli/launch_report.py)."""
+    from ringtop.cli.launch_report import launcher_exits, signal_name
+
+    return {rank: signal_name(-code) for rank, code in launcher_exits(launcher_output).items() if code < 0}
+
+
+def stop_line(code: int, life: Lifecycle | None) -> str | None:
+    """`ringtop run`'s last line when the run did not fail: how it ended, agreeing with its exit
+    code — a stop signal is a stop (never "failed"); None for a failure (launch_report says it)."""
+    if code > ENDED_SIGNAL_EXIT:
+        signum = code - ENDED_SIGNAL_EXIT
+        name = signal.Signals(signum).name if signum in signal.valid_signals() else ""
+        who = STOP_SIGNALS.get(name, name or f"signal {signum}")
+        at = f" at step {life.step:,}" if life is not None and life.step >= 0 else ""
+        line = f"ringtop: the run stopped by {who}{at} (exit code {code})"
+        if life is not None and life.state == "failed":
+            line += f"; before that {life.words}"
+        return line
+    if code != 0 or (life is not None and life.state == "failed"):
+        return None
+    if life is None:
+        return "ringtop: the run ended (no logs to say more)"
+    return f"ringtop: the run {life.words}" if life.state == "stopped" else f"ringtop: the run ended: {life.words}"
+
+
+def report_end(code: int, log_dir: Path | None, launcher_output: str = "", report_path: Path | None = None) -> int:
+    """Say how the run ended, as its lifecycle reads (a failure: launch_report's lines), and return
+    `ringtop run`'s exit code: the launcher's, except that a stop by a command exits 0 also where a
+    stuck rank had to be ended (the launcher then says 1)."""
+    from ringtop.cli.launch_report import print_failure
+
+    life = lifecycle_of_logs(log_dir, launcher_signals(launcher_output))
+    if 0 < code < ENDED_SIGNAL_EXIT and life is not None and life.state == "stopped":
+        code = life.exit_code
+    line = stop_line(code, life)
+    if line is None:
+        print_failure(code, log_dir, launcher_output, report_path)
+    else:
+        print(line, file=sys.stderr)
+    return code

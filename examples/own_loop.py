@@ -53,7 +53,7 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     params = sum(p.numel() for p in model.parameters())
 
-    mon = ringtop.Monitor(model, optimizer, flops_per_token=6 * params)  # 1
+    mon = ringtop.Monitor(model, optimizer, tokens_per_step=BATCH * SEQ_LEN, flops_per_token=6 * params)  # 1
 
     @mon.on_checkpoint  # 2: the UI's `c` (or `ringtop ctl checkpoint`) runs it on every rank
     def save(directory: Path, step: int) -> None:
@@ -69,6 +69,7 @@ def main() -> None:
             loss = nn.functional.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            s.grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             s.loss = loss  # read later, off the step path
         step += 1

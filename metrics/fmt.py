@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import math
 import time
-from decimal import ROUND_HALF_UP, Decimal
 
-from .units import GB, MB
+from ringtop.metrics.units import MIB
 
 
 def _finite(x: float | None) -> bool:
@@ -135,11 +134,11 @@ def gbps(x: float) -> str:
     return "0" if x == 0 else f"{x:.1e}"
 
 
-def mb(n_bytes: float | None) -> str:
-    """Bytes as decimal MB: 4.22, 42.2, 422, 4,222."""
+def mib(n_bytes: float | None) -> str:
+    """Bytes as binary MiB without the unit, for a column that names it: 4.22, 42.2, 422, 4,222."""
     if not _finite(n_bytes):
         return "-"
-    x = n_bytes / MB
+    x = n_bytes / MIB
     if x == 0:
         return "0"
     if x < 10:
@@ -162,15 +161,6 @@ def mb_compact(mb_s: float) -> str:
     if mb_s < 10_000:
         return f"{mb_s:.0f}"
     return f"{mb_s / 1000:.0f}k"
-
-
-def gb(n_bytes: float) -> str:
-    """Decimal GB with one decimal rounded half up (12.25 -> 12.3, as by hand), 3 digits below 1 GB:
-    the planner's tables, checked against the chapter's hand-worked figures."""
-    v = n_bytes / GB
-    if v >= 0.95 or v == 0:
-        return str(Decimal(repr(v)).quantize(Decimal("0.1"), ROUND_HALF_UP))
-    return f"{v:.3g}"
 
 
 def seconds(s: float) -> str:

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from .outliers import median
+from ringtop.metrics.rules.outliers import median
 
 MAD_TO_SIGMA = 1.4826
 """MAD × this estimates the standard deviation of normally distributed values."""

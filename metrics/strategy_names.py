@@ -2,7 +2,7 @@
 model's canonical names (one per FSDP sharding) and the labels the screens print.
 
 The wire schema (`protocol.commands.SwitchArgs`) spells the same lists out as literals, on purpose:
-a wire contract does not change when a list here does; tests/test_metrics.py holds them equal.
+a wire contract does not change when a list here does; tests/unit/test_metrics.py holds them equal.
 """
 
 from __future__ import annotations
@@ -94,6 +94,24 @@ def strategy_label(strategy: str, options: dict[str, Any]) -> str:
             parts.append("sequence-parallel")
         return f"tp({', '.join(parts)})" if parts else "tp"
     return strategy
+
+
+SHARDED_STATE: dict[str, str] = {
+    "ddp": "", "zero1": "optim", "zero2": "grads+optim", "zero3": "params+grads+optim",
+    fsdp_name("full"): "params+grads+optim", fsdp_name("grad-op"): "grads+optim", fsdp_name("no-shard"): "",
+    "pp": "", "tp": "matrices",
+}
+"""What each strategy shards across its data-parallel ranks, in the words every screen uses (the
+header, the switch picker, the Memory tab's fit table, `ringtop plan`): the strategy's own sharding,
+not what a rank happens to hold between steps (FSDP grad-op reshards its parameters after
+backward, yet gathers them whole from forward to backward: it shards grads+optim). "" = nothing
+(replicated); a pipeline splits layers into stages instead, tensor parallelism each layer's matrices."""
+
+
+def sharded_words(strategy: str, nothing: str = "-") -> str:
+    """SHARDED_STATE for a strategy name (any spelling canonical_strategy takes), `nothing` when it
+    shards nothing."""
+    return SHARDED_STATE[canonical_strategy(strategy)] or nothing
 
 
 class _Sharding(Protocol):

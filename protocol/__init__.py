@@ -1,8 +1,8 @@
 """ringtop's wire and disk contract. Imports only the stdlib, msgspec and pyzmq — never torch."""
 
-from .codec import MAX_FRAME_BYTES, decode, encode, from_json_line, read_log, to_json_line
-from .commands import COMMANDS, IMMEDIATE_COMMANDS, validate_command
-from .endpoints import (
+from ringtop.protocol.codec import MAX_FRAME_BYTES, decode, encode, from_json_line, read_log, to_json_line
+from ringtop.protocol.commands import COMMANDS, IMMEDIATE_COMMANDS, validate_command
+from ringtop.protocol.endpoints import (
     DEFAULT_CONTROL_ADDRESS,
     DEFAULT_PUBLISH_ADDRESS,
     DEFAULT_RELAY_ADDRESS,
@@ -10,9 +10,10 @@ from .endpoints import (
     Endpoints,
     check_bind_safe,
     free_tcp_port,
+    free_tcp_ports,
     parse_tcp,
 )
-from .errors import (
+from ringtop.protocol.errors import (
     BadArgumentsError,
     InvalidMessageError,
     MalformedError,
@@ -22,7 +23,7 @@ from .errors import (
     UnknownTypeError,
     VersionError,
 )
-from .messages import (
+from ringtop.protocol.messages import (
     PROTOCOL_VERSION,
     UI_RANK,
     Bye,
@@ -33,12 +34,14 @@ from .messages import (
     GoodputSoFar,
     GpuSample,
     GroupCursor,
+    HangReport,
     Heartbeat,
     Hello,
     InFlight,
     MemorySample,
     Message,
     Prediction,
+    RecentSteps,
     Reply,
     Sample,
     Sharding,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
-from .codec import MAX_FRAME_BYTES
+from ringtop.protocol.codec import MAX_FRAME_BYTES
 
 BATCH_MESSAGES = 64
 """Messages a node relay puts in one batch at most."""

@@ -10,8 +10,8 @@ from typing import Any
 
 import msgspec
 
-from .errors import InvalidMessageError, MalformedError, OversizeError, UnknownTypeError, VersionError
-from .messages import MESSAGE_TYPES, PROTOCOL_VERSION, Message
+from ringtop.protocol.errors import InvalidMessageError, MalformedError, OversizeError, UnknownTypeError, VersionError
+from ringtop.protocol.messages import MESSAGE_TYPES, PROTOCOL_VERSION, Event, HangReport, Message
 
 MAX_FRAME_BYTES = 1 << 20
 """Largest message accepted on either channel; telemetry messages are a few hundred bytes."""
@@ -51,14 +51,50 @@ def to_json_line(msg: Message) -> bytes:
     return _json_encoder.encode(msg) + b"\n"
 
 
+LEGACY_KEYS: tuple[tuple[bytes, bytes], ...] = ((b'"comm_blocked_ms"', b'"exposed_comm_ms"'),)
+"""Field names older agents wrote, as they appear in a JSON line, and today's: `Step.exposed_comm_ms`
+was `comm_blocked_ms` (the same length, so a MessagePack frame is patched in place too)."""
+_MP_LEGACY_KEYS = ((b"\xafcomm_blocked_ms", b"\xafexposed_comm_ms"),)
+
+
+def _renamed(data: bytes, keys: tuple[tuple[bytes, bytes], ...]) -> bytes:
+    """`data` with old field names read as today's, so old logs still replay."""
+    for old, new in keys:
+        if old in data:
+            data = data.replace(old, new)
+    return data
+
+
+_HANG_FIELDS = frozenset(HangReport.__struct_fields__)
+_hang_json_decoder = msgspec.json.Decoder(HangReport)
+
+
+def legacy_hang_report(kind: str, data: dict[str, Any]) -> HangReport | None:
+    """An older agent's `data` map of a `hang` or `desync` event, read as today's `Event.hang`;
+    None when it holds no reading. Validated as a new report is: through JSON, as it was logged."""
+    if kind == "hang" and data.get("cleared"):
+        mapped: dict[str, Any] = {"verdict": "cleared", "lasted_s": data.get("seconds", 0.0)}
+    elif kind == "hang" and "verdict" in data:
+        mapped = {k: v for k, v in data.items() if k in _HANG_FIELDS}
+    elif kind == "desync" and "culprits" in data:
+        mapped = {"verdict": "desync", "waiting": data.get("agreeing", []),
+                  **{k: data[k] for k in ("culprits", "group", "step") if k in data}}
+    else:
+        return None
+    try:
+        return _hang_json_decoder.decode(_json_encoder.encode(mapped))
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise InvalidMessageError(f"invalid 'event' message: its {kind} reading in `data`: {exc}") from None
+
+
 def decode(data: bytes, max_bytes: int = MAX_FRAME_BYTES) -> Message:
-    return _decode(data, max_bytes, _mp_decoder, _mp_header, "MessagePack", _MP_LEAD)
+    return _decode(_renamed(data, _MP_LEGACY_KEYS), max_bytes, _mp_decoder, _mp_header, "MessagePack", _MP_LEAD)
 
 
 def from_json_line(line: bytes | str, max_bytes: int = MAX_FRAME_BYTES) -> Message:
     if isinstance(line, str):
         line = line.encode()
-    return _decode(line.rstrip(b"\r\n"), max_bytes, _json_decoder, _json_header, "JSON")
+    return _decode(_renamed(line.rstrip(b"\r\n"), LEGACY_KEYS), max_bytes, _json_decoder, _json_header, "JSON")
 
 
 def _decode(data: bytes, max_bytes: int, decoder, header_decoder, fmt: str,
@@ -76,6 +112,10 @@ def _decode(data: bytes, max_bytes: int, decoder, header_decoder, fmt: str,
             value = getattr(msg, name)
             if value and _depth(value) > MAX_DEPTH:
                 raise MalformedError(f"`{name}` nested deeper than {MAX_DEPTH} levels")
+        if type(msg) is Event and msg.hang is None and msg.data and msg.kind in ("hang", "desync"):
+            msg.hang = legacy_hang_report(msg.kind, msg.data)
+            if msg.hang is not None:
+                msg.data = {}
         if msg.v != PROTOCOL_VERSION:
             raise VersionError(f"protocol version {msg.v!r} is not supported (this side speaks {PROTOCOL_VERSION})")
         if not (leads is not None and data.startswith(leads[type(msg)], _MP_MAP_HEADER_BYTES.get(data[0], 1))) \
@@ -107,7 +147,7 @@ def _diagnose(data: bytes, exc: Exception, header_decoder, fmt: str) -> Exceptio
         header = header_decoder.decode(data)
     except (msgspec.ValidationError, msgspec.DecodeError):
         return MalformedError(f"not a {fmt} map: {exc}")
-    if header.v != PROTOCOL_VERSION:
+    if type(header.v) is not int or header.v != PROTOCOL_VERSION:  # `true` and `1.0` equal 1 in Python
         return VersionError(f"protocol version {header.v!r} is not supported (this side speaks {PROTOCOL_VERSION})")
     if not isinstance(header.type, str) or header.type not in MESSAGE_TYPES:
         known = ", ".join(sorted(MESSAGE_TYPES))
@@ -120,7 +160,7 @@ def read_log(path) -> list[Message]:
     (`ringtop replay` reports such lines; this is for tools that only want the data)."""
     from pathlib import Path
 
-    from .errors import ProtocolError
+    from ringtop.protocol.errors import ProtocolError
 
     path = Path(path)
     if not path.exists():

@@ -6,8 +6,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from .errors import BadArgumentsError, UnknownCommandError
-from .messages import Command
+from ringtop.protocol.errors import BadArgumentsError, UnknownCommandError
+from ringtop.protocol.messages import Command
 
 
 class StatusArgs(msgspec.Struct, forbid_unknown_fields=True):
@@ -39,8 +39,16 @@ class SetArgs(msgspec.Struct, forbid_unknown_fields=True):
     micro_batches: Annotated[int, msgspec.Meta(ge=1)]
 
 
+MAX_PROFILED_RANKS = 64
+
+
 class ProfileArgs(msgspec.Struct, forbid_unknown_fields=True):
     steps: Annotated[int, msgspec.Meta(ge=1, le=100)] = 3
+    ranks: Annotated[list[Annotated[int, msgspec.Meta(ge=0, lt=1 << 20)]],
+                     msgspec.Meta(max_length=MAX_PROFILED_RANKS)] | None = None
+    """The ranks that record (the others step on unprofiled); None: every rank."""
+    reason: Annotated[str, msgspec.Meta(max_length=200)] = ""
+    """Why (a capture on trigger says which verdict); shown with the profile's event."""
 
 
 class StacksArgs(msgspec.Struct, forbid_unknown_fields=True):

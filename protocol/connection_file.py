@@ -9,16 +9,17 @@ it and nobody else can write it; one whose process is gone is stale and ignored.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import stat
-import tempfile
 import time
 from pathlib import Path
 
 import msgspec
 
-from .curve import ClientKeys
+from ringtop.protocol import safe_files
+from ringtop.protocol.curve import ClientKeys
 
 MAX_FILE_BYTES = 64 * 1024
 RUNTIME_ENV = "RINGTOP_RUNTIME_DIR"
@@ -65,9 +66,11 @@ def _private_dir(create: bool) -> Path:
     if create:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
-        st = directory.stat()
+        st = directory.lstat()
     except FileNotFoundError:
         return directory
+    if stat.S_ISLNK(st.st_mode):
+        raise ConnectionFileError(f"{directory}: this directory is a symbolic link; not trusted")
     _check_private(directory, st, "directory")
     return directory
 
@@ -90,18 +93,26 @@ def file_for(run_id: str) -> Path:
 
 
 def write(info: ConnectionInfo) -> Path:
-    """Atomically, readable and writable by this user only."""
+    """Atomically, readable and writable by this user only; nothing planted in the folder is followed."""
     directory = _private_dir(create=True)
-    target = directory / f"run-{info.run_id}.json"
-    fd, tmp = tempfile.mkstemp(prefix=".run-", suffix=".tmp", dir=directory)  # created 0600
+    name = f"run-{info.run_id}.json"
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(msgspec.json.encode(info))
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+        _check_private(directory, os.fstat(fd), "directory")
+        tmp = safe_files.temporary_name(name)
+        try:
+            fd_file = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                              dir_fd=fd)
+            with os.fdopen(fd_file, "wb") as f:
+                f.write(msgspec.json.encode(info))
+            os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=fd)
+            raise
+    finally:
+        os.close(fd)
+    return directory / name
 
 
 def read(path: Path) -> ConnectionInfo:
@@ -181,3 +192,28 @@ def find(spec: str | None) -> ConnectionInfo:
                                               f"{time.strftime('%H:%M:%S', time.localtime(r.started_ts))})"
                                               for r in runs))
     return runs[0]
+
+
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "*"})
+
+
+def same_address(given: str, announced: str) -> bool:
+    """Whether a client's `tcp://HOST:PORT` reaches the socket a connection file announces: the
+    same port, and the same host, or both loopback, or a socket bound to every interface."""
+    from ringtop.protocol.endpoints import EndpointError, is_loopback, parse_tcp
+
+    try:
+        (host, port), (bound, bound_port) = parse_tcp(given), parse_tcp(announced)
+    except EndpointError:
+        return False
+    if port != bound_port:
+        return False
+    return host == bound or bound in WILDCARD_HOSTS or (is_loopback(host) and is_loopback(bound))
+
+
+def find_by_address(address: str, role: str) -> ConnectionInfo | None:
+    """This user's live run on this node whose `role` address ("publish" or "control") is
+    `address`: its keys, for a client given only the address. None if no run of this user's
+    has it (a port forwarded from elsewhere, another user's run)."""
+    matches = [r for r in live_runs() if same_address(address, getattr(r, role))]
+    return matches[0] if len(matches) == 1 else None

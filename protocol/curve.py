@@ -4,7 +4,7 @@ Rank 0 makes, per run, a key pair for its servers (relay input, telemetry, contr
 run's clients (UIs and `ringtop ctl`: it is what the connection file holds), one per rank (its
 publisher into the relay) and, on several nodes, one per node relay (it forwards its node's ranks
 to rank 0's relay, which lets that key carry those ranks and no other). Each server socket admits
-only its own clients' keys (`agent/gatekeeper.py`): the relay input only the ranks' (and node
+only its own clients' keys (`agent/transport/gatekeeper.py`): the relay input only the ranks' (and node
 relays') keys, so a holder of the connection file can read and command the run but cannot publish
 as a rank, and the relay knows which rank sent each message. The secrets never leave the job: the
 server's stays in rank 0's memory, each rank gets its own from rank 0 over the job's process group,

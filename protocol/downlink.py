@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from .messages import CommandId
+from ringtop.protocol.messages import CommandId
 
 PREFIX = b"ringtop.down\x00"
 """Not a subscription (those start with 0 or 1), so the XSUB passes it up to every publisher."""

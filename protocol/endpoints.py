@@ -104,3 +104,14 @@ def free_tcp_port(host: str = DEFAULT_HOST) -> int:
 DEFAULT_PUBLISH_ADDRESS = Endpoints().publish
 DEFAULT_RELAY_ADDRESS = Endpoints().relay
 DEFAULT_CONTROL_ADDRESS = Endpoints().control
+
+
+def free_tcp_ports(n: int, host: str = DEFAULT_HOST) -> list[int]:
+    """`n` different ports free right now (a run's publish, relay and control must differ: two
+    random picks may be the same port)."""
+    ports: list[int] = []
+    while len(ports) < n:
+        port = free_tcp_port(host)
+        if port not in ports:
+            ports.append(port)
+    return ports

@@ -60,7 +60,7 @@ MAX_DIMENSION_CHARS = 32
 
 
 class Prediction(msgspec.Struct, kw_only=True):
-    """The cost model's figures for this rank of this run (ringtop.strategies.cost_model), sent
+    """The cost model's figures for this rank of this run (ringtop.metrics.costs.cost_model), sent
     beside the measurements so the UI can show measured against predicted."""
 
     params_bytes: Count = 0
@@ -116,14 +116,23 @@ class Hello(Envelope, tag="hello", kw_only=True):
     accelerator: str = ""
     """The device's name as NVML gives it ("NVIDIA H100 80GB HBM3"); "" on CPU."""
     flops_per_token: Real = 0.0
-    """Model FLOPs of one training token, forward and backward (ringtop.metrics.flops); 0 = not known."""
+    """Model FLOPs of one training token, forward and backward (ringtop.metrics.costs.flops); 0 = not known."""
     flops_source: str = ""
     """How flops_per_token was found (`formula 6N+12LHS`, `counted`), or why it was not."""
     peak_tflops: Real = 0.0
-    """Dense peak TFLOP/s MFU is measured against (ringtop.metrics.peaks, or --peak-tflops); 0 = not
+    """Dense peak TFLOP/s MFU is measured against (ringtop.metrics.rules.peaks, or --peak-tflops); 0 = not
     known: MFU n/a, never a guessed peak."""
     peak_source: str = ""
     """Where peak_tflops is from, or why there is none ("unknown device …")."""
+    tflops_ceiling: Real = 0.0
+    """The most TFLOP/s this rank could achieve (ringtop.metrics.rules.peaks.tflops_ceiling: the dense
+    peak, or on CPU a bound for its cores); a Step's tflops above it is implausible. 0 = not known."""
+    tflops_ceiling_source: str = ""
+    switch_unavailable: dict[Annotated[str, msgspec.Meta(max_length=32)],
+                             Annotated[str, msgspec.Meta(max_length=400)]] = {}
+    """Switch targets this run cannot take, by the `switch` command's strategy name (`zero1`, or `*`
+    for every one: an own loop), each with why; the UI's picker leaves them out. Empty (old logs
+    too): every target is offered, and the agent refuses with the reason."""
     process_started_ts: Real = 0.0
     """When this rank's process started (Unix s): start-up before the Hello (imports, process
     group, model build, wrapping) counts against goodput too. 0 = not known."""
@@ -219,8 +228,9 @@ class Step(Envelope, tag="step", kw_only=True):
     forward_ms: Real = 0.0
     backward_ms: Real = 0.0
     optimizer_ms: Real = 0.0
-    comm_blocked_ms: Real = 0.0
-    """Exposed communication: time the training thread was blocked on it."""
+    exposed_comm_ms: Real = 0.0
+    """Exposed communication (metrics.timing): time the training thread waited on collectives.
+    Older logs call it `comm_blocked_ms`; the codec reads that name as this one."""
     comm_busy_ms: Real = 0.0
     """Wall time with at least one collective in flight (union of their intervals); the part of it
     not blocked was overlapped with compute."""
@@ -228,7 +238,7 @@ class Step(Envelope, tag="step", kw_only=True):
     tokens_per_s: Real = 0.0
     tflops: Real = 0.0
     """Achieved model TFLOP/s of this step on this rank: Hello.flops_per_token × tokens / step time
-    (ringtop.metrics.flops); 0 = not known."""
+    (ringtop.metrics.costs.flops); 0 = not known."""
     mem: MemorySample = msgspec.field(default_factory=MemorySample)
     comm: list[CommStat] = []
     cpu_percent: Real = 0.0
@@ -306,6 +316,28 @@ class Heartbeat(Envelope, tag="heartbeat", kw_only=True):
 
 
 Level = Literal["info", "warn", "error"]
+RankIndex = Annotated[int, msgspec.Meta(ge=0, lt=MAX_WORLD_SIZE)]
+Seconds = Annotated[float, msgspec.Meta(ge=0, le=MAX_REAL)]
+
+
+class HangReport(msgspec.Struct, kw_only=True):
+    """Rank 0's hang watch's reading (metrics/rules/hang.py), in an `Event` of kind `hang` or
+    `desync`: typed, so a receiver gets it validated on entry instead of guarding a map's keys."""
+
+    verdict: Literal["hang", "dead", "desync", "stall", "cleared"]
+    """`cleared`: every rank steps again."""
+    culprits: Annotated[list[RankIndex], msgspec.Meta(max_length=MAX_WORLD_SIZE)] = []
+    waiting: Annotated[list[RankIndex], msgspec.Meta(max_length=MAX_WORLD_SIZE)] = []
+    """The ranks waiting for the culprits (of a `desync` event: the ranks that agree)."""
+    group: str = ""
+    seq: Count = 0
+    collective: str = ""
+    wait_s: Real = 0.0
+    step: Count = 0
+    where: Annotated[dict[RankIndex, str], msgspec.Meta(max_length=MAX_WORLD_SIZE)] = {}
+    """Per culprit, where it is (`in forward at model.py:57`), when it said."""
+    lasted_s: Seconds = 0.0
+    """Of `cleared`: how long the stall lasted."""
 
 
 class Event(Envelope, tag="event", kw_only=True):
@@ -314,6 +346,8 @@ class Event(Envelope, tag="event", kw_only=True):
     text: str = ""
     step: Annotated[int, msgspec.Meta(ge=-1, le=MAX_COUNT)] = -1
     data: dict[str, Any] = {}
+    hang: HangReport | None = None
+    """Of kinds `hang` and `desync` only. Older agents put it in `data`; the codec reads that as this."""
 
 
 class Bye(Envelope, tag="bye", kw_only=True):
@@ -327,11 +361,12 @@ Frames = Annotated[list[str], msgspec.Meta(max_length=MAX_STACK_FRAMES)]
 
 class Stall(Envelope, tag="stall", kw_only=True):
     """Where a rank is while its step runs far longer than its recent steps (`stalled`, repeated
-    while it lasts), that it moved on (`recovered`), or an answer to `stacks` (`snapshot`). Taken by
+    while it lasts), that it moved on (`recovered`), or an answer to `stacks` (`snapshot`); in
+    start-up, where it is before it counts as stalled (`starting`: metrics/rules/liveness.py). Taken by
     a watch thread from the tracer's ledger and `sys._current_frames()`: never the training thread,
     never the device."""
 
-    state: Literal["stalled", "recovered", "snapshot"] = "stalled"
+    state: Literal["stalled", "starting", "recovered", "snapshot"] = "stalled"
     request: CommandId = ""
     """The `stacks` command this snapshot answers."""
     step: Count = 0
@@ -344,8 +379,8 @@ class Stall(Envelope, tag="stall", kw_only=True):
     threshold_s: Real = 0.0
     """Running longer than this is a stall: max(k x the recent median step, a floor)."""
     where: str = ""
-    """The innermost frame of the stack outside torch, the standard library and ringtop's own
-    instruments: `model.py:57 in forward`."""
+    """The innermost frame of the user's code (not torch, DeepSpeed, the standard library or
+    ringtop's own, bar an agent run's model and data): `model.py:57 in forward`; empty if none."""
     stack: Frames = []
     """The training thread's Python stack, outermost first, `path:line in function`."""
     in_flight: Annotated[list[InFlight], msgspec.Meta(max_length=MAX_IN_FLIGHT)] = []
@@ -416,6 +451,18 @@ class Digest(Envelope, tag="digest", kw_only=True):
     """Messages of the ranks that never reached the relay (gaps in their `seq`), so far."""
 
 
+MAX_RECENT_BRIEFS = 8192
+
+
+class RecentSteps(Envelope, tag="recent", kw_only=True):
+    """Rank 0's relay's last steps of each rank (agent/transport/relay.py keeps a bounded number), sent when
+    a UI subscribes, after the cached Hellos: a UI that attaches mid-run draws its charts from
+    them instead of from nothing. Every subscriber gets it; one already attached holds those steps
+    and folds none. `rank` is UI_RANK; the relay drops one that comes from a rank."""
+
+    briefs: Annotated[list[StepBrief], msgspec.Meta(max_length=MAX_RECENT_BRIEFS)] = []
+
+
 # ---------------------------------------------------------------- control (UI -> rank 0 -> UI)
 
 
@@ -439,10 +486,12 @@ class Reply(Envelope, tag="reply", kw_only=True):
     code: str = ""
 
 
-Telemetry = Union[Hello, Step, Sample, Timeline, Heartbeat, Event, Stall, Bye, GoodputSoFar, Digest]
-Message = Union[Hello, Step, Sample, Timeline, Heartbeat, Event, Stall, Bye, GoodputSoFar, Digest, Command, Reply]
+Telemetry = Union[Hello, Step, Sample, Timeline, Heartbeat, Event, Stall, Bye, GoodputSoFar, Digest, RecentSteps]
+Message = Union[Hello, Step, Sample, Timeline, Heartbeat, Event, Stall, Bye, GoodputSoFar, Digest, RecentSteps, Command,
+                Reply]
 
 MESSAGE_TYPES: dict[str, type] = {
     cls.__struct_config__.tag: cls
-    for cls in (Hello, Step, Sample, Timeline, Heartbeat, Event, Stall, Bye, GoodputSoFar, Digest, Command, Reply)
+    for cls in (Hello, Step, Sample, Timeline, Heartbeat, Event, Stall, Bye, GoodputSoFar, Digest, RecentSteps, Command,
+                Reply)
 }

@@ -8,7 +8,7 @@
 # agent runs), and on NCCL the hang tools: a rank hung at a step is reported by its stall watch,
 # `ctl stacks` answers without the training thread, `ctl dump` writes the collective ledger and
 # PyTorch's NCCL Flight Recorder buffer (read back with fr_trace's loader), `ctl stop` ends the stuck
-# run; per agent run the device's NVML name, its dense peak from metrics/peaks.py, TFLOP/s and
+# run; per agent run the device's NVML name, its dense peak from metrics/rules/peaks.py, TFLOP/s and
 # MFU. On a machine without a GPU it says so and exits 0.
 set -u
 cd "$(dirname "$0")/.."
@@ -64,7 +64,7 @@ print(f"steps={len(steps)} last: step_ms={s.step_ms:.2f} fwd={s.forward_ms:.2f} 
 print(f"cuda allocated={s.mem.cuda_allocated_bytes} reserved={s.mem.cuda_reserved_bytes} peak={s.mem.cuda_peak_bytes} "
       f"params={s.mem.params_bytes} grads={s.mem.grads_bytes} optim={s.mem.optimizer_bytes}")
 print(f"comm={[(c.kind, c.count, c.bytes) for c in s.comm]}")
-from ringtop.metrics.flops import mfu
+from ringtop.metrics.costs.flops import mfu
 print(f"accelerator={hello.accelerator!r} peak={hello.peak_tflops} TFLOP/s ({hello.peak_source or 'unknown'}) "
       f"flops/token={hello.flops_per_token:.3g} ({hello.flops_source}) last tflops={s.tflops:.2f} "
       f"mfu={mfu(s.tflops, hello.peak_tflops)}")
@@ -74,8 +74,8 @@ mean = lambda xs: sum(xs) / max(len(xs), 1)  # noqa: E731
 kinds = sorted({c.kind for t in tail for c in t.comm})
 per_kind = {k: (mean([sum(c.count for c in t.comm if c.kind == k) for t in tail]),
                 mean([sum(c.busy_ms for c in t.comm if c.kind == k) for t in tail])) for k in kinds}
-step_ms, busy_ms, blocked_ms = (mean([getattr(t, f) for t in tail]) for f in ("step_ms", "comm_busy_ms", "comm_blocked_ms"))
-print(f"last {len(tail)} steps, mean: step_ms={step_ms:.2f} comm_busy_ms={busy_ms:.3f} exposed(comm_blocked_ms)={blocked_ms:.3f} "
+step_ms, busy_ms, blocked_ms = (mean([getattr(t, f) for t in tail]) for f in ("step_ms", "comm_busy_ms", "exposed_comm_ms"))
+print(f"last {len(tail)} steps, mean: step_ms={step_ms:.2f} comm_busy_ms={busy_ms:.3f} exposed(exposed_comm_ms)={blocked_ms:.3f} "
       + " ".join(f"{k}: {n:.1f}/step {ms:.3f} ms busy" for k, (n, ms) in per_kind.items()))
 plausible = all(ms > 0 for n, ms in per_kind.values() if n > 0) and busy_ms <= step_ms and blocked_ms <= busy_ms + 1e-6
 print("comm timing plausibility: " + ("ok (busy > 0 per kind with collectives, exposed <= busy <= step)" if plausible

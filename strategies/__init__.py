@@ -1,1 +1,1 @@
-"""Parallel strategies behind one interface. `base` and `registry` import torch; cost models will not."""
+"""Parallel strategies behind one interface (torch). Their torch-free cost models live in metrics/costs/."""

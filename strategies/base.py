@@ -7,7 +7,6 @@ switches work across strategies), and says what it shards and how many bytes thi
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -15,6 +14,9 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import nn
+
+from ringtop.strategies.grad_norm import GradNormGuard
+from ringtop.strategies.state_dicts import StateDicts
 
 
 class StrategyError(RuntimeError):
@@ -95,9 +97,11 @@ class TrainSettings:
 
 
 @dataclass
-class Strategy(ABC):
+class Strategy(GradNormGuard, StateDicts, ABC):
     """Subclasses set `name` and `sharding`, build their wrapping in `setup`, and implement the
-    step's parts and the byte counts; `run_step` strings the parts together the same way for all."""
+    step's parts and the byte counts; `run_step` strings the parts together the same way for all.
+    The state handed out and taken in (checkpoints, switches) is `StateDicts`; the gradient norm,
+    its skip and the NaN injection are `GradNormGuard`."""
 
     name: ClassVar[str]
     sharding: ClassVar[ShardingSpec]
@@ -173,7 +177,7 @@ class Strategy(ABC):
 
     def run_step(self, batch: Any, call_model: ModelCall, phases: PhaseMarker) -> torch.Tensor:
         """One optimizer step; marks 'forward', 'backward', 'optimizer' as each phase ends."""
-        from . import collective_hooks
+        from ringtop.strategies import collective_hooks
 
         measure, self._measure_next = self._measure_next, False
         poison, self._inject_nan = self._inject_nan, False
@@ -200,44 +204,6 @@ class Strategy(ABC):
     takes_meta_model: ClassVar[bool] = False
     """`setup` accepts a model on the meta device and allocates only what this rank holds; its
     values then come from `load_full_state_dict` (parameters and persistent buffers)."""
-
-    def last_grad_norm(self) -> Any:
-        """The last step's global gradient norm before clipping (the tied weight once), as the
-        strategy computed it: a tensor the caller reads once the step's work is done (no device
-        synchronisation here), a float, or None where the strategy does not know it."""
-        return self._grad_norm
-
-    def grad_norm_on_host(self) -> float | None:
-        """The last step's global norm as a float: the value `skip_nonfinite` already read, or read
-        now (a device sync on a GPU, where the strategy did not read it: DeepSpeed)."""
-        if self._grad_norm_host is not None:
-            return self._grad_norm_host
-        norm = self.last_grad_norm()
-        return None if norm is None else float(norm)
-
-    def last_step_skipped(self) -> bool:
-        """The last step's optimizer step was left out (`skip_nonfinite`, a norm not finite)."""
-        return self._skipped
-
-    def inject_nan_next_step(self) -> None:
-        """Fault injection: this rank's loss of the next step is NaN before backward."""
-        self._inject_nan = True
-
-    def _poisoned_forward(self, batch: Any, call_model: ModelCall) -> torch.Tensor:
-        """`_forward` with its loss made NaN; a strategy whose `_forward` also runs backward (a
-        pipeline) poisons inside it."""
-        return self._forward(batch, call_model) * float("nan")
-
-    def _skip_if_not_finite(self, norm: torch.Tensor) -> bool:
-        """With `settings.skip_nonfinite`: read the global norm (the one device->host sync this
-        setting costs) and say whether to leave the optimizer step out. Call before clipping:
-        clipping by a NaN norm would write NaN into the gradients (harmless once skipped, but
-        the step must touch nothing)."""
-        if not self.settings.skip_nonfinite:
-            return False
-        self._grad_norm_host = float(norm)
-        self._skipped = not math.isfinite(self._grad_norm_host)
-        return self._skipped
 
     def held_bytes(self) -> HeldBytes:
         """Bytes measured on the last step that was asked to measure (`measure_next_step`):
@@ -270,48 +236,6 @@ class Strategy(ABC):
 
     @abstractmethod
     def _count_optimizer(self) -> int: ...
-
-    @abstractmethod
-    def full_state_dict(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(model, optimizer) state with fully qualified names, unsharded, on CPU, in the layout of
-        `torch.distributed.checkpoint.state_dict`'s full state dicts. Collective: every rank calls
-        it; rank 0's result is complete."""
-
-    def sharded_state_dict(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(model, optimizer) state for a sharded checkpoint, with the same names as the full one:
-        what each rank holds (DTensors for sharded state) for `torch.distributed.checkpoint` to
-        write in parallel. Default: the full state, which must then be complete on every rank."""
-        return self.full_state_dict()
-
-    def full_state_dict_on_every_rank(self) -> tuple[dict[str, Any], dict[str, Any]] | None:
-        """The full state complete on every rank, for strategies that can produce it without
-        going through rank 0 (replicated state costs nothing); None: use `full_state_dict` and
-        send rank 0's copy. Tensors may alias the live state: read them, never write them."""
-        return None
-
-    @abstractmethod
-    def load_full_state_dict(self, model_state: dict[str, Any], optim_state: dict[str, Any], *,
-                             weights_loaded: bool = False) -> None:
-        """Inverse of `full_state_dict`; every rank passes the same full state, which the strategy
-        may keep (its tensors can become the optimizer state) or consume: pass a copy to keep
-        using it.
-        `weights_loaded`: the module given to `setup` already held these weights (a strategy may
-        then skip them)."""
-
-    def stage_full_state_dict(self, model_state: dict[str, Any], optim_state: dict[str, Any], *,
-                              weights_loaded: bool = False) -> Callable[[], None]:
-        """`load_full_state_dict` in two parts, for a switch: this call does everything that can
-        fail (checks, allocation); the call it returns only writes, and runs once the old strategy
-        has let go of its state, so a strategy can first touch its new memory then, in pages just
-        freed (fresh pages fault in several times slower on a VM). Default: all of it now."""
-        self.load_full_state_dict(model_state, optim_state, weights_loaded=weights_loaded)
-        return lambda: None
-
-    def release_gradients(self) -> None:
-        """Drop the last step's gradients (the next step recomputes them): a switch then builds the
-        new wrapping in memory the old one no longer needs. Default: keep them (DeepSpeed and the
-        pipeline hold theirs inside their own engines)."""
-        return None
 
     @abstractmethod
     def teardown(self) -> None: ...

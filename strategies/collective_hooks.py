@@ -64,8 +64,7 @@ import torch.distributed as dist
 
 from ringtop.metrics import rank_sets
 from ringtop.metrics.rank_sets import WORLD
-
-from .base import CommRecorder
+from ringtop.strategies.base import CommRecorder
 
 
 def _nbytes(t: Any) -> int:

@@ -12,8 +12,8 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from . import collective_hooks
-from .base import (
+from ringtop.strategies import collective_hooks
+from ringtop.strategies.base import (
     CommRecorder,
     DistContext,
     ModelCall,
@@ -23,7 +23,7 @@ from .base import (
     TrainSettings,
     refuse_unknown_options,
 )
-from .torch_native import TorchNativeStrategy
+from ringtop.strategies.torch_native import TorchNativeStrategy
 
 
 @dataclass

@@ -9,12 +9,19 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ringtop.metrics.parallel_dims import ParallelDims
 from ringtop.metrics.strategy_names import strategy_label
-
-from . import collective_hooks
-from .base import DistContext, OptimizerFactory, ShardingSpec, StrategyError, TrainSettings, refuse_unknown_options
-from .tensor_parallel import HeadOrderedQkv, check_splittable, parallelize_blocks
-from .torch_native import TorchNativeStrategy
+from ringtop.strategies import collective_hooks
+from ringtop.strategies.base import (
+    DistContext,
+    OptimizerFactory,
+    ShardingSpec,
+    StrategyError,
+    TrainSettings,
+    refuse_unknown_options,
+)
+from ringtop.strategies.tensor_parallel import HeadOrderedQkv, check_splittable, parallelize_blocks
+from ringtop.strategies.torch_native import TorchNativeStrategy
 
 SHARDINGS = {
     "full": ShardingSpec(params=True, grads=True, optimizer=True),
@@ -54,7 +61,7 @@ class FSDPStrategy(HeadOrderedQkv, TorchNativeStrategy):
     def data_shard(self, ctx: DistContext) -> tuple[int, int]:
         """A tensor-parallel group (consecutive ranks) reads one data-parallel shard."""
         tp = self.options.get("tp", 1)
-        return ctx.rank // tp, max(1, ctx.world_size // tp)
+        return ParallelDims.filling(ctx.world_size, tp=tp).data_shard(ctx.rank)
 
     @property
     def sharding(self) -> ShardingSpec:  # type: ignore[override]
@@ -73,9 +80,11 @@ class FSDPStrategy(HeadOrderedQkv, TorchNativeStrategy):
         tp = self.options.get("tp", 1)
         if tp > 1:
             check_splittable(model, tp, settings.dtype)
-            if ctx.world_size % tp:
-                raise StrategyError(f"fsdp with tp {tp} needs a world size it divides, not {ctx.world_size}")
-            mesh_2d = init_device_mesh(ctx.device.type, (ctx.world_size // tp, tp), mesh_dim_names=("dp", "tp"))
+            try:
+                dims = ParallelDims.filling(ctx.world_size, tp=tp)
+            except ValueError:
+                raise StrategyError(f"fsdp with tp {tp} needs a world size it divides, not {ctx.world_size}") from None
+            mesh_2d = init_device_mesh(ctx.device.type, (dims.dp, dims.tp), mesh_dim_names=("dp", "tp"))
             self._rows, self._tp_shape = parallelize_blocks(model, mesh_2d["tp"])
             self.work_split = tp
             mesh = mesh_2d["dp"]

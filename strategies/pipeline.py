@@ -1,5 +1,5 @@
 """Pipeline parallelism for the built-in transformer and the Hugging Face architectures
-(`--model hf:...`, agent/hf_models.py) through `torch.distributed.pipelining`.
+(`--model hf:...`, agent/models/hf_models.py) through `torch.distributed.pipelining`.
 
 The model is split by layers into `stages` (balanced by default, or `split` layers per stage):
 stage 0 holds the token and position embeddings and its blocks, the last stage its blocks, the
@@ -53,16 +53,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from . import collective_hooks
-from . import pipeline_schedule as ps
-from .base import (
+from ringtop.metrics.costs import pipeline_schedule as ps
+from ringtop.metrics.parallel_dims import DIMENSIONS, ParallelDims
+from ringtop.strategies import collective_hooks
+from ringtop.strategies.base import (
     CountsOwnTensors,
     DistContext,
     ModelCall,
@@ -75,191 +76,43 @@ from .base import (
     refuse_unknown_options,
     unique_parameters,
 )
-from .tensor_parallel import _local, check_splittable, relayout_qkv, split_tiny_gpt_blocks
-from .torch_native import _is_dtensor, _laid_out_like
+from ringtop.strategies.pipeline_parts import PipelineStateDicts, PipelineTimeline
+from ringtop.strategies.pipeline_stages import (
+    PipelineEvent,
+    _is_split,
+    _names_by_param,
+    _positive_int,
+    _release_other_stages,
+    _schedule_class,
+    _split_of,
+    _timed_stage_class,
+    _TinyGPTSplit,
+)
+from ringtop.strategies.tensor_parallel import _local, check_splittable, split_tiny_gpt_blocks
 
 OPTIONS = ("stages", "schedule", "micro_batches", "split", "tp")
-TIED, TIED_COPY = "tok_emb.weight", "head.weight"
-"""TinyGPT's tied pair: the embedding (first stage) and the head's copy of it (last stage)."""
 
 
-class PipelineEvent(NamedTuple):
-    """One forward ("F") or backward ("B") of one micro-batch on one stage; host clock
-    (`time.perf_counter_ns`, comparable across processes on one Linux host)."""
-
-    stage: int
-    micro_batch: int
-    kind: str
-    start_ns: int
-    end_ns: int
 
 
-@dataclass(frozen=True)
-class StageBubble:
-    """One stage's last step, measured against the schedule's window on this rank."""
-
-    stage: int
-    stages: int
-    replica: int
-    schedule: str
-    micro_batches: int
-    window_ms: float
-    """From entering the schedule to the end of the loss all-reduce that closes the pipeline's step
-    (the pipeline part of the step: excludes gradient sync, optimizer and data)."""
-    busy_ms: float
-    forward_ms: float
-    backward_ms: float
-    wait_recv_ms: float
-    idle_ms: float
-    bubble: float
-    """1 - busy / window."""
-    theory: float
-    """(N-1)/(N+M-1), for equal stages and free transfers, GPipe and 1F1B alike."""
-    warmup: bool
-    """First step after the schedule was (re)built: it includes torch's shape inference and p2p warm-up."""
 
 
-def _is_builtin_transformer(model: nn.Module) -> bool:
-    cls = type(model)
-    return (cls.__module__ == "ringtop.agent.model" and cls.__qualname__ == "TinyGPT"
-            and isinstance(getattr(model, "blocks", None), nn.ModuleList))
 
 
-class _TinyGPTSplit:
-    """The built-in model's roles for the split (an hf model brings its own, `pipeline_split()`)."""
-
-    tied = (TIED, TIED_COPY)
-
-    def __init__(self, model: nn.Module):
-        self.model = model
-        self.n_layers = len(model.blocks)
-        self.max_seq_len = model.cfg.max_seq_len
-
-    def parts(self) -> list[nn.Module]:
-        m = self.model
-        return [m.tok_emb, m.pos_emb, m.ln_f, m.head, *m.blocks]
-
-    def stage_params(self, layers: range, first: bool, last: bool) -> list[nn.Parameter]:
-        m = self.model
-        modules = [m.blocks[i] for i in layers]
-        if first:
-            modules += [m.tok_emb, m.pos_emb]
-        if last:
-            modules.append(m.ln_f)
-        params = [p for mod in modules for p in mod.parameters()]
-        if last and not first:
-            params.append(m.head.weight)
-        return params
-
-    def build_stage(self, layers: range, first: bool, last: bool) -> nn.Module:
-        return _StageModule(self.model, layers, first, last)
 
 
-def _split_of(model: nn.Module):
-    """How to split `model` by layers, or a StrategyError saying why it cannot be."""
-    if _is_builtin_transformer(model):
-        return _TinyGPTSplit(model)
-    split = getattr(model, "pipeline_split", None)
-    if callable(split):
-        return split()
-    raise StrategyError(
-        f"pp splits the built-in transformer (--model tiny-gpt) and --model hf:... architectures by their "
-        f"layers; got {type(model).__module__}.{type(model).__qualname__}. Use ddp, fsdp or zero1/2/3 for a "
-        "user model.")
 
 
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
-class _StageModule(nn.Module):
-    """The layers of one stage of TinyGPT, under the original model's parameter names."""
-
-    def __init__(self, model: nn.Module, layers: range, first: bool, last: bool):
-        super().__init__()
-        self.first, self.last = first, last
-        if first:
-            self.tok_emb = model.tok_emb
-            self.pos_emb = model.pos_emb
-        self.blocks = nn.ModuleDict({str(i): model.blocks[i] for i in layers})
-        if last:
-            self.ln_f = model.ln_f
-            # Built on the meta device (no allocation, no draw from the global RNG), then given its weight.
-            self.head = nn.Linear(model.head.in_features, model.head.out_features, bias=False, device="meta")
-            if first:  # one stage: the real tie
-                self.head.weight = self.tok_emb.weight
-            else:
-                self.head.weight = nn.Parameter(model.tok_emb.weight.detach().clone())
-        self.max_seq_len = model.cfg.max_seq_len
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.first:
-            t = x.shape[1]
-            if t > self.max_seq_len:
-                raise ValueError(f"sequence length {t} exceeds the model's maximum {self.max_seq_len}")
-            x = self.tok_emb(x) + self.pos_emb(torch.arange(t, device=x.device))
-        for block in self.blocks.values():
-            x = block(x)
-        if self.last:
-            x = self.head(self.ln_f(x))
-        return x
 
 
-def _timed_stage_class():
-    from torch.distributed.pipelining import PipelineStage
-
-    class TimedStage(PipelineStage):
-        """A PipelineStage that records each micro-batch's forward and backward."""
-
-        def __init__(self, *args: Any, events: list, **kwargs: Any):
-            super().__init__(*args, **kwargs)
-            self.events = events
-
-        def forward_one_chunk(self, fwd_chunk_id, args, kwargs=None, save_forward_output=True):
-            t0 = time.perf_counter_ns()
-            out = super().forward_one_chunk(fwd_chunk_id, args, kwargs, save_forward_output)
-            self.events.append([self.stage_index, fwd_chunk_id, ps.FORWARD, t0, time.perf_counter_ns()])
-            return out
-
-        def backward_one_chunk(self, bwd_chunk_id, loss=None, full_backward=True, last_backward=False):
-            t0 = time.perf_counter_ns()
-            out = super().backward_one_chunk(bwd_chunk_id, loss=loss, full_backward=full_backward,
-                                             last_backward=last_backward)
-            self.events.append([self.stage_index, bwd_chunk_id, ps.BACKWARD, t0, time.perf_counter_ns()])
-            return out
-
-    return TimedStage
 
 
-def _schedule_class(schedule: str, micro_batches: int, stages: int):
-    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
-    from torch.distributed.pipelining.schedules import PipelineScheduleSingle
-
-    from .collective_hooks import trace_pipeline_p2p
-
-    trace_pipeline_p2p()
-
-    if schedule == "gpipe":
-        return ScheduleGPipe
-    if micro_batches >= stages:
-        return Schedule1F1B
-
-    class Schedule1F1BFewMicroBatches(Schedule1F1B):
-        """torch's Schedule1F1B refuses M < N in its constructor, but its step loop handles it
-        (each stage warms up with min(M, N - s) forwards); only the constructor's check and the
-        schedule picture (`pipeline_order`, which assumes M >= N) are skipped here."""
-
-        def __init__(self, stage, n_microbatches, loss_fn=None, scale_grads=True):
-            PipelineScheduleSingle.__init__(self, stage, n_microbatches, loss_fn=loss_fn, scale_grads=scale_grads)
-
-        def _get_pipeline_order(self):
-            return None
-
-    return Schedule1F1BFewMicroBatches
 
 
 @dataclass
-class PipelineStrategy(CountsOwnTensors, Strategy):
+class PipelineStrategy(PipelineTimeline, PipelineStateDicts, CountsOwnTensors, Strategy):
     """Options: `stages` (default: world size / tp), `schedule` ("gpipe" | "1f1b", default gpipe),
     `micro_batches` (default 4; must divide the per-rank batch), `split` (layers per stage,
     default balanced), `tp` (default 1; > 1: 3D, the built-in model only). The built-in model and
@@ -307,6 +160,7 @@ class PipelineStrategy(CountsOwnTensors, Strategy):
         self._stage_size: tuple[int, int] | None = None
         self.replica = 0
         self.replicas = 1
+        self.dims = ParallelDims()
         self.split: list[int] = []
         self._layers: list[range] = []
         self.tied: tuple[str, str] | None = None
@@ -402,8 +256,11 @@ class PipelineStrategy(CountsOwnTensors, Strategy):
             if ctx.world_size % tp:
                 raise StrategyError(f"pp with tp {tp} needs a world size it divides, not {ctx.world_size}")
         stages = self.options.get("stages") or ctx.world_size // tp
-        if ctx.world_size % (stages * tp):
-            raise StrategyError(f"pp stages ({stages}) x tp ({tp}) must divide the number of ranks ({ctx.world_size})")
+        try:
+            self.dims = ParallelDims.filling(ctx.world_size, tp=tp, pp=stages)
+        except ValueError:
+            raise StrategyError(f"pp stages ({stages}) x tp ({tp}) must divide the number of ranks ({ctx.world_size})"
+                                ) from None
         n_layers = splitter.n_layers
         self.tied = splitter.tied
         try:
@@ -414,9 +271,8 @@ class PipelineStrategy(CountsOwnTensors, Strategy):
         self._check_micro_batches(self.micro_batches, settings.batch_size)
         self.settings = settings
         self.ctx = ctx
-        self.num_stages, self.replicas = stages, ctx.world_size // (stages * tp)
-        self.tp_index = ctx.rank % tp
-        self.stage_index, self.replica = (ctx.rank // tp) % stages, ctx.rank // (stages * tp)
+        self.num_stages, self.replicas = self.dims.pp, self.dims.dp
+        self.replica, self.stage_index, self.tp_index = self.dims.coords(ctx.rank)
         self._layers = ps.stage_layers(self.split)
         self._stage_size = self.stage_param_counts(model, stages, self.split)[self.stage_index]
         self._make_groups(ctx)
@@ -444,19 +300,18 @@ class PipelineStrategy(CountsOwnTensors, Strategy):
     def _make_groups(self, ctx: DistContext) -> None:
         from torch.distributed.device_mesh import init_device_mesh
 
-        s, r, t = self.num_stages, self.replicas, self.tp
-        if t > 1:
-            mesh = init_device_mesh(ctx.device.type, (r, s, t), mesh_dim_names=("dp", "pp", "tp"))
+        dims = self.dims
+        s, r = dims.pp, dims.dp
+        if dims.tp > 1:
+            mesh = init_device_mesh(ctx.device.type, dims.shape, mesh_dim_names=DIMENSIONS)
             self.tp_group = mesh.get_group("tp")
         else:
-            mesh = init_device_mesh(ctx.device.type, (r, s), mesh_dim_names=("dp", "pp"))
+            mesh = init_device_mesh(ctx.device.type, dims.shape[:2], mesh_dim_names=DIMENSIONS[:2])
         self.mesh = mesh
         collective_hooks.name_mesh_dimensions(mesh)
         self.pp_group = mesh.get_group("pp")
         self.dp_group = mesh.get_group("dp") if r > 1 else None
-
-        def rank_of(replica: int, stage: int, tp_index: int) -> int:
-            return (replica * s + stage) * t + tp_index
+        mine = dims.group("pp", ctx.rank)
         # The tied weight's two holders: first and last stage of each replica.
         self.tie_group = None
         holds_tied = self.stage_index in (0, s - 1)
@@ -465,21 +320,19 @@ class PipelineStrategy(CountsOwnTensors, Strategy):
         elif s == 2:
             self.tie_group = self.pp_group
         elif s > 2:
-            for replica in range(r):  # every rank takes part in creating every group
-                for tp_index in range(t):
-                    group = dist.new_group([rank_of(replica, 0, tp_index), rank_of(replica, s - 1, tp_index)])
-                    if (replica, tp_index) == (self.replica, self.tp_index) and holds_tied:
-                        self.tie_group = group
+            for stages in dims.groups("pp"):  # every rank takes part in creating every group
+                group = dist.new_group([stages[0], stages[-1]])
+                if stages == mine and holds_tied:
+                    self.tie_group = group
         # A gloo group per pipeline for gathering Python objects (checkpoint, timelines).
         if ctx.backend == "gloo":
             self.object_group = self.pp_group
         else:
             self.object_group = None
-            for replica in range(r):
-                for tp_index in range(t):
-                    group = dist.new_group([rank_of(replica, stage, tp_index) for stage in range(s)], backend="gloo")
-                    if (replica, tp_index) == (self.replica, self.tp_index):
-                        self.object_group = group
+            for stages in dims.groups("pp"):
+                group = dist.new_group(list(stages), backend="gloo")
+                if stages == mine:
+                    self.object_group = group
 
     def _build_schedule(self, micro_batches: int) -> None:
         stage_cls = _timed_stage_class()
@@ -606,142 +459,14 @@ class PipelineStrategy(CountsOwnTensors, Strategy):
 
     # ------------------------------------------------------------------ bubble
 
-    def last_timeline(self) -> list[PipelineEvent]:
-        """This stage's forward/backward events of the last step, in the order run."""
-        return list(self._last_events)
 
-    def last_window_ns(self) -> tuple[int, int]:
-        """(start_ns, end_ns) of the last step's schedule on this rank."""
-        return self._window_ns
 
-    def last_bubble(self) -> StageBubble | None:
-        """Busy, wait-to-receive and idle time and bubble of this stage's last step; None before one."""
-        if not self._last_events:
-            return None
-        t0, t1 = self._window_ns
-        events = [(e.stage, e.micro_batch, e.kind, e.start_ns / 1e6, e.end_ns / 1e6) for e in self._last_events]
-        times = ps.stage_times(events, {self.stage_index: (t0 / 1e6, t1 / 1e6)}, self.num_stages)[self.stage_index]
-        return StageBubble(
-            stage=self.stage_index, stages=self.num_stages, replica=self.replica, schedule=self.schedule,
-            micro_batches=self.micro_batches, window_ms=times.window_ms, busy_ms=times.busy_ms,
-            forward_ms=times.forward_ms, backward_ms=times.backward_ms, wait_recv_ms=times.wait_recv_ms,
-            idle_ms=times.idle_ms, bubble=times.bubble,
-            theory=ps.theoretical_bubble(self.schedule, self.num_stages, self.micro_batches), warmup=self._warmup,
-        )
 
-    def gather_timeline(self) -> tuple[list[PipelineEvent], list[tuple[int, int]]]:
-        """Collective over this rank's pipeline (every stage must call it): the last step's events
-        of all its stages and each stage's (start_ns, end_ns) window. For benchmarks and tests; the
-        agent publishes each rank's own `last_timeline()` instead."""
-        if self.num_stages == 1:
-            return self.last_timeline(), [self._window_ns]
-        gathered: list[Any] = [None] * self.num_stages
-        dist.all_gather_object(gathered, (self._last_events, self._window_ns), group=self.object_group)
-        events = [PipelineEvent(*e) for evs, _ in gathered for e in evs]
-        return events, [tuple(w) for _, w in gathered]
 
     # ------------------------------------------------------------------ state
 
-    def _local_state(self) -> tuple[dict[str, torch.Tensor], dict[str, dict], list[dict]]:
-        """This stage's state under the model's names; with tp, full tensors (collective over the
-        stage's tp group) in the plain q|k|v layout."""
-        model_state = {k: _full(v).detach().cpu().clone() for k, v in self.module.state_dict().items()}
-        optim_state: dict[str, dict] = {}
-        groups: list[dict] = []
-        for group in self.optimizer.param_groups:
-            fqns = []
-            for p in group["params"]:
-                fqn = self._fqn_of[id(p)]
-                if self.tied is not None and fqn == self.tied[1] and self.num_stages > 1:
-                    continue  # the copy of the embedding: stage 0 holds the same state
-                fqns.append(fqn)
-                if self.optimizer.state.get(p):
-                    optim_state[fqn] = {k: (_full(v).detach().cpu().clone() if isinstance(v, torch.Tensor) else v)
-                                        for k, v in self.optimizer.state[p].items()}
-            groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": fqns})
-        if self._rows is not None:
-            inverse = torch.argsort(self._rows)
-            model_state, optim_state = relayout_qkv(model_state, inverse), relayout_qkv(optim_state, inverse)
-        return model_state, optim_state, groups
 
-    def full_state_dict(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The model's full state under its original names (a tied head's weight included, equal to
-        the embedding's) and the optimizer state in torch's full layout keyed by those names (the
-        tied weight once, under the embedding's name). Collective over the ranks of replica 0 (every rank
-        calls it; others return empty dicts); rank 0's result is complete."""
-        local = self._local_state()
-        if self.num_stages == 1:
-            parts = [local]
-        elif self.replica == 0 and self.tp_index == 0:
-            parts = [None] * self.num_stages if self.ctx.rank == 0 else None
-            dist.gather_object(local, parts, group=self.object_group, group_dst=0)
-        else:
-            parts = None
-        if self.ctx.rank != 0:
-            return {}, {}
-        model_state: dict[str, Any] = {}
-        optim_state: dict[str, Any] = {}
-        groups: list[dict] = []
-        for m, o, g in parts:
-            model_state.update(m)
-            optim_state.update(o)
-            for i, group in enumerate(g):
-                if i == len(groups):
-                    groups.append({**group, "params": []})
-                groups[i]["params"].extend(group["params"])
-        order = {name: i for i, name in enumerate(self._param_fqns)}
-        for group in groups:
-            group["params"].sort(key=lambda n: order.get(n, len(order)))
-        model_state = {k: model_state[k] for k in self._model_keys if k in model_state}
-        optim_state = {k: optim_state[k] for k in self._param_fqns if k in optim_state}
-        return model_state, {"state": optim_state, "param_groups": groups}
 
-    def load_full_state_dict(self, model_state: dict[str, Any], optim_state: dict[str, Any], *,
-                             weights_loaded: bool = False) -> None:
-        """Inverse of `full_state_dict`; every rank passes the same full state. Each stage takes its
-        own names; the last stage's copy of the tied weight takes the embedding's value and state."""
-        own = self.module.state_dict()
-        tied, tied_copy = self.tied or (None, None)
-        model_state = relayout_qkv(model_state, self._rows)
-        optim_state = {**optim_state, "state": relayout_qkv(optim_state.get("state", {}), self._rows)}
-
-        def source(name: str, table: dict) -> str | None:
-            if name in table:
-                return name
-            if tied is not None and name == tied_copy and tied in table:
-                return tied
-            return None
-
-        missing = [k for k in own if source(k, model_state) is None]
-        if missing:
-            raise StrategyError(f"the checkpoint lacks {missing[:5]} (of {len(missing)}) needed by pipeline stage "
-                                f"{self.stage_index}")
-        state = optim_state.get("state", {})
-        full_groups = optim_state.get("param_groups", [])
-        group_of = {n: g for g in full_groups for n in g.get("params", [])}
-        local: dict[str, Any] = {"state": {}, "param_groups": []}
-        index = 0
-        for group in self.optimizer.param_groups:
-            ids = []
-            hyper = {k: v for k, v in group.items() if k != "params"}
-            for p in group["params"]:
-                fqn = self._fqn_of[id(p)]
-                src = source(fqn, state)
-                if src is not None:
-                    local["state"][index] = {k: (_laid_out_like(v, p) if _is_dtensor(p) and isinstance(v, torch.Tensor)
-                                                 and v.shape == p.shape else v.clone() if isinstance(v, torch.Tensor)
-                                                 else v) for k, v in state[src].items()}
-                src_group = group_of.get(fqn) or group_of.get(tied if fqn == tied_copy else fqn)
-                if src_group is not None:
-                    hyper.update({k: v for k, v in src_group.items() if k != "params"})
-                ids.append(index)
-                index += 1
-            local["param_groups"].append({**hyper, "params": ids})
-        with torch.no_grad():
-            for name, tensor in own.items():
-                full = model_state[source(name, model_state)].to(device=tensor.device, dtype=tensor.dtype)
-                _local(tensor).copy_(_local(_laid_out_like(full, tensor)))
-        self.optimizer.load_state_dict(local)
 
     def teardown(self) -> None:
         if self.module is not None:
@@ -753,28 +478,9 @@ class PipelineStrategy(CountsOwnTensors, Strategy):
         self._schedule = None
 
 
-def _is_split(t: torch.Tensor) -> bool:
-    return _is_dtensor(t) and any(p.is_shard() for p in t.placements)
 
 
-def _full(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's full value (a collective over its mesh), a plain tensor as it is."""
-    return t.full_tensor() if _is_dtensor(t) else t
 
 
-def _names_by_param(module: nn.Module, with_param: bool = False):
-    """Each distinct parameter with all its names, in registration order."""
-    by_id: dict[int, tuple[nn.Parameter, list[str]]] = {}
-    for name, param in module.named_parameters(remove_duplicate=False):
-        by_id.setdefault(id(param), (param, []))[1].append(name)
-    if with_param:
-        return list(by_id.values())
-    return {k: names for k, (_, names) in by_id.items()}
 
 
-def _release_other_stages(parts: list[nn.Module], stage: nn.Module) -> None:
-    """Free the weights of layers other stages hold: the model handed in is consumed by the split."""
-    kept = {id(p) for p in stage.parameters()}
-    for module in parts:
-        if not any(id(p) in kept for p in module.parameters()):
-            module.to("meta")

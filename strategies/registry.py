@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .base import Strategy, StrategyError
+from ringtop.strategies.base import Strategy, StrategyError
 
 _STRATEGIES: dict[str, str] = {
     "ddp": "ringtop.strategies.ddp:DDPStrategy",

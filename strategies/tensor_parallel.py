@@ -27,10 +27,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ringtop.metrics.parallel_dims import ParallelDims
 from ringtop.metrics.strategy_names import strategy_label
-
-from . import collective_hooks
-from .base import (
+from ringtop.strategies import collective_hooks
+from ringtop.strategies.base import (
     DistContext,
     ModelCall,
     OptimizerFactory,
@@ -40,7 +40,7 @@ from .base import (
     TrainSettings,
     refuse_unknown_options,
 )
-from .torch_native import TorchNativeStrategy, _is_dtensor
+from ringtop.strategies.torch_native import TorchNativeStrategy, _is_dtensor
 
 QKV_BY_HEAD = True
 """Reorder the fused qkv's rows by head (GPT-2's c_attn columns by rank) before splitting them.
@@ -88,7 +88,7 @@ by rows, the attention's and MLP's output projections by columns."""
 
 
 def check_splittable(model: nn.Module, degree: int, dtype: str) -> None:
-    from ringtop.agent.model import TinyGPT
+    from ringtop.agent.models.model import TinyGPT
 
     if dtype != "fp32":
         raise StrategyError("tensor parallelism trains in fp32 here; drop --dtype bf16")
@@ -97,8 +97,8 @@ def check_splittable(model: nn.Module, degree: int, dtype: str) -> None:
             raise StrategyError(f"tensor parallelism over {degree} ranks: {degree} must divide the model's "
                                 f"{model.cfg.n_head} heads")
         return
-    from ringtop.agent.hf_catalogue import tensor_parallel_refusal
-    from ringtop.agent.hf_models import HFCausalLM
+    from ringtop.agent.models.hf_catalogue import tensor_parallel_refusal
+    from ringtop.agent.models.hf_models import HFCausalLM
 
     if not isinstance(model, HFCausalLM):
         raise StrategyError("tensor parallelism splits the layers of the built-in tiny-gpt and of the hf models "
@@ -114,7 +114,7 @@ def parallelize_blocks(model: nn.Module, tp_mesh: Any, sequence_parallel: bool =
     off) or of an hf model (a GPT-2's c_attn columns first reordered by rank) over `tp_mesh`;
     returns (the reordering, or None; the rank's shape). `sequence_parallel`: see
     `_sequence_parallel_plan`, `_llama_sequence_parallel_plan` and `_parallelize_gpt2_blocks`."""
-    from ringtop.agent.model import TinyGPT
+    from ringtop.agent.models.model import TinyGPT
 
     if not isinstance(model, TinyGPT):
         if model.spec.dims.model_type == "gpt2":
@@ -484,8 +484,8 @@ class TensorParallelStrategy(HeadOrderedQkv, TorchNativeStrategy):
 
     def data_shard(self, ctx: DistContext) -> tuple[int, int]:
         """A tensor-parallel group reads one data-parallel shard: its ranks are consecutive."""
-        degree = self.options.get("degree") or ctx.world_size
-        return ctx.rank // degree, max(1, ctx.world_size // degree)
+        dims = ParallelDims.filling(ctx.world_size, tp=self.options.get("degree") or ctx.world_size)
+        return dims.data_shard(ctx.rank)
 
     def setup(self, model: nn.Module, make_optimizer: OptimizerFactory, ctx: DistContext,
               settings: TrainSettings) -> None:

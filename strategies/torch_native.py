@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from .base import (
+from ringtop.strategies.base import (
     CountsOwnTensors,
     ModelCall,
     Strategy,

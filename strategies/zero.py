@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from .base import (
+from ringtop.strategies.base import (
     DistContext,
     ModelCall,
     OptimizerFactory,
@@ -29,7 +29,7 @@ from .base import (
     refuse_unknown_options,
     tensor_bytes,
 )
-from .ds_config import DSConfigError, Owned, merge_ds_config
+from ringtop.strategies.ds_config import DSConfigError, Owned, merge_ds_config
 
 _MOMENTS = ("exp_avg", "exp_avg_sq")
 
@@ -49,7 +49,9 @@ class ZeroStrategy(Strategy):
         try:
             import deepspeed  # noqa: F401
         except ImportError as exc:
-            return f"DeepSpeed is not installed or does not import ({exc}); pip install 'ringtop[deepspeed]'"
+            from ringtop.metrics.install_hint import install_command
+
+            return f"DeepSpeed is not installed or does not import ({exc}); {install_command('deepspeed')}"
         return None
 
     def setup(self, model: nn.Module, make_optimizer: OptimizerFactory, ctx: DistContext,

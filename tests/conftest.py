@@ -14,9 +14,15 @@ import pytest
 
 from ringtop.agent.lifecycle import EXIT_WITH_PARENT_ENV, exit_with_parent
 from ringtop.cli.launch import stop_ranks
-from ringtop.protocol import Step, free_tcp_port, read_log
+from ringtop.protocol import Step, free_tcp_ports, read_log
 
 TESTS_DIR = Path(__file__).resolve().parent
+
+# The suite starts hundreds of Python processes (ranks, launchers, CLIs, workers); where the
+# environment forbids bytecode caches each would compile ringtop's ~90 modules anew, 0.2 s of CPU,
+# and pytest would rewrite every test module's asserts again at each run (caches: __pycache__/).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 
 @dataclass
@@ -80,9 +86,24 @@ class AgentRun:
 
 
 SUITE_ALL = os.environ.get("RINGTOP_SUITE_ALL") == "1"
-further = pytest.mark.skipif(not SUITE_ALL, reason="a further variant, left out for the suite's time: "
-                                                    "RINGTOP_SUITE_ALL=1")
-"""A variant whose code path another test of the default suite already runs (tests/README.md)."""
+further = pytest.mark.further
+"""A variant whose code path another test of the default suite already runs (tests/README.md):
+skipped unless RINGTOP_SUITE_ALL=1 (or the variable its mark names, `further(env=...)`, is 1);
+`RINGTOP_SUITE_ALL=1 python -m pytest -m further` runs exactly these."""
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip the `further` variants unless RINGTOP_SUITE_ALL=1 or their own variable is 1."""
+    for item in items:
+        mark = item.get_closest_marker("further")
+        if mark is None or SUITE_ALL:
+            continue
+        env = mark.kwargs.get("env")
+        if env and os.environ.get(env) == "1":
+            continue
+        also = f" or {env}=1" if env else ""
+        item.add_marker(pytest.mark.skip(reason=f"a further variant, left out for the suite's time: "
+                                                f"RINGTOP_SUITE_ALL=1{also}"))
 
 
 def poll_until(condition, timeout_s: float, what: str, interval_s: float = 0.05, detail=None):
@@ -105,7 +126,7 @@ def agent_env() -> dict[str, str]:
     env[EXIT_WITH_PARENT_ENV] = "1"
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONWARNINGS"] = "ignore"
-    env["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), str(TESTS_DIR / "helpers"), env.get("PYTHONPATH", "")])
     # No background warm-up for switching (DeepSpeed's import: seconds of CPU per rank, on 2 cores
     # shared by both ranks) unless a test asks for it: test_switch.py runs with it, as users do.
     env.setdefault("RINGTOP_PREWARM", "0")
@@ -140,10 +161,10 @@ def run_worker_script(script: Path, args: list[str], out: Path, nproc: int, time
 
 def rank_launcher(nproc: int, torchrun: bool = False) -> list[str]:
     """The command that starts `nproc` ranks of what follows it: the suite's own launcher
-    (tests/rank_launcher.py), or torch's elastic one where a test is about torchrun's part."""
+    (tests/helpers/rank_launcher.py), or torch's elastic one where a test is about torchrun's part."""
     if torchrun:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    return [sys.executable, str(TESTS_DIR / "rank_launcher.py"), str(nproc), sys.executable]
+    return [sys.executable, str(TESTS_DIR / "helpers" / "rank_launcher.py"), str(nproc), sys.executable]
 
 
 def start_agents(workdir: Path, nproc: int, *agent_args: str, entry: str | None = None,
@@ -152,7 +173,7 @@ def start_agents(workdir: Path, nproc: int, *agent_args: str, entry: str | None 
     process without a launcher), with free loopback ports and a private log dir under `workdir`.
     `entry`: a script to run instead of `-m ringtop.agent`. `default_ports`: no addresses given,
     as a user starts a run (then `run.connection()` has them)."""
-    ports = [free_tcp_port() for _ in range(3)]
+    ports = free_tcp_ports(3)
     publish, relay, control = ("" if default_ports else f"tcp://127.0.0.1:{p}" for p in ports)
     log_dir, ckpt_dir, output_path = workdir / "logs", workdir / "checkpoints", workdir / "output.txt"
     workdir.mkdir(parents=True, exist_ok=True)
@@ -197,11 +218,19 @@ def _suite_runtime_dir(tmp_path_factory):
         os.environ[RUNTIME_ENV] = before
 
 
+@pytest.fixture(scope="session")
+def finished_ddp_run(tmp_path_factory) -> AgentRun:
+    """One finished 2-rank DDP run (6 steps, batch 4, sequence 64) for the tests that only read its
+    logs (test_report.py's page, test_mfu_run.py's TFLOP/s): one launch instead of one each."""
+    return finished_agents(tmp_path_factory.mktemp("ddp-6-steps"), 2, "--steps", "6", "--batch-size", "4",
+                           "--seq-len", "64", timeout_s=150)
+
+
 @pytest.fixture
 def gatekeeper():
     """(Gatekeeper, RunKeys) of a fresh 2-rank run, for servers a test builds itself: pass
     `gate=` to them, then start the gatekeeper. Stopped at teardown."""
-    from ringtop.agent.gatekeeper import Gatekeeper
+    from ringtop.agent.transport.gatekeeper import Gatekeeper
     from ringtop.protocol import curve
 
     keys = curve.generate(world_size=2)

@@ -1,7 +1,7 @@
 """What the UI's actions need before they send anything: the switch targets with the cost model's
 prediction for each, and the check of a micro-batch count. Pure Python (no Textual).
 
-Predicted memory and traffic mirror the agent's conventions (agent/prediction.py): DeepSpeed ZeRO
+Predicted memory and traffic mirror the agent's conventions (agent/loop/prediction.py): DeepSpeed ZeRO
 keeps params and grads in the compute dtype plus an fp32 master copy, so K = 12 optimizer bytes per
 parameter; the torch strategies (DDP, FSDP) keep fp32 params and grads (mixed precision casts on
 the fly) and AdamW's 8 bytes per parameter. On the wire parameters travel in the compute dtype;
@@ -14,11 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ringtop.metrics.strategy_names import DATA_PARALLEL_STRATEGIES, picker_label, sharded_label, switch_args
-from ringtop.strategies.cost_model import implementation_cost, sharding_of
-
-from .memory import current_strategy
-from .view_model import RunView
+from ringtop.metrics.costs.cost_model import implementation_cost
+from ringtop.metrics.parallel_dims import tp_degrees
+from ringtop.metrics.strategy_names import DATA_PARALLEL_STRATEGIES, picker_label, sharded_words, switch_args
+from ringtop.tui.state.view_model import RunView
+from ringtop.tui.tabs.memory.figures import current_strategy
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,10 +62,9 @@ def mesh_targets(world: int) -> list[SwitchTarget]:
     if world < 2:
         return []
     out = [SwitchTarget("tp", f"tp ×{world}", {"strategy": "tp"})]
-    for t in range(2, world):
-        if world % t == 0:
-            out.append(SwitchTarget(f"fsdp-full+tp{t}", f"fsdp full tp={t}",
-                                    {"strategy": "fsdp", "fsdp_sharding": "full", "tp": t}))
+    for t in tp_degrees(world)[1:-1]:
+        out.append(SwitchTarget(f"fsdp-full+tp{t}", f"fsdp full tp={t}",
+                                {"strategy": "fsdp", "fsdp_sharding": "full", "tp": t}))
     return out
 
 
@@ -79,21 +78,32 @@ def _current_key(f: Any) -> str | None:
 
 
 def switch_rows(view: RunView) -> list[SwitchRow]:
-    """One row per switch target with its predicted state per rank and bytes sent per step; the
-    mesh targets (tensor parallelism, 2D) without: what they hold and send depends on the model's
-    layers, which the UI does not know (the agent's Hello predicts them once it runs so)."""
+    """One row per switch target this run can take (Hello.switch_unavailable leaves out the others;
+    the current strategy stays, as the picker's reference) with its predicted state per rank and
+    bytes sent per step; the mesh targets (tensor parallelism, 2D) without: what they hold and send
+    depends on the model's layers, which the UI does not know (the agent's Hello predicts them once
+    it runs so)."""
     f = view.facts
     n = f.world_size or len(view.ranks)
     current = _current_key(f)
-    mesh = [SwitchRow(t, "matrices" if t.key == "tp" else "matrices, " + sharded_label(sharding_of("fsdp-full")),
+    mesh = [SwitchRow(t, sharded_words("tp") if t.key == "tp" else "matrices, " + sharded_words("fsdp-full"),
                       None, None, None, None, t.key == current) for t in mesh_targets(n)]
-    return [*_data_parallel_rows(f, n, current), *mesh]
+    return [r for r in (*_data_parallel_rows(f, n, current), *mesh)
+            if r.current or r.target.args["strategy"] not in f.switch_unavailable]
+
+
+def switch_unavailable_text(unavailable: dict[str, str]) -> str:
+    """`zero1, zero2, zero3: DeepSpeed is not installed`: the targets left out, grouped by why."""
+    by_why: dict[str, list[str]] = {}
+    for name, why in unavailable.items():
+        by_why.setdefault(why, []).append(name)
+    return "; ".join(f"{', '.join(names)}: {why}" for why, names in by_why.items())
 
 
 def _data_parallel_rows(f: Any, n: int, current: str | None) -> list[SwitchRow]:
     rows = []
     for t in SWITCH_TARGETS:
-        sharded = sharded_label(sharding_of(t.key))
+        sharded = sharded_words(t.key)
         params = grads = optim = sent = None
         if f.param_count > 0 and n >= 1:
             cost = implementation_cost(t.key, n, f.param_count, f.dtype or "fp32", gloo=f.backend == "gloo")

@@ -1,9 +1,9 @@
 """ringtop's terminal UI: a Textual app that composes one widget per panel and routes to them.
 
 Live: a `TelemetryClient` thread receives and decodes telemetry and posts batches to the app as
-`TelemetryBatch` messages; the handler only folds them into the view model. A 4 Hz timer builds
-the models of the header and of the panel on screen (tui/builders.py) and hands them to their
-widgets, so the message rate never drives the repaint rate and hidden panels cost nothing.
+`TelemetryBatch` messages; the handler only folds them into the view model. A timer (once a second) builds
+the models of the header and of the panel on screen (each tab's panel.py, one `Panel` interface)
+and hands them to their widgets, so the message rate never drives the repaint rate and hidden panels cost nothing.
 Replay: the messages of a log directory are folded in (in chunks, so the UI stays responsive).
 
 Quitting closes only the UI's own sockets; the agents are separate processes and keep running.
@@ -11,7 +11,9 @@ Quitting closes only the UI's own sockets; the agents are separate processes and
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import os
 import sys
 import time
 from pathlib import Path
@@ -24,29 +26,40 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, TabbedContent, TabPane
 
 from ringtop.protocol.curve import ClientKeys
+from ringtop.tui.header.model import HeaderModel
+from ringtop.tui.header.render import header_model
+from ringtop.tui.header.widget import RunHeader
+from ringtop.tui.keys_help import KeysHelp
+from ringtop.tui.large_run.keys import OVERVIEW_BINDINGS, OverviewKeys
+from ringtop.tui.large_run.nav import OverviewNav, comm_nav, memory_nav
+from ringtop.tui.palette import RingtopPalette
+from ringtop.tui.panel import Frame, Panel
+from ringtop.tui.run_commands import RUN_COMMANDS, RunCommands
+from ringtop.tui.sources.connection import TelemetryClient
+from ringtop.tui.sources.exit_probe import ExitProbe, LauncherExits
+from ringtop.tui.sources.feeds import TIMER_REFRESH_AFTER_S, Feeds
+from ringtop.tui.sources.replay import ReplayError, load_replay
+from ringtop.tui.state.view_model import DIGEST_MIN_RANKS, RunView
+from ringtop.tui.tabs.comm.panel import CommFigures, CommTab
+from ringtop.tui.tabs.events.panel import EventsTab
+from ringtop.tui.tabs.hang.panel import HangTab
+from ringtop.tui.tabs.memory.panel import MemoryTab
+from ringtop.tui.tabs.overview.panel import OverviewTab
+from ringtop.tui.tabs.pipeline.panel import PipelineTab
 
-from .builders import Builders
-from .connection import TelemetryClient
-from .feeds import TIMER_REFRESH_AFTER_S, Feeds
-from .header_tab import header_model
-from .overview_keys import OVERVIEW_BINDINGS, OverviewKeys
-from .overview_nav import OverviewNav, comm_nav, memory_nav
-from .replay import ReplayError, load_replay
-from .run_commands import RunCommands
-from .view_model import DIGEST_MIN_RANKS, RunView
-from .widgets import (
-    CommPanel,
-    EventsPanel,
-    HangBanner,
-    HangPanel,
-    HeaderModel,
-    MemoryPanel,
-    OverviewPanel,
-    PipelinePanel,
-    RunHeader,
-)
-
-REFRESH_S = 0.25
+BUNDLE_TITLE = "Bundle for a bug report"
+BUNDLE_HELP = ("`ringtop bundle` of this run: stacks, ledgers, last steps and events, summary, config, versions "
+               "(no keys), one .tar.gz in its log folder")
+BUNDLE_TIMEOUT_S = 180.0
+REFRESH_S = 1.0
+"""The screen's timer: once a second, as htop (1.5 s) and nvitop (2 s) refresh; a key redraws at
+once, and a large run's digests redraw as they come (feeds.py). An Overview repaint costs ~25 ms
+of CPU on these machines: at 4 Hz a UI watching 8 ranks took 16-17 % of a core, at 2 Hz 8-9 %,
+at 1 Hz 5 % (benchmarks/bench_ui_cost.py) — a share the ranks on its node lose."""
+UI_NICE = 10
+"""A live UI lowers its own CPU priority by this much (`os.nice`): on a node whose cores the ranks
+keep busy, the ranks come first and the screen takes what is left (at 1 Hz it needs little);
+attached, a UI at nice 0 slowed a 2-rank run on 2 cores 1.18-1.32x (benchmarks/bench_ui_cost.py)."""
 GC_THRESHOLDS = (10_000, 20, 10)
 """The collector's thresholds while the app runs (Python's: 700, 10, 10). A large run's UI makes
 and drops tens of thousands of objects a second (decoded messages, each refresh's figures); at
@@ -54,7 +67,13 @@ the defaults its full passes came every 3 s and paused every thread, the event l
 120-170 ms at 1024 ranks (65 ms of each second in collections); at these, 12-26 ms a second and
 no full pass in a 12 s window (benchmarks/README.md, UI at scale). Restored when the app ends."""
 TABS = ("overview", "memory", "comm", "pipeline", "events", "hang")
-PANELS = (OverviewPanel, MemoryPanel, CommPanel, PipelinePanel, EventsPanel, HangPanel)
+
+
+def tab_panels() -> dict[str, Panel]:
+    """One panel per tab, in TABS order; the Overview's busbw chart and the Comm tab share their figures."""
+    comm = CommFigures()
+    panels: tuple[Panel, ...] = (OverviewTab(comm), MemoryTab(), CommTab(comm), PipelineTab(), EventsTab(), HangTab())
+    return {p.tab: p for p in panels}
 
 
 class RingtopApp(Feeds, RunCommands, OverviewKeys, App):
@@ -76,17 +95,22 @@ class RingtopApp(Feeds, RunCommands, OverviewKeys, App):
         Binding("p", "profile", "profile"),
         Binding("s", "status", "status"),
         Binding("k", "stacks", "stacks"),
+        Binding("X", "stop", "stop"),
+        *(Binding(c.key, f"refuse_ended('{c.action}')", show=False) for c in RUN_COMMANDS),
         *(Binding(str(i), f"show_tab('{tab}')", tab, show=False) for i, tab in enumerate(TABS, 1)),
         Binding("r", "comm_rank", "rank/all"),
         *OVERVIEW_BINDINGS,
+        Binding("b", "bundle", "bundle", show=False),
+        Binding("question_mark", "keys_help", "keys"),
         Binding("q", "quit", "quit"),
     ]
 
     def __init__(self, publish_addr: str | None = None, control_addr: str | None = None, *,
                  messages: Iterable[Any] | None = None, problems: Iterable[str] = (), source: str = "",
                  stale_after_s: float = 3.0, link_peak_gbps: float = 0.0, keys: ClientKeys | None = None,
-                 digest_min_ranks: int = DIGEST_MIN_RANKS) -> None:
+                 digest_min_ranks: int = DIGEST_MIN_RANKS, launcher_exits: LauncherExits | None = None) -> None:
         """`keys`: the run's client keys (its connection file); None for a run started --insecure.
+        `launcher_exits`: what the launcher of the ranks saw end them (tui/sources/exit_probe.py), when known.
         `link_peak_gbps`: the link's peak per direction for the busbw reference (e.g. `--link`).
         `digest_min_ranks`: from this world size on, steps come in the relay's digests (view_model)."""
         super().__init__()
@@ -116,7 +140,8 @@ class RingtopApp(Feeds, RunCommands, OverviewKeys, App):
         self.table_cursor_keys: dict[str, str | None] = {}
         """Per tab, the row under its table's cursor as last drawn (what Enter opens)."""
         self.table_page_rows: dict[str, int] = {}
-        self.builders = Builders()
+        self.panels = tab_panels()
+        self.exit_probe = None if self.replay else ExitProbe(launcher_exits)
         self._gc_thresholds = gc.get_threshold()
         self._offered: tuple = ()
         self.refreshed_at = -1e9
@@ -124,9 +149,9 @@ class RingtopApp(Feeds, RunCommands, OverviewKeys, App):
     def compose(self) -> ComposeResult:
         yield RunHeader()
         with TabbedContent(initial="overview"):
-            for i, (tab, panel) in enumerate(zip(TABS, PANELS), 1):
+            for i, tab in enumerate(TABS, 1):
                 with TabPane(f"{i} {tab.capitalize()}", id=tab):
-                    yield panel()
+                    yield self.panels[tab].widget()
         yield Footer()
 
     def on_mount(self) -> None:
@@ -178,10 +203,47 @@ class RingtopApp(Feeds, RunCommands, OverviewKeys, App):
             return self.active_tab == "comm"
         return self.command_allowed(action) and self.overview_allowed(action)
 
+    def action_command_palette(self) -> None:
+        if self.use_command_palette and not RingtopPalette.is_open(self):
+            self.push_screen(RingtopPalette(id="--command-palette"))
+
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from self.run_system_commands()
+        yield SystemCommand(f"{BUNDLE_TITLE}  (b)", BUNDLE_HELP, self.action_bundle)
         yield from self.overview_system_commands()
         yield from super().get_system_commands(screen)
+
+    def action_bundle(self) -> None:
+        """`ringtop bundle` of this run (its id live, its log folder in a replay), in a child
+        process: the screen goes on; Events says where the archive is."""
+        target = self.source if self.replay else self.view.facts.run_id
+        if not target:
+            self.view.note("bundle: the run's id is not known yet (no Hello seen)", level="warn", kind="bundle")
+        else:
+            self.run_worker(self._bundle(target), name="bundle", exclusive=True)
+        self.refresh_view()
+
+    async def _bundle(self, target: str) -> None:
+        self.view.note(f"bundle: collecting {target} …", kind="bundle")
+        self.refresh_view()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "ringtop.cli", "bundle", target, *(["--no-live"] if self.replay else []),
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), BUNDLE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            self.view.note(f"bundle: no answer within {BUNDLE_TIMEOUT_S:.0f} s; left out", level="error",
+                           kind="bundle")
+            return
+        finally:
+            if proc.returncode is None:  # the UI quit, or the timeout: no process outlives its caller
+                proc.kill()
+                await proc.wait()
+            self.refresh_view()
+        said = (out if proc.returncode == 0 else err).decode(errors="replace").strip().splitlines()
+        self.view.note(said[-1] if said else f"bundle: exit code {proc.returncode}",
+                       level="info" if proc.returncode == 0 else "error", kind="bundle")
+        self.refresh_view()
 
     @property
     def overview_nav(self) -> OverviewNav:
@@ -191,6 +253,10 @@ class RingtopApp(Feeds, RunCommands, OverviewKeys, App):
         """A key moved a large run's table (a node, the sort, the filter, the cursor): redraw it now."""
         self.refresh_bindings()
         self.refresh_view()
+
+    def action_keys_help(self) -> None:
+        if not isinstance(self.screen, KeysHelp):
+            self.push_screen(KeysHelp(TABS))
 
     def action_comm_rank(self) -> None:
         """The Comm tab's selection: all ranks → rank 0 → rank 1 → … → all ranks."""
@@ -227,46 +293,29 @@ class RingtopApp(Feeds, RunCommands, OverviewKeys, App):
         if not self.is_running:
             return
         now = self.refreshed_at = time.monotonic()
-        v, b = self.view, self.builders
+        v = self.view
+        if self.exit_probe is not None:
+            self.exit_probe.probe(v, now)
         v.tick(now)
         nav = self.navs.get(self.active_tab)
         offered = (v.facts.strategy, self.active_tab, nav is not None and nav.scaled(len(v.ranks)),
-                   nav is not None and nav.level(len(v.ranks)))
+                   nav is not None and nav.level(len(v.ranks)), v.is_ended)
         if offered != self._offered:  # what `check_action` offers changed
             self._offered = offered
             self.refresh_bindings()
         self.query_one(RunHeader).show(self._header_model())
-        tab = self.active_tab
-        if tab == "overview":
-            panel = self.query_one(OverviewPanel)
-            rows, strip = panel.budget(len(v.ranks), 4 if self.query_one(HangBanner).display else 0)
-            model = b.overview(v, now, replay=self.replay, table_width=panel.table_width, nav=self.navs[tab],
-                               visible_rows=rows, strip_lines=strip)
-            self.table_cursor_keys[tab], self.table_page_rows[tab] = model.cursor_key, rows
-            panel.show(model)
-        elif tab == "memory":
-            panel = self.query_one(MemoryPanel)
-            rows = panel.table_rows(panel.TABLE_SHARE)
-            model = b.memory(v, panel.table_width, nav=self.navs[tab], visible_rows=rows, now=now, replay=self.replay)
-            self.table_cursor_keys[tab], self.table_page_rows[tab] = model.cursor_key, rows
-            panel.show(model)
-        elif tab == "comm":
-            if self.comm_rank is not None and self.comm_rank not in v.ranks:
-                self.comm_rank = None  # a new run
-            panel = self.query_one(CommPanel)
-            rows = panel.table_rows(panel.TABLE_SHARE)
-            model = b.comm_tab(v, self.comm_rank, panel.table_width, nav=self.navs[tab], visible_rows=rows, now=now,
-                               replay=self.replay)
-            self.table_cursor_keys[tab], self.table_page_rows[tab] = model.cursor_key, rows
-            panel.show(model)
-        elif tab == "pipeline":
-            panel = self.query_one(PipelinePanel)
-            panel.show(b.pipeline(v, panel.timeline_width or (self.size.width - 2)))
-        elif tab == "events":
-            self.query_one(EventsPanel).show(b.events(v, replay=self.replay))
-        elif tab == "hang":
-            panel = self.query_one(HangPanel)
-            panel.show(b.hang(v, self.hang_rank, panel.table_width, replay=self.replay))
+        panel = self.panels.get(self.active_tab)
+        if panel is None:
+            return
+        if self.comm_rank is not None and self.comm_rank not in v.ranks:
+            self.comm_rank = None  # a new run
+        frame = Frame(v, now, self.replay, self.navs, comm_rank=self.comm_rank, hang_rank=self.hang_rank,
+                      screen_width=self.size.width)
+        widget = self.query_one(panel.widget)
+        built = panel.build(frame, widget)
+        if built.page_rows is not None:
+            self.table_cursor_keys[panel.tab], self.table_page_rows[panel.tab] = built.cursor_key, built.page_rows
+        widget.show(built.model)
 
     def _header_model(self) -> HeaderModel:
         refused = self.client.auth_failure if self.client is not None else ""
@@ -282,10 +331,16 @@ class RingtopApp(Feeds, RunCommands, OverviewKeys, App):
 
 
 def run_live(publish: str, control: str | None = None, *, keys: ClientKeys | None = None,
-             link_peak_gbps: float = 0.0, digest_min_ranks: int = DIGEST_MIN_RANKS) -> int:
+             link_peak_gbps: float = 0.0, digest_min_ranks: int = DIGEST_MIN_RANKS, nice: int = UI_NICE,
+             launcher_exits: LauncherExits | None = None) -> int:
     """Run the UI against a live run (rank 0's publish and control addresses, the run's client keys)."""
+    if nice > 0:
+        try:
+            os.nice(nice)  # this process only: ranks started before it keep theirs
+        except OSError:
+            pass
     app = RingtopApp(publish_addr=publish, control_addr=control, keys=keys, link_peak_gbps=link_peak_gbps,
-                     digest_min_ranks=digest_min_ranks)
+                     digest_min_ranks=digest_min_ranks, launcher_exits=launcher_exits)
     try:
         app.run()
     finally:

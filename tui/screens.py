@@ -1,5 +1,6 @@
 """Modal screens for the actions that need a choice before a command goes out: the strategy switch
-picker and the micro-batch prompt. They only return the choice; the app sends the command."""
+picker and the micro-batch prompt (the yes/no prompts: confirm.py). They only return the choice; the app sends
+the command."""
 
 from __future__ import annotations
 
@@ -13,8 +14,7 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Input, Static
 
 from ringtop.metrics import fmt
-
-from .actions import SwitchRow, parse_micro_batches
+from ringtop.tui.actions import SwitchRow, parse_micro_batches
 
 
 def _bytes(n: int | None) -> str:
@@ -59,10 +59,10 @@ class SwitchPicker(ModalScreen[dict[str, Any] | None]):
         for key, label, width in self.COLUMNS:
             right = key not in ("strategy", "sharded")
             table.add_column(Text(label, justify="right" if right else "left"), width=width, key=key)
-        first = None
+        current = 0
         for i, row in enumerate(self.rows):
             mark = "▶ " if row.current else "  "
-            style = "bold" if row.current else ""
+            style = "bold magenta" if row.current else ""  # the header says "now" in the same colour
             cells = [Text(mark + row.target.label + (" (now)" if row.current else ""), style=style),
                      Text(row.sharded, style="dim" if row.sharded == "-" else ""),
                      *(Text(_bytes(b), justify="right") for b in
@@ -70,10 +70,9 @@ class SwitchPicker(ModalScreen[dict[str, Any] | None]):
                      Text(_bytes(row.total_bytes), justify="right", style="bold"),
                      Text(_bytes(row.sent_bytes), justify="right")]
             table.add_row(*cells, key=row.target.key)
-            if first is None and not row.current:
-                first = i
-        if first:
-            table.move_cursor(row=first, animate=False)
+            if row.current:
+                current = i
+        table.move_cursor(row=current, animate=False)
         table.focus()
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:

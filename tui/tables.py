@@ -2,7 +2,7 @@
 
 Columns are (key, label, width, right-aligned); a different column set rebuilds the table (rare:
 a GPU run, a new collective kind). Rows are (key, {column key: Text}); a different row set
-re-adds the rows, otherwise only changed cells are updated, so a 4 Hz repaint costs little.
+re-adds the rows, otherwise only changed cells are updated, so a repaint costs little.
 """
 
 from __future__ import annotations
@@ -11,6 +11,9 @@ from typing import NamedTuple
 
 from rich.text import Text
 from textual.widgets import DataTable
+
+DEFAULT_TABLE_WIDTH = 118
+"""Before the widget has a size: a 120-column terminal."""
 
 
 class Column(NamedTuple):

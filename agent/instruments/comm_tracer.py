@@ -67,7 +67,7 @@ class LedgerEntry:
 class CommSummary:
     kinds: list[CommStat]
     """Per kind and mesh dimension, the totals the Step message carries as they are."""
-    blocked_ms: float
+    exposed_comm_ms: float
     """Exposed communication: the training thread's measured waits when the strategy reports them;
     for DDP (whose reducer waits in C++) the time from the last bucket's issue to the last
     completion, since after the last bucket is issued backward has no compute left to hide behind.
@@ -217,24 +217,18 @@ class CommTracer:
         totals: dict[tuple[str, str], CommStat] = {}
         for kind, nbytes, group_size, t0, t1, dim in done:
             _add(totals, kind, dim, nbytes, group_size, (t1 - t0) / 1e6)
-        collective = [d for d in done if d[0] != "p2p"]
-        if blocked:
-            blocked_ms = union_ns(blocked) / 1e6
-        elif collective:
-            blocked_ms = max(0.0, (max(d[4] for d in collective) - max(d[3] for d in collective)) / 1e6)
-        else:
-            blocked_ms = 0.0
-        busy_ms = union_ns([(d[3], d[4]) for d in done]) / 1e6
-        if done:
-            blocked_ms = min(blocked_ms, busy_ms)
+        busy_ns = union_ns([(d[3], d[4]) for d in done])
+        collective = [(d[3], d[4]) for d in done if d[0] != "p2p"]
+        exposed_comm_ms = exposed_ns(blocked, collective, busy_ns if done else None) / 1e6
+        busy_ms = busy_ns / 1e6
         p2p_wait_ms = union_ns(p2p_blocked) / 1e6
         pending = 0
         if device or stalls:
             d_busy, d_blocked, d_p2p, pending = self._resolve_device(device, stalls, totals)
             busy_ms += d_busy
-            blocked_ms += d_blocked
+            exposed_comm_ms += d_blocked
             p2p_wait_ms += d_p2p
-        return CommSummary(kinds=list(totals.values()), blocked_ms=blocked_ms, busy_ms=busy_ms,
+        return CommSummary(kinds=list(totals.values()), exposed_comm_ms=exposed_comm_ms, busy_ms=busy_ms,
                            p2p_wait_ms=p2p_wait_ms, pending=pending, collectives=collectives)
 
     def _resolve_device(self, device: list[_DeviceRecord], stalls: list[tuple[Any, Any, bool]],
@@ -280,20 +274,13 @@ class CommTracer:
             if r.kind != "p2p":
                 collective.append((s, e))
             _add(totals, r.kind, r.dim, r.nbytes, r.group_size, (e - s) / 1e6)
-        busy_ms = union_ns(intervals) / 1e6
+        busy_ns = union_ns(intervals)
         stall_iv, p2p_iv = [], []
         for a, b, p2p in ready_stalls:
             if (iv := span(a, b)) is not None:
                 (p2p_iv if p2p else stall_iv).append(iv)
-        if stall_iv:
-            blocked_ms = union_ns(stall_iv) / 1e6
-        elif collective:
-            blocked_ms = max(0.0, (max(e for _, e in collective) - max(s for s, _ in collective)) / 1e6)
-        else:
-            blocked_ms = 0.0
-        if intervals:
-            blocked_ms = min(blocked_ms, busy_ms)
-        return busy_ms, blocked_ms, union_ns(p2p_iv) / 1e6, pending
+        exposed_comm_ms = exposed_ns(stall_iv, collective, busy_ns if intervals else None) / 1e6
+        return busy_ns / 1e6, exposed_comm_ms, union_ns(p2p_iv) / 1e6, pending
 
 
 def _split(items: list, complete: Any) -> tuple[list, list]:
@@ -312,6 +299,22 @@ def _add(totals: dict[tuple[str, str], CommStat], kind: str, dim: str, nbytes: i
     agg.count += 1
     agg.bytes += nbytes
     agg.busy_ms += ms
+
+
+def exposed_ns(stalls: list[tuple[float, float]], collectives: list[tuple[float, float]],
+               busy_ns: float | None) -> float:
+    """The exposed-communication rule, one clock at a time (host ns or device ns): the measured
+    stalls on communication when there are any; else the tail from the last collective's start to
+    the last completion (after the last one is issued nothing is left to hide it behind); never
+    more than the time anything was in flight (`busy_ns`; None: nothing was, no cap). `collectives`:
+    (start, end) of the collectives, point-to-point transfers left out."""
+    if stalls:
+        exposed = union_ns(stalls)
+    elif collectives:
+        exposed = max(0.0, max(e for _, e in collectives) - max(s for s, _ in collectives))
+    else:
+        exposed = 0.0
+    return exposed if busy_ns is None else min(exposed, busy_ns)
 
 
 def union_ns(intervals: list[tuple[float, float]]) -> float:

@@ -15,6 +15,7 @@ from typing import Any
 import psutil
 
 from ringtop.protocol import GpuSample, Sample
+from ringtop.protocol.guard import LoopFaults
 
 
 def open_nvml(device_index: int):
@@ -127,6 +128,7 @@ class SystemSampler(threading.Thread):
         self._process = psutil.Process()
         self._process.cpu_percent(None)
         self.latest = Sample()
+        self.faults = LoopFaults("sampler")
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -138,8 +140,12 @@ class SystemSampler(threading.Thread):
             if nvml is not None:
                 gpu = GpuReader(nvml, handle, self._gpu_index)
         while not self._stop_event.wait(self._interval_s):
-            sample = Sample(cpu_percent=self._process.cpu_percent(None), rss_bytes=self._process.memory_info().rss)
-            if gpu is not None:
-                sample.gpu = gpu.read()
-            self.latest = sample
-            self._emit(sample)
+            try:
+                sample = Sample(cpu_percent=self._process.cpu_percent(None),
+                                rss_bytes=self._process.memory_info().rss)
+                if gpu is not None:
+                    sample.gpu = gpu.read()
+                self.latest = sample
+                self._emit(sample)
+            except Exception as exc:  # /proc unreadable (EMFILE under a connection flood): the next one
+                self.faults.record(exc)

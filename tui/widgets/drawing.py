@@ -8,7 +8,14 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import DataTable, Static
 
-from ..tables import Column, SyncedTable, cell_signature
+from ringtop.tui.tables import Column, SyncedTable, cell_signature
+
+
+def sized_by_css(widget: Static) -> bool:
+    """True when the widget's box does not follow its text (neither width nor height `auto`): a new
+    text then needs no layout pass of the screen, only a repaint of the widget."""
+    width, height = widget.styles.width, widget.styles.height
+    return height is not None and not height.is_auto and (width is None or not width.is_auto)
 
 
 def text_signature(t: Text | None) -> tuple | None:
@@ -28,7 +35,7 @@ class Drawn:
         sig = text_signature(text)
         if self._shown.get(key) != sig:
             self._shown[key] = sig
-            widget.update(text)
+            widget.update(text, layout=not sized_by_css(widget))
 
     def table(self, widget: DataTable, columns: tuple[Column, ...] | list[Column] | None,
               rows: tuple | list) -> None:

@@ -9,7 +9,6 @@ glyphs, the colour between min and max by the bar's height) with the colour quan
 
 from __future__ import annotations
 
-from itertools import islice
 from typing import ClassVar, Sequence
 
 from rich.console import Console, ConsoleOptions, RenderResult
@@ -45,13 +44,19 @@ class SparkBars:
                        for level in range(LEVELS)]
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        width, height, styles = self.width, self.height, self.styles
+        lines = self.lines()
+        for i, line in enumerate(lines):
+            yield from line
+            if i < len(lines) - 1:
+                yield Segment.line()
+
+    def lines(self, base: Style | None = None) -> list[list[Segment]]:
+        """The bars, top line first, each exactly `width` cells; every style on `base` (what
+        `Segment.apply_style` would make of them), so a widget can keep them as its strips."""
+        width, height = self.width, self.height
+        styles = self.styles if base is None else [base + s for s in self.styles]
         if not self.data:  # nothing measured yet: no bars (a baseline would read as zeros)
-            for line in range(height):
-                yield Segment(" " * width)
-                if line < height - 1:
-                    yield Segment.line()
-            return
+            return [[Segment(" " * width, base)] for _ in range(height)]
         parts = len(BARS) * height - 1
         if len(self.data) == 1:  # as Textual draws one value: full columns in the max colour
             ratios, bars = [1.0], [parts + 1]
@@ -62,28 +67,30 @@ class SparkBars:
             ratios = [(v - low) / extent for v in values]
             bars = [int(r * parts) for r in ratios]
         tone = [styles[min(LEVELS - 1, int(r * (LEVELS - 1) + 0.5))] for r in ratios]
+        out = []
         for line in reversed(range(height)):
             floor, ceiling = line * len(BARS), (line + 1) * len(BARS)
+            segments: list[Segment] = []
             run: list[str] = []
             run_style: Style | None = None
             for bar, style in zip(bars, tone):
                 if bar < floor:
-                    glyph, style = " ", None
+                    glyph, style = " ", base
                 elif bar >= ceiling:
                     glyph = "█"
                 else:
                     glyph = BARS[bar % len(BARS)]
                 if style is not run_style and run:
-                    yield Segment("".join(run), run_style)
+                    segments.append(Segment("".join(run), run_style))
                     run = []
                 run_style = style
                 run.append(glyph)
             if run:
-                yield Segment("".join(run), run_style)
+                segments.append(Segment("".join(run), run_style))
             if len(bars) < width:
-                yield Segment(" " * (width - len(bars)))
-            if line:
-                yield Segment.line()
+                segments.append(Segment(" " * (width - len(bars)), base))
+            out.append(segments)
+        return out
 
 
 class Spark(Widget):
@@ -127,9 +134,6 @@ class Spark(Widget):
         style = self.visual_style.rich_style
         key = (self._data, width, height, style, self.app.current_theme.name)
         if key != self._drawn_key:
-            bars = self.render()
-            segments = Segment.apply_style(bars.__rich_console__(self.app.console, self.app.console_options), style)
-            self._drawn = [Strip(line) for line in islice(Segment.split_and_crop_lines(
-                segments, width, include_new_lines=False, pad=False), None, height)]
+            self._drawn = [Strip(line, width) for line in self.render().lines(style)[:height]]
             self._drawn_key = key
         return self._drawn[y] if 0 <= y < len(self._drawn) else Strip.blank(width, style)

@@ -1,0 +1,1 @@
+"""Full and sharded checkpoints: the format on disk and saving from a running job."""

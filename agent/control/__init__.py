@@ -1,0 +1,1 @@
+"""Commands from a client to every rank: the channel, what was done, stacks, profiles, allowed paths."""

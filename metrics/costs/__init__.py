@@ -1,0 +1,1 @@
+"""Analytic costs, torch-free: memory, bytes, time and bubbles of each strategy and mesh; links; FLOPs."""

@@ -1,0 +1,78 @@
+"""A ZeroMQ socket a test serves from a thread for the length of a `with` block."""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import threading
+from typing import Iterator
+
+import zmq
+
+from ringtop.protocol import encode, free_tcp_port, free_tcp_ports
+from ringtop.protocol.curve import secure_client
+
+
+def framed(msg) -> list[bytes]:
+    """A message as a rank publishes it: its topic `type.rank`, then its body."""
+    return [f"{msg.__struct_config__.tag}.{msg.rank}".encode(), encode(msg)]
+
+
+@contextlib.contextmanager
+def relay_with_ranks(gate, keys, run_id: str, world_size: int = 2) -> Iterator[tuple]:
+    """Rank 0's real relay behind `gate` and one PUB per rank with its own key, connected to it:
+    (relay, publish address, [PUB of rank 0, ...]). The PUBs never drop (a test's frames must all
+    go); closed, and the relay stopped, at the end."""
+    from ringtop.agent.transport.relay import Relay
+
+    relay_addr, publish_addr = (f"tcp://127.0.0.1:{p}" for p in free_tcp_ports(2))
+    relay = Relay(relay_addr, publish_addr, run_id=run_id, world_size=world_size, gate=gate)
+    gate.start()
+    relay.start()
+    pubs = []
+    try:
+        for rank in range(world_size):
+            sock = zmq.Context.instance().socket(zmq.PUB)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, 0)
+            secure_client(sock, keys.for_rank(rank))
+            sock.connect(relay_addr)
+            pubs.append(sock)
+        yield relay, publish_addr, pubs
+    finally:
+        for sock in pubs:
+            sock.close(0)
+        relay.stop()
+
+
+def subscriber(address: str, keys) -> zmq.Socket:
+    """A SUB to everything at `address`, as a UI subscribes (`keys`: the run's client keys, or None)."""
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    secure_client(sub, keys)
+    sub.connect(address)
+    return sub
+
+
+class BackgroundSocket(abc.ABC):
+    """Subclasses bind `self.address` in `_run`, set `self.bound`, and serve until `self.stop`."""
+
+    def __init__(self) -> None:
+        self.address = f"tcp://127.0.0.1:{free_tcp_port()}"
+        self.stop = threading.Event()
+        self.bound = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        assert self.bound.wait(5)
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(5)
+
+    @abc.abstractmethod
+    def _run(self) -> None:
+        """Bind, set `self.bound`, serve until `self.stop` is set."""

@@ -1,0 +1,112 @@
+"""The run's cross-rank readings: the rows in order, the slowest rank, the run's throughput and
+MFU, the charts' series, the drops, who holds the others up. Mixed into `RunView`."""
+
+from __future__ import annotations
+
+import math
+
+from ringtop.metrics.costs.flops import mfu
+from ringtop.metrics.rules.hang import HangVerdict, diagnose
+from ringtop.metrics.rules.outliers import slowest
+from ringtop.protocol import Event
+from ringtop.tui.state.rank_row import RankRow
+
+
+class RunReadings:
+    """Mixed into `RunView`: derived from its rows and parts, never stored."""
+
+    def rows(self) -> list[RankRow]:
+        self._ensure_slowest()
+        return [self.ranks[r] for r in sorted(self.ranks)]
+    @property
+    def slowest_rank(self) -> int | None:
+        """The live rank with the highest mean step time over its last SLOWEST_WINDOW steps;
+        None unless more than one rank is live."""
+        self._ensure_slowest()
+        return self._slowest_rank
+    @property
+    def slowest_excess_pct(self) -> float:
+        """How much slower the slowest rank is than the other ranks' median, in percent (metrics.outliers)."""
+        self._ensure_slowest()
+        return self._slowest_excess_pct
+    def live_rows(self) -> list[RankRow]:
+        return [r for r in self.rows() if not r.ended]
+    @property
+    def latest_step(self) -> int:
+        """The step every live rank has reached (min over live ranks); -1 when unknown."""
+        rows = [r for r in self.live_rows() if r.step >= 0] or [r for r in self.rows() if r.step >= 0]
+        return min((r.step for r in rows), default=-1)
+    @property
+    def tokens_per_s(self) -> float:
+        rows = self.live_rows() or self.rows()
+        return sum(r.tokens_per_s for r in rows)
+    @property
+    def tflops(self) -> float:
+        """The run's achieved TFLOP/s: its ranks' latest steps summed."""
+        rows = self.live_rows() or self.rows()
+        return sum(r.tflops for r in rows)
+    @property
+    def mfu(self) -> float | None:
+        """The run's MFU: its TFLOP/s over its ranks' summed peaks; None (n/a) unless every rank
+        that reports TFLOP/s has a known peak."""
+        rows = [r for r in (self.live_rows() or self.rows()) if r.tflops > 0]
+        if not rows or any(r.peak_tflops <= 0 for r in rows):
+            return None
+        return mfu(sum(r.tflops for r in rows), sum(r.peak_tflops for r in rows))
+    @property
+    def step_ms_max_history(self) -> list[float]:
+        return [p.max_ms for p in self.step_history.points]
+    @property
+    def step_ms_median_history(self) -> list[float]:
+        return [p.median_ms for p in self.step_history.points]
+    @property
+    def grad_norm_history(self) -> list[float]:
+        return [p.grad_norm for p in self.step_history.points if math.isfinite(p.grad_norm)]
+    @property
+    def nonfinite_ranks(self) -> list[int]:
+        """Live ranks whose latest loss (from a step this UI received) is not finite."""
+        return sorted(r.rank for r in self.ranks.values()
+                      if r.step_seen is not None and not r.ended and not math.isfinite(r.loss))
+    @property
+    def loss_history(self) -> list[float]:
+        return [p.loss for p in self.step_history.points if math.isfinite(p.loss)]
+    @property
+    def total_drops(self) -> int:
+        """Messages that did not reach the UI; with digests, a lost digest counts once."""
+        return sum(r.drops for r in self.ranks.values()) + self.relay_gaps + self.digests_lost
+    @property
+    def wants_digests(self) -> bool:
+        return self.facts.world_size >= self.digest_min_ranks
+    def _update_slowest(self) -> None:
+        live = [r for r in self.ranks.values() if not r.ended and r.step_ms_history]
+        for r in self.ranks.values():
+            r.slowest = False
+        if len(live) < 2:
+            self._slowest_rank = None
+            self._slowest_excess_pct = math.nan
+            return
+        found = slowest({r.rank: r.recent_step_ms() for r in live})
+        self._slowest_rank = found.rank
+        self._slowest_excess_pct = found.excess_pct
+        self.ranks[found.rank].slowest = True
+    def hang_verdict(self) -> HangVerdict | None:
+        """Who holds the others up, and where: the UI's own reading of the stall reports it holds
+        (`metrics.hang.diagnose`, recomputed only when a report, a death or a bye moved the `hang`
+        version on); without reports, rank 0's latest `hang` event while it stands. None when
+        nothing is stuck."""
+        version = self.versions["hang"]
+        if self._hang_reading[0] != version:
+            self._hang_reading = (version, self._diagnose())
+        own = self._hang_reading[1]
+        return own if own is not None else self.hang.rank0_verdict(self.latest_ts, self.is_ended)
+    def _diagnose(self) -> HangVerdict | None:
+        if not self.hang.stalled:
+            return None
+        dead = {r.rank for r in self.ranks.values() if r.dead or (r.ended and not r.bye_ok)}
+        reports = {rank: s for rank, s in self.hang.stalled.items() if rank not in dead}
+        world = self.facts.world_size or max(max(self.ranks, default=0), max(reports, default=0)) + 1
+        return diagnose(reports, world, dead)
+    def desync_notice(self) -> Event | None:
+        """Rank 0's latest `desync` event (its comparison of the steps' collectives), while the
+        run goes on and for NOTICE_S after it."""
+        return self.hang.desync_notice(self.latest_ts, self.is_ended)

@@ -1,0 +1,1 @@
+"""The Events tab: the latest operations, then every event in time order."""

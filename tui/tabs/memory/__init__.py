@@ -1,0 +1,1 @@
+"""The Memory tab: what each rank holds beside the cost model, and which strategy would fit."""
