@@ -1,7 +1,8 @@
 """`ringtop trace` on generated logs: 8 ranks x 1,000 steps (2 hosts) and 1,024 ranks x 50 steps
 (128 hosts, as `ringtop simulate --ranks 1024 --nodes 128` spreads them; simulate publishes and
 writes no logs, so the Step messages are made here with protocol's encoder, as the agent writes
-them: phases, two collective kinds, a group cursor, memory). Per arm: the real CLI in its own
+them: phases, two collective kinds, a group cursor, memory, and the log-only `calls` line with each
+of the step's five collectives, its issue, completion and wait). Per arm: the real CLI in its own
 process (wall time, peak RSS from wait4), the Python heap's peak (tracemalloc, in this
 process), the log and output sizes, and the growth per step and
 rank. Prints one JSON object.
@@ -21,7 +22,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from ringtop.protocol import CommStat, Event, GroupCursor, Hello, MemorySample, Step, to_json_line
+from ringtop.protocol import (
+    CollectiveCall,
+    CollectiveCalls,
+    CommStat,
+    Event,
+    GroupCursor,
+    Hello,
+    MemorySample,
+    Step,
+    to_json_line,
+)
 
 
 def write_logs(folder: Path, ranks: int, steps: int, hosts: int, seed: int = 0) -> int:
@@ -48,6 +59,8 @@ def write_logs(folder: Path, ranks: int, steps: int, hosts: int, seed: int = 0) 
                 comm=[CommStat(kind="all_reduce", count=4, bytes=400_000_000, busy_ms=28.0, group_size=ranks),
                       CommStat(kind="broadcast", count=1, bytes=8, busy_ms=0.1, group_size=ranks)],
                 collectives=[GroupCursor(group="world", issued=5 * s, completed=5 * s, count=5)])))
+            calls = step_calls(s, data, fwd, bwd)
+            lines.append(to_json_line(CollectiveCalls(rank=rank, seq=s, ts=t, step=s, calls=calls)))
             if rank == 0 and s % 100 == 0:
                 lines.append(to_json_line(Event(rank=0, seq=s, ts=t, kind="checkpoint", step=s,
                                                 text=f"full checkpoint of step {s}")))
@@ -55,6 +68,24 @@ def write_logs(folder: Path, ranks: int, steps: int, hosts: int, seed: int = 0) 
         (folder / f"rank-{rank}.jsonl").write_bytes(data)
         total += len(data)
     return total
+
+
+def step_calls(step: int, data_ms: float, forward_ms: float, backward_ms: float) -> list[CollectiveCall]:
+    """Four gradient buckets all-reduced during backward (the last one waited for at its end) and
+    the loss's broadcast, as a DDP step lists them."""
+    start = data_ms + forward_ms
+    calls = []
+    for b in range(4):
+        issued = start + backward_ms * (b + 1) / 5
+        done = issued + 7.0
+        waited = b == 3
+        calls.append(CollectiveCall(kind="all_reduce", group="world", seq=5 * (step - 1) + b + 1, bytes=100_000_000,
+                                    issued_ms=issued, done_ms=done, wait_start_ms=done - 3.0 if waited else None,
+                                    wait_end_ms=done if waited else None))
+    end = start + backward_ms + 7.0
+    calls.append(CollectiveCall(kind="broadcast", group="world", seq=5 * step, bytes=8, issued_ms=end,
+                                done_ms=end + 0.1, wait_start_ms=end, wait_end_ms=end + 0.1))
+    return calls
 
 
 def trace_once(folder: Path, out: Path) -> tuple[float, int]:

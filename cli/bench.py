@@ -59,6 +59,7 @@ from pathlib import Path
 
 from ringtop.metrics import fmt
 from ringtop.metrics.costs.busbw import BUSBW_FACTOR_TEXT, busbw_factor
+from ringtop.protocol import safe_files
 
 OPS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 ELEMENT_BYTES = 4
@@ -125,7 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def worker_args(args: argparse.Namespace, out_path: Path) -> list[str]:
-    """Validate the front end's options and turn them into the worker's command line."""
+    """Validate the front end's options and turn them into the worker's command line (rank 0
+    writes the result to `out_path`)."""
+    if args.out is not None:
+        try:
+            safe_files.check_output(args.out)  # now, not after the sweep
+        except OSError as exc:
+            raise BenchError(f"--out: {safe_files.not_written(args.out, exc)}") from None
     if args.nproc < 1:
         raise BenchError(f"--nproc must be >= 1, got {args.nproc}")
     ops = parse_ops(args.ops)
@@ -194,14 +201,12 @@ def run_comm(args: argparse.Namespace) -> int:
     from ringtop.cli.launch import stop_ranks
 
     with tempfile.TemporaryDirectory(prefix="ringtop-bench-") as tmp:
-        out_path = Path(args.out).resolve() if args.out else Path(tmp) / "bench.json"
+        out_path = Path(tmp) / "bench.json"  # a private folder; --out is written from it, here
         try:
             argv = worker_args(args, out_path)
         except BenchError as exc:
             print(f"ringtop bench comm: error: {exc}", file=sys.stderr)
             return 2
-        if out_path.exists():
-            out_path.unlink()
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")
         env.setdefault("PYTHONWARNINGS", "ignore")
@@ -222,6 +227,12 @@ def run_comm(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return code or 1
         result = load_result(out_path)
+        if args.out:
+            try:
+                safe_files.write_output(args.out, out_path.read_bytes())
+            except OSError as exc:
+                print(f"ringtop bench comm: error: {safe_files.not_written(args.out, exc)}", file=sys.stderr)
+                return 1
         print(json.dumps(result, indent=1) if args.json else render_table(result))
         if args.out and not args.json:
             print(f"# JSON written to {args.out}")

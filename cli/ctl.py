@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 import zmq
 
+from ringtop.metrics import fmt
 from ringtop.protocol import UI_RANK, Command, ProtocolError, Reply, decode, encode
 from ringtop.protocol.curve import ClientKeys, HandshakeWatch, secure_client
 from ringtop.protocol.text_safety import json_safe
@@ -68,10 +69,45 @@ def send_command(address: str, cmd: str, args: dict[str, Any], timeout_s: float,
 
 def result_text(cmd: str, result: dict[str, Any]) -> str:
     """A `done` reply's result for a person: `stacks` as its groups of ranks with their stacks
-    (innermost frame last, as a traceback reads), anything else one `key: value` a line."""
+    (innermost frame last, as a traceback reads), `status` in words and the UI's number formats,
+    anything else one `key: value` a line."""
     if cmd == "stacks" and isinstance(result.get("groups"), list):
         return "\n".join("  " + line for line in stacks_plain(result).splitlines())
+    if cmd == "status":
+        return "\n".join(f"  {label}: {value}" for label, value in status_lines(result))
     return "\n".join(f"  {key}: {value}" for key, value in result.items())
+
+
+STATUS_LABELS = {"run_id": "run", "world_size": "ranks", "last_checkpoint": "last checkpoint",
+                 "refused_connections": "refused connections", "lost_messages": "lost messages"}
+"""`status`'s fields as `ctl` names them (the others: their own name, `_` as a space)."""
+STATUS_STEP_FIELDS = ("step_ms", "step_ms_steps", "step_ms_last_step")
+
+
+def status_lines(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, value) per field of a `status` reply: the loss and step ms formatted as the UI shows
+    them (metrics/fmt.py), the step ms with its window (rank 0's last N steps, as the UI's cell)."""
+    lines = []
+    for key, value in result.items():
+        if key in STATUS_STEP_FIELDS[1:]:
+            continue
+        if key == "step_ms":
+            lines.append(("step ms", status_step_text(result)))
+        elif key == "loss":
+            lines.append(("loss", fmt.loss(value) if isinstance(value, (int, float)) else str(value)))
+        else:
+            lines.append((STATUS_LABELS.get(key, key.replace("_", " ")), "-" if value in ("", None) else str(value)))
+    return lines
+
+
+def status_step_text(result: dict[str, Any]) -> str:
+    """`152.3 (mean of rank 0's last 20 steps, to step 412)`; from an older agent (no window), its latest step's."""
+    value, n, last = (result.get(k) for k in STATUS_STEP_FIELDS)
+    if not isinstance(value, (int, float)):
+        return "-"
+    if not isinstance(n, int):
+        return f"{fmt.ms(value)} (rank 0's latest step)"
+    return f"{fmt.ms(value)} (mean of rank 0's last {n} step{'s' if n != 1 else ''}, to step {last})"
 
 
 def run_ctl(address: str, keys: ClientKeys | None, cmd: str, raw_args: list[str], timeout_s: float,

@@ -69,7 +69,13 @@ def _report(args: argparse.Namespace) -> int:
         from ringtop.metrics.install_hint import install_command
 
         return one_line_error("report", f"{INSTALL_HINT}: {install_command('report')}")
-    out = write_report(logdir, Path(args.output))
+    try:
+        out = write_report(logdir, Path(args.output))
+    except OSError as exc:
+        from ringtop.protocol.safe_files import not_written
+
+        print(f"ringtop report: error: {not_written(args.output, exc)}", file=sys.stderr)
+        return 1
     print(f"ringtop: wrote {out} ({human_size(out.stat().st_size)}); open it in a browser (works offline)")
     return 0
 

@@ -22,7 +22,7 @@ from ringtop.metrics.costs.busbw import busbw_factor_or_nan, rate_gbps
 from ringtop.metrics.costs.flops import mfu
 from ringtop.metrics.goodput import CAUSES
 from ringtop.metrics.rules.outliers import median, slowest
-from ringtop.metrics.units import GB, MB
+from ringtop.metrics.units import GIB, MIB
 from ringtop.protocol import Event, Hello, Stall, Step, Timeline, read_log
 
 INSTALL_HINT = "needs plotly (its JavaScript is embedded in the page)"
@@ -157,10 +157,11 @@ def _finite(x: float | None) -> float | None:
 
 
 def step_time_section(logs: RunLogs) -> Section:
-    """Step time per rank, and per step the slowest rank and its excess over the others' median
-    (metrics.outliers.slowest, the rule the Overview marks the slowest rank by)."""
+    """Step time per rank, and per step the rank with the longest step and its excess over the
+    others' median (metrics.outliers.slowest's rule on step time: per step, not the Overview's
+    slowest rank, which it picks on compute over a window)."""
     go = _go()
-    fig = _subplots(2, ("step time per rank (ms)", "slowest rank per step: % over the others' median"))
+    fig = _subplots(2, ("step time per rank (ms)", "longest step each step: % over the other ranks' median"))
     by_step: dict[int, dict[int, float]] = {}
     per_rank_lines(fig, logs, lambda s: s.step_ms, "", 1)
     for rank, steps in logs.steps.items():
@@ -170,7 +171,7 @@ def step_time_section(logs: RunLogs) -> Section:
     found = [(step, o) for step, o in found if o is not None]
     if found:
         fig.add_trace(go.Bar(x=[step for step, _ in found], y=[_finite(o.excess_pct) for _, o in found],
-                             text=[f"rank {o.rank}" for _, o in found], name="slowest rank",
+                             text=[f"rank {o.rank}" for _, o in found], name="longest step",
                              hovertemplate="step %{x}: %{text}, +%{y:.1f}%<extra></extra>"), row=2, col=1)
     fig.update_xaxes(title_text="step", row=2, col=1)
     return Section("step-time", "Step time", _layout(fig, 560))
@@ -258,6 +259,16 @@ def comm_section(logs: RunLogs) -> Section:
 MEMORY_PARTS = (("params", "params_bytes"), ("grads", "grads_bytes"), ("optimizer", "optimizer_bytes"))
 
 
+def size_unit(largest_bytes: float) -> tuple[int, str]:
+    """A chart's size axis in binary units like every size ringtop shows (metrics/units.py): GiB
+    from one GiB, else MiB; the hover text is fmt.nbytes of the bytes themselves."""
+    return (GIB, "GiB") if largest_bytes >= GIB else (MIB, "MiB")
+
+
+def _state_bytes(x) -> float | None:
+    return None if x is None else sum(getattr(x, attr) for _, attr in MEMORY_PARTS)
+
+
 def memory_section(logs: RunLogs) -> Section:
     """Per rank, the last step's measured params / grads / optimizer beside the strategy's
     prediction in its Hello (the Memory tab's two columns)."""
@@ -269,19 +280,23 @@ def memory_section(logs: RunLogs) -> Section:
         return memory_spread_section(logs, ranks, last, predicted)
     cats = [[f"rank {r}" for r in ranks for _ in ("measured", "predicted")],
             [k for _ in ranks for k in ("measured", "predicted")]]
+    peaks = [last[r].cuda_peak_bytes for r in ranks]
+    scale, unit = size_unit(max((*peaks, *(_state_bytes(x) or 0 for x in (*last.values(), *predicted.values()))),
+                                default=0))
     fig = go.Figure()
     for label, attr in MEMORY_PARTS:
-        ys = []
+        sizes = []
         for r in ranks:
-            ys.append(getattr(last[r], attr) / GB)
             p = predicted.get(r)
-            ys.append(getattr(p, attr) / GB if p is not None else None)
-        fig.add_trace(go.Bar(x=cats, y=ys, name=label))
-    peaks = [last[r].cuda_peak_bytes for r in ranks]
+            sizes += [getattr(last[r], attr), getattr(p, attr) if p is not None else None]
+        fig.add_trace(go.Bar(x=cats, y=[None if b is None else b / scale for b in sizes], name=label,
+                             hovertext=[fmt.nbytes(b) for b in sizes],
+                             hovertemplate=f"%{{x}}: {label} %{{hovertext}}<extra></extra>"))
     if any(peaks):
         fig.add_trace(go.Scatter(x=[[f"rank {r}" for r in ranks], ["measured"] * len(ranks)],
-                                 y=[p / GB for p in peaks], mode="markers", name="device peak allocated"))
-    fig.update_layout(barmode="stack", yaxis_title="GB")
+                                 y=[p / scale for p in peaks], mode="markers", name="device peak allocated",
+                                 hovertext=[fmt.nbytes(p) for p in peaks], hovertemplate="%{hovertext}<extra></extra>"))
+    fig.update_layout(barmode="stack", yaxis_title=unit)
     note = "" if predicted and any(p is not None for p in predicted.values()) else "no prediction in the run's Hello"
     return Section("memory", "Memory per rank against the prediction", _layout(fig, 420), note=note)
 
@@ -289,14 +304,15 @@ def memory_section(logs: RunLogs) -> Section:
 def memory_spread_section(logs: RunLogs, ranks: list[int], last: dict, predicted: dict) -> Section:
     """MANY_RANKS and more: params + grads + optimizer per rank, measured and predicted, as two lines over ranks."""
     go = _go()
-
-    def total(x) -> float | None:
-        return None if x is None else sum(getattr(x, attr) for _, attr in MEMORY_PARTS) / GB
-
+    measured = [_state_bytes(last[r]) for r in ranks]
+    expected = [_state_bytes(predicted.get(r)) for r in ranks]
+    scale, unit = size_unit(max((b or 0 for b in (*measured, *expected)), default=0))
     fig = go.Figure()
-    fig.add_trace(go.Scatter(x=ranks, y=[total(last[r]) for r in ranks], mode="markers", name="measured"))
-    fig.add_trace(go.Scatter(x=ranks, y=[total(predicted.get(r)) for r in ranks], mode="lines", name="predicted"))
-    fig.update_layout(xaxis_title="rank", yaxis_title="params + grads + optimizer (GB)")
+    for name, sizes, mode in (("measured", measured, "markers"), ("predicted", expected, "lines")):
+        fig.add_trace(go.Scatter(x=ranks, y=[None if b is None else b / scale for b in sizes], mode=mode, name=name,
+                                 hovertext=[fmt.nbytes(b) for b in sizes],
+                                 hovertemplate="rank %{x}: %{hovertext}<extra></extra>"))
+    fig.update_layout(xaxis_title="rank", yaxis_title=f"params + grads + optimizer ({unit})")
     note = "" if any(p is not None for p in predicted.values()) else "no prediction in the run's Hello"
     return Section("memory", "Memory per rank against the prediction", _layout(fig, 420), note=note)
 
@@ -395,14 +411,14 @@ def config_html(logs: RunLogs) -> str:
             f"<th>device</th><th>accelerator</th></tr>{ranks}</table>")
 
 
-SUMMARY_COLUMNS = ("rank", "steps", "first loss", "last loss", "step ms (median)", "comm/step", "exposed comm %",
+SUMMARY_COLUMNS = ("rank", "steps", "first loss", "last loss", summary.STEP_MS_COLUMN, "comm/step", "exposed comm %",
                    "TFLOP/s", "MFU", "drops", "exit")
 
 
 def summary_cells(row: dict) -> list[str]:
     """One rank's row of `ringtop summary`'s table, formatted as summary prints it."""
     return [str(row["rank"]), str(row["steps"]), f"{row['first_loss']:.4f}", f"{row['last_loss']:.4f}",
-            f"{row['median_step_ms']:.1f}", fmt.nbytes(row["comm_bytes_per_step"]), f"{row['exposed_comm_pct']:.1f}",
+            fmt.ms(row["median_step_ms"]), fmt.nbytes(row["comm_bytes_per_step"]), f"{row['exposed_comm_pct']:.1f}",
             fmt.tflops(row["median_tflops"]), summary.mfu_text(row["mfu"]), str(row["drops"]), str(row["exit"])]
 
 
@@ -463,9 +479,15 @@ def render(logs: RunLogs) -> str:
 
 
 def write_report(log_dir: Path, out: Path) -> Path:
-    out.write_text(render(read_run(log_dir)), encoding="utf-8")
+    """The page at `out`, 0600, by a rename beside it: a link standing at `out` is refused, never followed."""
+    from ringtop.protocol import safe_files
+
+    page = render(read_run(log_dir))
+    with safe_files.output_file(out, encoding="utf-8") as f:
+        f.write(page)
     return out
 
 
 def human_size(n_bytes: int) -> str:
-    return f"{n_bytes / MB:.1f} MB"
+    """The written page's size as every size is shown (binary units)."""
+    return fmt.nbytes(n_bytes)

@@ -15,8 +15,12 @@ from ringtop.metrics.rank_sets import ranks_text
 from ringtop.metrics.rules.hang import HangVerdict, diagnose
 from ringtop.metrics.rules.peaks import implausible
 from ringtop.metrics.run_lifecycle import ENDED_SIGNAL_EXIT, STOP_SIGNALS, Lifecycle, RankEnd, fold
-from ringtop.metrics.timing import share_pct
+from ringtop.metrics.timing import STEP_WINDOW, share_pct
 from ringtop.protocol import Bye, Event, Hello, Stall, Step, read_log
+
+STEP_MS_COLUMN = "median step ms (whole run)"
+"""The per-rank table's step time: the whole run's median (`summarize`'s `median_step_ms`), not the
+UI's window, and said so."""
 
 
 def summarize(log_dir: Path) -> list[dict]:
@@ -306,13 +310,16 @@ def print_summary(log_dir: Path) -> None:
         if hangs:
             print("\n" + "\n".join(hangs))
         return
-    print(f"\n{'rank':>4} {'steps':>6} {'loss first→last':>18} {'step ms (median)':>17} "
+    print(f"\n{'rank':>4} {'steps':>6} {'loss first→last':>18} {STEP_MS_COLUMN:>26} "
           f"{'comm/step':>13} {'exposed comm %':>15} {'TFLOP/s':>8} {'MFU':>6} {'drops':>6}  exit")
     for r in rows:
         print(f"{r['rank']:>4} {r['steps']:>6} {r['first_loss']:>8.4f} → {r['last_loss']:<7.4f} "
-              f"{r['median_step_ms']:>17.1f} {fmt.nbytes(r['comm_bytes_per_step']):>13} {r['exposed_comm_pct']:>15.1f} "
+              f"{fmt.ms(r['median_step_ms']):>26} {fmt.nbytes(r['comm_bytes_per_step']):>13} "
+              f"{r['exposed_comm_pct']:>15.1f} "
               f"{tflops_text(r):>8} {mfu_text(None if r['implausible'] else r['mfu']):>6} {r['drops']:>6}  "
               f"{r['exit']}")
+    print(f"  {STEP_MS_COLUMN}: the median of each rank's steps after its first (the UI's step ms is the mean "
+          f"of its last {STEP_WINDOW})")
     if any(r["implausible"] for r in rows):
         print("  ? above the most the device can do: the tokens or FLOPs it is computed from are wrong")
     print("\n" + lifecycle_line(lifecycle_of_logs(log_dir)))

@@ -8,12 +8,17 @@ the file as they are made), never held whole. A profiler trace is read one file 
 Clocks: every event is placed by its rank's wall clock (`ts`, `time.time()` on its host). With
 more than one host, each host's clock is shifted by the median difference of its step ends from
 the reference host's (metrics/trace_events.py host_offsets_s); `--clock wall` keeps the raw clocks.
-A ledger dump is placed by the wall and perf clocks it read together when written; a profiler
-trace by its `ProfilerStep#N` spans placed inside the same steps as logged."""
+A step's collectives (the log's `calls`: issue, completion and the wait on each, in ms from the
+step's start) are placed from the step's start as laid back from its `ts`, as its phases are. A
+ledger dump is placed by the wall and perf clocks it read together when written (a collective the
+logs already drew is not drawn again); a profiler trace by its `ProfilerStep#N` spans placed inside
+the same steps as logged."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -23,10 +28,12 @@ from typing import IO, Any, Iterator
 import msgspec
 
 from ringtop.metrics import trace_events as te
-from ringtop.protocol import from_json_line
+from ringtop.protocol import from_json_line, safe_files
 from ringtop.protocol.errors import ProtocolError
-from ringtop.protocol.messages import Bye, Event, Hello, Stall, Step, Timeline
+from ringtop.protocol.messages import Bye, CollectiveCalls, Event, Hello, Stall, Step, Timeline
 
+DEFAULT_NAME = "trace.json"
+"""Where the timeline goes without -o: in the run's folder."""
 LOG_NAME = re.compile(r"rank-(\d+)\.jsonl$")
 PROFILE_NAME = re.compile(r"step-(\d+)-rank-(\d+)\.json$")
 PROFILE_STEP = re.compile(r"ProfilerStep#(\d+)$")
@@ -60,6 +67,14 @@ class RunFrame:
     steps: int = 0
 
     comm_lanes: dict[int, te.Lanes] = field(default_factory=dict)
+    wait_lanes: dict[int, te.Lanes] = field(default_factory=dict)
+    drawn: te.SeqRanges = field(default_factory=te.SeqRanges)
+    """The collectives drawn from the logs' `calls`, by (rank, group, seq): a ledger's are not drawn again."""
+
+    def wait_tid(self, rank: int, start_us: float, dur_us: float) -> int:
+        """The rank's track of waits on communication where this one overlaps no other."""
+        lanes = self.wait_lanes.setdefault(rank, te.Lanes(te.WAIT_LANES))
+        return te.tid_of(rank, te.WAIT_LANE + lanes.place(start_us, start_us + max(dur_us, 0.0)))
 
     def comm_tid(self, rank: int, start_us: float, dur_us: float) -> int:
         """The rank's communication track where this span overlaps no other."""
@@ -156,6 +171,9 @@ def _tracks(w: TraceWriter, frame: RunFrame) -> None:
             label = f"rank {rank}"
         elif lane < te.COMM_LANE + te.COMM_LANES:
             label = f"rank {rank} communication" + (f" {lane - te.COMM_LANE + 1}" if lane > te.COMM_LANE else "")
+        elif lane < te.WAIT_LANE + te.WAIT_LANES:
+            label = f"rank {rank} waits on communication" + (f" {lane - te.WAIT_LANE + 1}" if lane > te.WAIT_LANE
+                                                              else "")
         elif lane == te.PIPELINE_LANE:
             label = f"rank {rank} pipeline"
         else:
@@ -226,6 +244,33 @@ def _stall_events(w: TraceWriter, frame: RunFrame, rank: int, m: Stall) -> None:
                                                                    "shapes": c.shapes}))
 
 
+def _call_events(w: TraceWriter, frame: RunFrame, rank: int, m: CollectiveCalls, step_start_us: float) -> None:
+    """A step's collectives: each from its issue to its completion on the rank's communication
+    tracks (an instant at its issue where it had not completed when the step was reported), and
+    the wait on it on the rank's waits track, all placed from the step's start."""
+    pid = frame.pid(rank)
+    for c in m.calls:
+        args = {"group": c.group, "seq": c.seq, "bytes": c.bytes, "step": m.step}
+        if c.device:
+            args["clock"] = "device: completion and wait from the step's first CUDA event"
+        issued_us = round(step_start_us + c.issued_ms * 1e3, 3)
+        if c.done_ms is not None:
+            dur_us = (c.done_ms - c.issued_ms) * 1e3
+            w.add(te.complete(c.kind, "collective", issued_us, dur_us, pid, frame.comm_tid(rank, issued_us, dur_us),
+                              args))
+            frame.drawn.add(rank, c.group, c.seq)
+        else:
+            w.add(te.instant(f"{c.kind} issued", "collective", issued_us, pid, te.tid_of(rank, te.COMM_LANE), args))
+        if c.wait_start_ms is not None and c.wait_end_ms is not None:
+            start_us = round(step_start_us + c.wait_start_ms * 1e3, 3)
+            dur_us = (c.wait_end_ms - c.wait_start_ms) * 1e3
+            w.add(te.complete(f"{c.kind} wait", "collective wait", start_us, dur_us, pid,
+                              frame.wait_tid(rank, start_us, dur_us), args))
+    if m.dropped:
+        w.add(te.instant(f"{m.dropped} more collectives not logged", "collective", step_start_us, pid,
+                         te.tid_of(rank, te.COMM_LANE), {"step": m.step, "dropped": m.dropped}))
+
+
 def second_pass(w: TraceWriter, logs: list[tuple[int, Path]], frame: RunFrame, window: StepWindow,
                 profiled: dict[int, list[int]]) -> dict[tuple[int, int], tuple[float, float]]:
     """Every rank's events; returns (start, end) µs of the profiled steps, for the traces' shift."""
@@ -233,12 +278,14 @@ def second_pass(w: TraceWriter, logs: list[tuple[int, Path]], frame: RunFrame, w
     for rank, path in logs:
         timelines: dict[int, Timeline] = {}
         firsts = profiled.get(rank, [])
+        placed: tuple[int, float] | None = None  # the last step drawn, its start (µs): its `calls` follow it
         for m in messages(path):
             if isinstance(m, Step):
                 if not window.has(m.step):
                     continue
                 end_us = _step_events(w, frame, rank, m)
                 start_us = end_us - m.step_ms * 1e3
+                placed = (m.step, start_us)
                 t = timelines.pop(m.step, None)
                 if t is not None:
                     _timeline_events(w, frame, rank, t, end_us)
@@ -247,6 +294,8 @@ def second_pass(w: TraceWriter, logs: list[tuple[int, Path]], frame: RunFrame, w
                     ends[(rank, m.step)] = (start_us, end_us)
             elif isinstance(m, Timeline) and window.has(m.step):
                 timelines[m.step] = m
+            elif isinstance(m, CollectiveCalls) and placed is not None and placed[0] == m.step:
+                _call_events(w, frame, rank, m, placed[1])
             elif isinstance(m, Event) and _kept(frame, window, rank, m.ts, m.step):
                 _event_events(w, frame, rank, m)
             elif isinstance(m, Stall) and _kept(frame, window, rank, m.ts, m.step or -1):
@@ -265,8 +314,8 @@ def _kept(frame: RunFrame, window: StepWindow, rank: int, ts: float, step: int) 
 
 
 def ledger_events(w: TraceWriter, frame: RunFrame, dumps: Path) -> list[str]:
-    """Each collective of the ledger dumps (`ctl dump`), issue to completion, on the rank's
-    communication track; returns what was left out and why."""
+    """Each collective of the ledger dumps (`ctl dump`) that the logs' `calls` did not draw, issue
+    to completion, on the rank's communication track; returns what was left out and why."""
     notes = []
     for path in sorted(dumps.glob("ledger-rank-*.json")):
         try:
@@ -280,7 +329,7 @@ def ledger_events(w: TraceWriter, frame: RunFrame, dumps: Path) -> list[str]:
         pid = frame.pid(rank)
         for e in sorted(ledger.get("collectives", []), key=lambda e: e["issued_ns"]):
             issued_s = frame.aligned_s(rank, wall_ts - (perf_ns - e["issued_ns"]) / 1e9)
-            if not frame.lo_s <= issued_s <= frame.hi_s:
+            if not frame.lo_s <= issued_s <= frame.hi_s or frame.drawn.has(rank, e.get("group", ""), e.get("seq", -1)):
                 continue
             done = e.get("done_ns") or 0
             dur_us = ((done or perf_ns) - e["issued_ns"]) / 1e3
@@ -378,6 +427,22 @@ def add_arguments(parser) -> None:
                         help="steps: hosts' clocks aligned by their step ends (default); wall: each host's own")
 
 
+@contextlib.contextmanager
+def _trace_file(run_dir: Path, output: str | None) -> Iterator[IO[str]]:
+    """`-o FILE` where the user says (a link at its name refused); by default DEFAULT_NAME in the
+    run's own folder, replaced whole (a link planted there is replaced, not followed)."""
+    if output:
+        with safe_files.output_file(output, encoding="utf-8") as f:
+            yield f
+        return
+    folder = safe_files.open_dir(run_dir, create=False, what="log folder")
+    try:
+        with safe_files.replacing(folder, DEFAULT_NAME, encoding="utf-8") as f:
+            yield f
+    finally:
+        os.close(folder)
+
+
 def main(args) -> int:
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir() or not rank_logs(run_dir):
@@ -391,9 +456,13 @@ def main(args) -> int:
     if args.output == "-":
         facts = write_trace(run_dir, sys.stdout, window, args.clock == "steps")
         return 0
-    path = Path(args.output) if args.output else run_dir / "trace.json"
-    with open(path, "w", encoding="utf-8") as f:
-        facts = write_trace(run_dir, f, window, args.clock == "steps")
+    path = Path(args.output) if args.output else run_dir / DEFAULT_NAME
+    try:
+        with _trace_file(run_dir, args.output) as f:
+            facts = write_trace(run_dir, f, window, args.clock == "steps")
+    except OSError as exc:
+        print(f"ringtop trace: error: {safe_files.not_written(path, exc)}", file=sys.stderr)
+        return 1
     if not facts["steps"]:
         print("ringtop trace: no steps in the selected range", file=sys.stderr)
     print(f"ringtop trace: {facts['ranks']} ranks, {facts['steps']} steps, {facts['events']} events -> {path} "

@@ -4,6 +4,7 @@ never imports torch), headless or with the UI on them, and the run's last words.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import time
@@ -37,6 +38,7 @@ def run(args: argparse.Namespace, agent_args: list[str]) -> int:
         return one_line_error("run", "--no-logs is for runs without --ui (the UI's runs keep their logs, for replay)")
     if not has_torch():
         return 2
+    modes_as_the_ranks(cfg.group_readable)
     if not args.ui:
         from ringtop.cli.headless import run_headless
 
@@ -49,6 +51,17 @@ def run(args: argparse.Namespace, agent_args: list[str]) -> int:
     if cfg.log_dir is None:
         agent_args = [*agent_args, "--log-dir", str(log_dir)]
     return run_with_ui(args.nproc, agent_args, log_dir, run_id)
+
+
+def modes_as_the_ranks(group_readable: bool) -> None:
+    """What this process makes for the run (its folder, agents.log) gets the ranks' modes: with
+    `--group-readable` 0750 / 0640, the umask set as each rank sets its own (agent/__main__.py), so
+    that a user's 077 does not narrow them."""
+    from ringtop.protocol import safe_files
+
+    safe_files.set_group_readable(group_readable)
+    if group_readable:
+        os.umask(safe_files.process_umask())
 
 
 def has_torch() -> bool:

@@ -22,6 +22,7 @@ The numbers, each defined here once (all in milliseconds of one optimizer step o
 from __future__ import annotations
 
 import math
+from collections import deque
 
 
 def compute_ms(step_ms: float, exposed_comm_ms: float, data_ms: float) -> float:
@@ -37,7 +38,34 @@ def compute_ms(step_ms: float, exposed_comm_ms: float, data_ms: float) -> float:
 
 STEP_WINDOW = 20
 """Steps per rank in the one window the screens show a rank's step time over (the ranks table's
-cell, its slowest marker, the Comm tab): long enough that one noisy step does not move a marker."""
+cell, its slowest marker, the Comm tab, `ctl status`): long enough that one noisy step does not
+move a marker."""
+
+
+class StepWindow:
+    """A rank's last STEP_WINDOW step times and their mean, as the screens show one step time per
+    rank (the UI's cell): `ctl status` reads rank 0's from another thread, so each step replaces
+    one tuple (its step, the mean, how many steps it is over)."""
+
+    __slots__ = ("_times", "latest")
+
+    def __init__(self, size: int = STEP_WINDOW) -> None:
+        self._times: deque[float] = deque(maxlen=size)
+        self.latest: tuple[int, float, int] = (-1, math.nan, 0)
+
+    def add(self, step: int, step_ms: float) -> None:
+        """One step's time; one that is not finite is no time (the UI's cell leaves it out too)."""
+        if isinstance(step_ms, (int, float)) and math.isfinite(step_ms):
+            self._times.append(step_ms)
+        n = len(self._times)
+        self.latest = (step, sum(self._times) / n if n else math.nan, n)
+
+
+def status_step_ms(window: StepWindow) -> dict[str, float | int | None]:
+    """`status`'s step-time fields (plain values, for scripts): the window's mean, how many steps it
+    is over and the newest of them; `ringtop ctl` prints them as the UI does (fmt.ms)."""
+    step, mean, n = window.latest
+    return {"step_ms": mean if math.isfinite(mean) else None, "step_ms_steps": n, "step_ms_last_step": step}
 
 
 def step_idle_ms(data_ms: float, exposed_comm_ms: float, bubble_idle_ms: float | None = None) -> float:

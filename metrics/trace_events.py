@@ -4,18 +4,19 @@ pure functions of plain numbers, so the layout is tested without logs, torch or 
 Times in: seconds on the wall clock (the logs' `ts`) and milliseconds for durations; out: the
 format's microseconds from `origin_s`. Tracks: one process per host (pid), one thread per rank and
 lane (tid = rank * LANES + lane), so Perfetto groups a host's ranks and keeps each rank's steps,
-communication, pipeline micro-batches and profiler threads on tracks of their own, where their
-spans nest (a thread's "X" events must not overlap partially)."""
+communication, waits on it, pipeline micro-batches and profiler threads on tracks of their own,
+where their spans nest (a thread's "X" events must not overlap partially)."""
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from statistics import median
 from typing import Any
 
 LANES = 32
-"""Tracks per rank: steps, four of communication, pipeline, then profiler threads (26 at most)."""
-STEP_LANE, COMM_LANE, COMM_LANES, PIPELINE_LANE, PROFILER_LANE = 0, 1, 4, 5, 6
+"""Tracks per rank: steps, four of communication, two of waits on it, pipeline, then profiler
+threads (24 at most)."""
+STEP_LANE, COMM_LANE, COMM_LANES, WAIT_LANE, WAIT_LANES, PIPELINE_LANE, PROFILER_LANE = 0, 1, 4, 5, 2, 7, 8
 PHASES = ("data", "forward", "backward", "optimizer")
 """A step's timed phases, in the order they run."""
 
@@ -143,3 +144,32 @@ class NestingLanes:
                 return i
         self._open.append([end])
         return len(self._open) - 1
+
+
+class SeqRanges:
+    """Which seqs of each (rank, group) are drawn already, as sorted, merged [first, last] ranges:
+    as many as the gaps between them, not as the collectives (a long run's are one range)."""
+
+    def __init__(self) -> None:
+        self._ranges: dict[tuple[int, str], list[list[int]]] = {}
+
+    def add(self, rank: int, group: str, seq: int) -> None:
+        ranges = self._ranges.setdefault((rank, group), [])
+        if ranges and ranges[-1][0] <= seq <= ranges[-1][1] + 1:  # the usual case: the next one
+            ranges[-1][1] = max(ranges[-1][1], seq)
+            return
+        at = bisect_right(ranges, [seq, float("inf")])
+        if at and ranges[at - 1][1] + 1 >= seq:
+            ranges[at - 1][1] = max(ranges[at - 1][1], seq)
+            at -= 1
+        else:
+            ranges.insert(at, [seq, seq])
+        if at + 1 < len(ranges) and ranges[at + 1][0] <= ranges[at][1] + 1:
+            ranges[at][1] = max(ranges[at][1], ranges.pop(at + 1)[1])
+
+    def has(self, rank: int, group: str, seq: int) -> bool:
+        ranges = self._ranges.get((rank, group))
+        if not ranges:
+            return False
+        at = bisect_right(ranges, [seq, float("inf")])
+        return at > 0 and ranges[at - 1][1] >= seq

@@ -27,6 +27,8 @@ from ringtop.protocol.messages import (
     PROTOCOL_VERSION,
     UI_RANK,
     Bye,
+    CollectiveCall,
+    CollectiveCalls,
     Command,
     CommStat,
     Digest,

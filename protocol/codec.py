@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 
 from ringtop.protocol.errors import InvalidMessageError, MalformedError, OversizeError, UnknownTypeError, VersionError
-from ringtop.protocol.messages import MESSAGE_TYPES, PROTOCOL_VERSION, Event, HangReport, Message
+from ringtop.protocol.messages import LOG_ONLY, MESSAGE_TYPES, PROTOCOL_VERSION, Event, HangReport, Message
 
 MAX_FRAME_BYTES = 1 << 20
 """Largest message accepted on either channel; telemetry messages are a few hundred bytes."""
@@ -155,9 +155,20 @@ def _diagnose(data: bytes, exc: Exception, header_decoder, fmt: str) -> Exceptio
     return InvalidMessageError(f"invalid {header.type!r} message: {exc}")
 
 
-def read_log(path) -> list[Message]:
+_LOG_ONLY_LEADS = tuple(f'{{"type":"{tag}"'.encode() for tag, cls in MESSAGE_TYPES.items() if cls in LOG_ONLY)
+
+
+def log_only_line(line: bytes) -> bool:
+    """A line of a log-only message as ringtop writes it (its tag first): a reader with no use for
+    them (the UI's replay, `summary`) skips it without decoding it. One written otherwise is
+    decoded, and then told by its type."""
+    return line.startswith(_LOG_ONLY_LEADS)
+
+
+def read_log(path, log_only: bool = False) -> list[Message]:
     """Every decodable message of a JSON-lines log, in file order; a torn or bad line is skipped
-    (`ringtop replay` reports such lines; this is for tools that only want the data)."""
+    (`ringtop replay` reports such lines; this is for tools that only want the data). `log_only`:
+    the log-only messages too (each step's collectives), which are left out otherwise."""
     from pathlib import Path
 
     from ringtop.protocol.errors import ProtocolError
@@ -167,8 +178,12 @@ def read_log(path) -> list[Message]:
         return []
     out = []
     for line in path.read_bytes().splitlines():
+        if not log_only and log_only_line(line):
+            continue
         try:
-            out.append(from_json_line(line))
+            msg = from_json_line(line)
         except ProtocolError:
-            pass
+            continue
+        if log_only or type(msg) not in LOG_ONLY:
+            out.append(msg)
     return out

@@ -20,6 +20,7 @@ import msgspec
 
 from ringtop.protocol import safe_files
 from ringtop.protocol.curve import ClientKeys
+from ringtop.protocol.processes import process_gone
 
 MAX_FILE_BYTES = 64 * 1024
 RUNTIME_ENV = "RINGTOP_RUNTIME_DIR"
@@ -134,15 +135,9 @@ def remove(path: Path) -> None:
 
 
 def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return False  # another user's process has our pid's number now
-    return True
+    """Rank 0 still runs: not gone, not a zombie (killed, not yet reaped by its launcher), and not
+    another user's process that has our pid's number now."""
+    return not process_gone(pid, others_count_as_gone=True)
 
 
 def live_runs() -> list[ConnectionInfo]:

@@ -5,7 +5,7 @@ fields; `type` is the tag that selects the struct. The same structs are written 
 the wire and as JSON lines on disk.
 
 The parts made only of scalars (`CommStat`, `MemorySample`, `GpuSample`, `GroupCursor`,
-`InFlight`, `StageSpan`, `StepBrief`) are `gc=False`: they can hold no cycle, and a large run's UI
+`InFlight`, `StageSpan`, `StepBrief`, `CollectiveCall`) are `gc=False`: they can hold no cycle, and a large run's UI
 keeps hundreds of thousands of them, which the garbage collector's full passes would otherwise
 walk every time (pauses of hundreds of ms at 1024 ranks).
 """
@@ -253,6 +253,41 @@ class Step(Envelope, tag="step", kw_only=True):
     told to skip such steps (--on-nonfinite); parameters and optimizer state are as before it."""
 
 
+MAX_CALLS_PER_STEP = 256
+"""A `calls` message lists a step's first 256 collectives and counts the rest in `dropped`."""
+MAX_KIND_CHARS, MAX_GROUP_CHARS = 32, 256
+"""A group named by a long list of ranks is cut to 256 characters, the last one `…`."""
+
+
+class CollectiveCall(msgspec.Struct, array_like=True, gc=False):
+    """One collective a rank issued in a step, as an array (a step may list hundreds). Times in ms
+    from the step clock's begin; with `device`, `done_ms` and the wait are device times (CUDA
+    events, from the step's first event on the compute stream), `issued_ms` the host's. The wait:
+    the training thread (on GPU the compute stream) waiting for it (a blocking call, `Work.wait`,
+    `wait_tensor`); None where nothing there did (DDP's reducer waits in C++). `done_ms` None: not
+    complete by the time the step was reported."""
+
+    kind: Annotated[str, msgspec.Meta(max_length=MAX_KIND_CHARS)]
+    group: Annotated[str, msgspec.Meta(max_length=MAX_GROUP_CHARS)]
+    seq: Count
+    bytes: Count
+    issued_ms: Real
+    done_ms: Real | None = None
+    wait_start_ms: Real | None = None
+    wait_end_ms: Real | None = None
+    device: bool = False
+
+
+class CollectiveCalls(Envelope, tag="calls", kw_only=True):
+    """Each collective a rank issued in one step, in its log after that step's `step`; never on the
+    wire (LOG_ONLY: `ringtop trace` draws them, a live UI has no use for them). Its `seq` is the
+    rank's previous message's, so the wire's count has no gap."""
+
+    step: Count
+    calls: Annotated[list[CollectiveCall], msgspec.Meta(max_length=MAX_CALLS_PER_STEP)] = []
+    dropped: Count = 0
+
+
 class GpuSample(msgspec.Struct, kw_only=True, gc=False):
     index: Count = 0
     name: str = ""
@@ -486,12 +521,15 @@ class Reply(Envelope, tag="reply", kw_only=True):
     code: str = ""
 
 
-Telemetry = Union[Hello, Step, Sample, Timeline, Heartbeat, Event, Stall, Bye, GoodputSoFar, Digest, RecentSteps]
-Message = Union[Hello, Step, Sample, Timeline, Heartbeat, Event, Stall, Bye, GoodputSoFar, Digest, RecentSteps, Command,
-                Reply]
+Telemetry = Union[Hello, Step, Sample, Timeline, Heartbeat, Event, Stall, Bye, GoodputSoFar, Digest, RecentSteps,
+                  CollectiveCalls]
+Message = Union[Hello, Step, Sample, Timeline, Heartbeat, Event, Stall, Bye, GoodputSoFar, Digest, RecentSteps,
+                CollectiveCalls, Command, Reply]
 
 MESSAGE_TYPES: dict[str, type] = {
     cls.__struct_config__.tag: cls
-    for cls in (Hello, Step, Sample, Timeline, Heartbeat, Event, Stall, Bye, GoodputSoFar, Digest, RecentSteps, Command,
-                Reply)
+    for cls in (Hello, Step, Sample, Timeline, Heartbeat, Event, Stall, Bye, GoodputSoFar, Digest, RecentSteps,
+                CollectiveCalls, Command, Reply)
 }
+LOG_ONLY: frozenset[type] = frozenset({CollectiveCalls})
+"""Written to a rank's log, never sent: a relay drops one that comes."""

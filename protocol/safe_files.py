@@ -7,19 +7,23 @@ it), and trees removed without following links. A run folder that is a link, ano
 writable by others is refused with the reason, as ssh refuses such a key folder. Files are 0600 and
 folders 0700 unless the owner asked for group-readable ones (0640 / 0750, for teams sharing runs).
 Writers that only take a path (DCP, the profiler) get `fd_path`: the kernel resolves it through
-the opened directory, not through its name. Stdlib only: the CLI and the UI write with it too.
+the opened directory, not through its name. A file the user names (`-o FILE`) goes where they say,
+by the same exclusive create and rename, and a link standing at its name is refused. Stdlib only:
+the CLI and the UI write with it too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
 import stat
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, BinaryIO, Iterator
 
 _DIR_OPEN = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _group_readable = False
 
 
@@ -128,9 +132,7 @@ def make_dir(dir_fd: int, name: str) -> int:
 
 def create(dir_fd: int, name: str) -> BinaryIO:
     """A new file `name` inside `dir_fd`, open for writing; a planted link or file there is an error."""
-    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, file_mode(),
-                 dir_fd=dir_fd)
-    return os.fdopen(fd, "wb")
+    return os.fdopen(os.open(name, _NEW_FILE, file_mode(), dir_fd=dir_fd), "wb")
 
 
 def open_append(dir_fd: int, name: str, buffering: int = 0) -> BinaryIO:
@@ -149,22 +151,77 @@ def temporary_name(name: str) -> str:
     return f".{name}.tmp-{os.getpid()}-{secrets.token_hex(6)}"
 
 
-def write_atomic(dir_fd: int, name: str, data: bytes) -> None:
-    """`name` inside `dir_fd` replaced whole by `data` (a link planted at `name` is replaced, not followed)."""
+@contextlib.contextmanager
+def replacing(dir_fd: int, name: str, encoding: str | None = None) -> Iterator[IO]:
+    """A new file that replaces `name` inside `dir_fd` whole once the block ends without an error
+    (a link planted at `name` is replaced, not followed); text if `encoding` is given."""
     tmp = temporary_name(name)
+    fd = os.open(tmp, _NEW_FILE, file_mode(), dir_fd=dir_fd)
     try:
-        with create(dir_fd, tmp) as f:
-            f.write(data)
+        with open(fd, "w" if encoding else "wb", encoding=encoding) as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=dir_fd)
-        except OSError:
-            pass
         raise
     os.fsync(dir_fd)
+
+
+def write_atomic(dir_fd: int, name: str, data: bytes) -> None:
+    """`name` inside `dir_fd` replaced whole by `data` (a link planted at `name` is replaced, not followed)."""
+    with replacing(dir_fd, name) as f:
+        f.write(data)
+
+
+@contextlib.contextmanager
+def output_file(path: str | os.PathLike, encoding: str | None = None) -> Iterator[IO]:
+    """A file the user named (`-o FILE`): written where they say, by a rename inside its folder,
+    with the run's mode. The folder is reached as the user's path reaches it; at the final name
+    only a regular file is replaced: a link there (planted, or not) is refused, never followed."""
+    path = Path(path)
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        _refuse_output(folder, path)
+        with replacing(folder, path.name, encoding) as f:
+            yield f
+    finally:
+        os.close(folder)
+
+
+def check_output(path: str | os.PathLike) -> None:
+    """Raise what `output_file` would before it writes (before a long job, to fail at once)."""
+    path = Path(path)
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        _refuse_output(folder, path)
+    finally:
+        os.close(folder)
+
+
+def _refuse_output(folder: int, path: Path) -> None:
+    try:
+        st = os.lstat(path.name, dir_fd=folder)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafePathError(errno.ELOOP, f"refusing to write {path}: it is a symbolic link "
+                                           "(remove it, or name the file it points at)")
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafePathError(errno.EEXIST, f"refusing to write {path}: it is not a regular file")
+
+
+def not_written(path: str | os.PathLike, exc: OSError) -> str:
+    """Why `path` was not written, in one line (a refusal says it whole)."""
+    return str(exc) if isinstance(exc, UnsafePathError) else f"cannot write {path}: {exc}"
+
+
+def write_output(path: str | os.PathLike, data: bytes) -> None:
+    """`data` as the file the user named (`output_file`)."""
+    with output_file(path) as f:
+        f.write(data)
 
 
 def write_files(directory: str | os.PathLike, files: dict[str, bytes], what: str = "folder") -> None:

@@ -57,17 +57,18 @@ class CommRecorder(Protocol):
 
     def end(self, handle: int) -> None: ...
 
-    def blocked(self, start_ns: int, end_ns: int) -> None:
-        """The training thread waited on communication from `start_ns` to `end_ns` (perf_counter)."""
+    def blocked(self, start_ns: int, end_ns: int, handle: int | None = None) -> None:
+        """The training thread waited on communication from `start_ns` to `end_ns` (perf_counter);
+        `handle`: on the collective `begin` handed out, where known."""
 
-    def blocked_p2p(self, start_ns: int, end_ns: int) -> None:
+    def blocked_p2p(self, start_ns: int, end_ns: int, handle: int | None = None) -> None:
         """The training thread waited on a point-to-point transfer (a pipeline's bubble, mostly)."""
 
     def end_device(self, handle: int, start_event: Any, end_event: Any, lane: Any = None) -> None:
         """GPU: the collective ran between two CUDA events, read later without synchronising."""
 
-    def blocked_device(self, start_event: Any, end_event: Any, p2p: bool = False) -> None:
-        """GPU: the compute stream stalled on communication between two CUDA events."""
+    def blocked_device(self, start_event: Any, end_event: Any, p2p: bool = False, handle: int | None = None) -> None:
+        """GPU: the compute stream stalled on communication between two CUDA events (on `handle`'s)."""
 
 
 class PhaseMarker(Protocol):

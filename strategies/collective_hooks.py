@@ -30,6 +30,8 @@ stream wait, so when that stream is the training thread's compute stream (the cu
 the step began) the stall is measured on the device, between events recorded just before and just
 after the wait. Waits on point-to-point works (a pipeline's send/recv: mostly waiting for the other
 stage, i.e. bubble) are reported apart, as p2p waits, not as exposed collective communication.
+Each wait is reported with the handle of the collective waited on (a work's, kept by `id` with a
+weak reference for the step), so the step's record of that collective carries its wait.
 
 DTensor's collectives (tensor parallelism) go through `torch.distributed._functional_collectives`,
 which hands back a tensor that waits at its first use (`wait_tensor`) instead of a work: a traced
@@ -204,9 +206,9 @@ _state = threading.local()
 _recorder: CommRecorder | None = None
 _training_thread: int | None = None
 _compute_stream: Any = None
-# id(work) -> (weak reference, device or None for the host path, point-to-point?) for the works
-# whose wait needs telling apart: GPU works and point-to-point works. Cleared after each step.
-_issued: dict[int, tuple[Any, Any, bool]] = {}
+# id(work) -> (weak reference, device or None for the host path, point-to-point?, the recorder's
+# handle) for every traced work, so its wait is told apart and named. Cleared after each step.
+_issued: dict[int, tuple[Any, Any, bool, int]] = {}
 _installed = False
 _install_lock = threading.Lock()
 comm_delay_s = 0.0
@@ -252,9 +254,9 @@ def device_end(recorder: CommRecorder, handle: int, start: Any, lane: Any, strea
     return end
 
 
-def _remember(works: list, device: Any, p2p: bool) -> None:
+def _remember(works: list, device: Any, p2p: bool, handle: int) -> None:
     for w in works:
-        _issued[id(w)] = (weakref.ref(w), device, p2p)
+        _issued[id(w)] = (weakref.ref(w), device, p2p, handle)
 
 
 def _wrap(name: str, fn: Callable[..., Any], kind: str, payload: Callable[[tuple, dict], Any]) -> Callable[..., Any]:
@@ -280,8 +282,7 @@ def _wrap(name: str, fn: Callable[..., Any], kind: str, payload: Callable[[tuple
         t0 = time.perf_counter_ns()
         result, works = _issue(fn, args, kwargs, recorder, handle)
         if works:
-            if kind == "p2p":
-                _remember(works, None, True)
+            _remember(works, None, kind == "p2p", handle)
             try:
                 works[-1].get_future().then(lambda _f: _finish(recorder, handle))
             except Exception:  # noqa: BLE001 - a backend without futures: count it as done when issued
@@ -289,7 +290,7 @@ def _wrap(name: str, fn: Callable[..., Any], kind: str, payload: Callable[[tuple
         else:
             _finish(recorder, handle)
             if _on_training_thread():
-                recorder.blocked(t0, time.perf_counter_ns())
+                recorder.blocked(t0, time.perf_counter_ns(), handle)
         return result
 
     traced.__ringtop_traced__ = True
@@ -320,7 +321,7 @@ def _traced_on_device(fn: Callable[..., Any], args: tuple, kwargs: dict, recorde
     lane = None if kind == "p2p" else lane_of(group)  # NCCL runs p2p on per-peer streams
     result, works = _issue(fn, args, kwargs, recorder, handle)
     if works:
-        _remember(works, tensor.device, kind == "p2p")
+        _remember(works, tensor.device, kind == "p2p", handle)
         try:
             works[-1].get_future().then(functools.partial(_device_done, recorder, handle, start, lane))
         except Exception:  # noqa: BLE001 - a backend without futures: only the issue is known
@@ -328,7 +329,7 @@ def _traced_on_device(fn: Callable[..., Any], args: tuple, kwargs: dict, recorde
     else:  # blocking: the issuing stream now waits for the collective
         end = device_end(recorder, handle, start, lane, stream)
         if _on_training_thread() and _compute_stream is not None and stream == _compute_stream:
-            recorder.blocked_device(start, end, kind == "p2p")
+            recorder.blocked_device(start, end, kind == "p2p", handle)
     return result
 
 
@@ -356,16 +357,17 @@ def _wrap_wait(wait: Callable[..., Any]) -> Callable[..., Any]:
             finally:
                 after = device_timing.event()
                 after.record(stream)
-                recorder.blocked_device(before, after, issued[2])
+                recorder.blocked_device(before, after, issued[2], issued[3])
         t0 = time.perf_counter_ns()
         try:
             return wait(self, *args, **kwargs)
         finally:
             t1 = time.perf_counter_ns()
+            handle = issued[3] if issued is not None else None
             if issued is not None and issued[2] and hasattr(recorder, "blocked_p2p"):
-                recorder.blocked_p2p(t0, t1)
+                recorder.blocked_p2p(t0, t1, handle)
             else:
-                recorder.blocked(t0, t1)
+                recorder.blocked(t0, t1, handle)
 
     traced_wait.__ringtop_traced__ = True
     return traced_wait
@@ -505,14 +507,14 @@ def _wrap_functional_wait(wait: Callable[..., Any]) -> Callable[..., Any]:
             finally:
                 after = device_end(recorder, handle, start, None, stream)
                 if _on_training_thread() and _compute_stream is not None and stream == _compute_stream:
-                    recorder.blocked_device(before, after)
+                    recorder.blocked_device(before, after, handle=handle)
         t0 = time.perf_counter_ns()
         try:
             return wait(tensor, *args, **kwargs)
         finally:
             _finish(recorder, handle)
             if _on_training_thread():
-                recorder.blocked(t0, time.perf_counter_ns())
+                recorder.blocked(t0, time.perf_counter_ns(), handle)
 
     traced_wait.__ringtop_traced__ = True
     return traced_wait

@@ -32,12 +32,12 @@ import os
 import sys
 import time
 import warnings
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from ringtop.metrics.costs.busbw import algbw_gbps, busbw_gbps
+from ringtop.protocol import safe_files
 
 OPS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 ELEMENT_BYTES = 4  # float32
@@ -201,11 +201,7 @@ def main(argv: list[str] | None = None) -> int:
                            progress=args.progress)
         result["iters"], result["warmup"] = args.iters, args.warmup
         if dist.get_rank() == 0:
-            out = Path(args.out)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            tmp = out.with_name(out.name + ".tmp")
-            tmp.write_text(json.dumps(result, indent=1))
-            tmp.replace(out)
+            safe_files.write_output(args.out, json.dumps(result, indent=1).encode())
         dist.barrier()
     finally:
         dist.destroy_process_group()

@@ -28,6 +28,11 @@ How the device intervals become the summary (all in device time, on one timeline
   becoming ready to the last completion stands in, as it does on the host.
 - Point-to-point stalls (a pipeline waiting for the other stage) are `p2p_wait_ms`, not exposed
   collective communication.
+
+Each collective of a step is also kept on its own (`CommSummary.calls`, the first
+MAX_CALLS_PER_STEP): a wait reported with the collective's handle is its wait. `call_records`
+turns them into the log's `calls` message when the step is reported: host times as they are,
+device times by `query()` and `elapsed_time` on completed events only, as above.
 """
 
 from __future__ import annotations
@@ -40,7 +45,8 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ringtop.protocol import CommStat, GroupCursor, InFlight
+from ringtop.protocol import CollectiveCall, CommStat, GroupCursor, InFlight
+from ringtop.protocol.messages import MAX_CALLS_PER_STEP, MAX_GROUP_CHARS, MAX_KIND_CHARS
 
 MAX_PENDING_DEVICE = 4096
 """Device records whose events have not completed are kept at most this many (oldest dropped)."""
@@ -63,6 +69,19 @@ class LedgerEntry:
         return {name: getattr(self, name) for name in self.__slots__}
 
 
+class StepCall:
+    """One collective of the current step, kept for its record in the step's report: its ledger
+    entry, and the wait on it (host ns, or two CUDA events) and its device interval where known."""
+
+    __slots__ = ("entry", "wait_start_ns", "wait_end_ns", "device", "device_wait")
+
+    def __init__(self, entry: LedgerEntry) -> None:
+        self.entry = entry
+        self.wait_start_ns = self.wait_end_ns = 0
+        self.device: tuple[Any, Any] | None = None
+        self.device_wait: tuple[Any, Any] | None = None
+
+
 @dataclass(frozen=True)
 class CommSummary:
     kinds: list[CommStat]
@@ -82,6 +101,10 @@ class CommSummary:
     """Device records carried to the next drain because their events had not completed."""
     collectives: list[GroupCursor] = field(default_factory=list)
     """Per process group used since the previous drain: progress and the digest of its calls."""
+    calls: list[StepCall] = field(default_factory=list)
+    """Each collective issued since the previous drain, the first MAX_CALLS_PER_STEP."""
+    calls_dropped: int = 0
+    """Those issued past them."""
 
 
 @dataclass
@@ -120,6 +143,11 @@ class CommTracer:
         self._device: list[_DeviceRecord] = []
         self._stalls: list[tuple[Any, Any, bool]] = []
         self.device_dropped = 0
+        self.max_calls = MAX_CALLS_PER_STEP
+        self._calls: list[StepCall] = []
+        self._calls_dropped = 0
+        self._call_of: dict[int, StepCall] = {}
+        """Handle -> this step's record of the collective, for the waits reported with a handle."""
 
     @property
     def in_flight(self) -> int:
@@ -138,6 +166,11 @@ class CommTracer:
             self.ledger.append(entry)
             count, digest = self._step_calls.get(group, (0, 0))
             self._step_calls[group] = (count + 1, zlib.crc32(f"{kind}:{nbytes}:{shapes}".encode(), digest))
+            if len(self._calls) < self.max_calls:
+                call = self._call_of[handle] = StepCall(entry)
+                self._calls.append(call)
+            else:
+                self._calls_dropped += 1
         return handle
 
     def end(self, handle: int) -> None:
@@ -170,14 +203,23 @@ class CommTracer:
         with self._lock:
             return [e.as_dict() for e in self.ledger]
 
-    def blocked(self, start_ns: int, end_ns: int) -> None:
+    def blocked(self, start_ns: int, end_ns: int, handle: int | None = None) -> None:
+        """The training thread waited on communication (host clock); `handle`: on that collective."""
         with self._lock:
             self._blocked.append((start_ns, end_ns))
+            self._waited(handle, start_ns, end_ns)
 
-    def blocked_p2p(self, start_ns: int, end_ns: int) -> None:
+    def blocked_p2p(self, start_ns: int, end_ns: int, handle: int | None = None) -> None:
         """The training thread waited on a point-to-point transfer (host clock)."""
         with self._lock:
             self._p2p_blocked.append((start_ns, end_ns))
+            self._waited(handle, start_ns, end_ns)
+
+    def _waited(self, handle: int | None, start_ns: int, end_ns: int) -> None:
+        """A collective's first wait, in its record of this step (under the lock)."""
+        call = self._call_of.get(handle) if handle is not None else None
+        if call is not None and not call.wait_end_ns:
+            call.wait_start_ns, call.wait_end_ns = start_ns, end_ns
 
     def end_device(self, handle: int, start_event: Any, end_event: Any, lane: Any = None) -> None:
         """The collective `handle` runs on the device between two CUDA events (timing enabled);
@@ -189,12 +231,17 @@ class CommTracer:
                 self._device.append(_DeviceRecord(handle, entry.kind, entry.nbytes, entry.group_size, start_event,
                                                   end_event, lane, entry.dim))
                 self._trim()
+                if (call := self._call_of.get(handle)) is not None:
+                    call.device = (start_event, end_event)
 
-    def blocked_device(self, start_event: Any, end_event: Any, p2p: bool = False) -> None:
-        """The compute stream stalled on communication between two CUDA events."""
+    def blocked_device(self, start_event: Any, end_event: Any, p2p: bool = False, handle: int | None = None) -> None:
+        """The compute stream stalled on communication between two CUDA events; `handle`: on that collective."""
         with self._lock:
             self._stalls.append((start_event, end_event, p2p))
             self._trim()
+            call = self._call_of.get(handle) if handle is not None else None
+            if call is not None and call.device_wait is None:
+                call.device_wait = (start_event, end_event)
 
     def _trim(self) -> None:
         for pending in (self._device, self._stalls):
@@ -211,6 +258,8 @@ class CommTracer:
             device, self._device = self._device, []
             stalls, self._stalls = self._stalls, []
             step_calls, self._step_calls = self._step_calls, {}
+            calls, self._calls, dropped, self._calls_dropped = self._calls, [], self._calls_dropped, 0
+            self._call_of = {}
             collectives = [GroupCursor(group=g, issued=self._issued[g], completed=self._completed.get(g, 0),
                                        count=n, digest=f"{digest:08x}")
                            for g, (n, digest) in sorted(step_calls.items())]
@@ -229,7 +278,8 @@ class CommTracer:
             exposed_comm_ms += d_blocked
             p2p_wait_ms += d_p2p
         return CommSummary(kinds=list(totals.values()), exposed_comm_ms=exposed_comm_ms, busy_ms=busy_ms,
-                           p2p_wait_ms=p2p_wait_ms, pending=pending, collectives=collectives)
+                           p2p_wait_ms=p2p_wait_ms, pending=pending, collectives=collectives, calls=calls,
+                           calls_dropped=dropped)
 
     def _resolve_device(self, device: list[_DeviceRecord], stalls: list[tuple[Any, Any, bool]],
                         totals: dict[tuple[str, str], CommStat]) -> tuple[float, float, float, int]:
@@ -281,6 +331,48 @@ class CommTracer:
                 (p2p_iv if p2p else stall_iv).append(iv)
         exposed_comm_ms = exposed_ns(stall_iv, collective, busy_ns if intervals else None) / 1e6
         return busy_ns / 1e6, exposed_comm_ms, union_ns(p2p_iv) / 1e6, pending
+
+
+def call_records(calls: list[StepCall], step_start_ns: int, device_begin: Any = None) -> list[CollectiveCall]:
+    """A step's collectives as its `calls` message lists them, in ms from the step's start: host
+    times from the step clock's begin (`step_start_ns`, perf_counter); a device interval or wait
+    from `device_begin`, the step's first CUDA event, once both its events have completed (never
+    waited for: otherwise None). The events are let go here."""
+    out = []
+    for call in calls:
+        e = call.entry
+        rec = CollectiveCall(kind=e.kind[:MAX_KIND_CHARS], group=_clipped(e.group), seq=e.seq, bytes=e.nbytes,
+                             issued_ms=(e.issued_ns - step_start_ns) / 1e6)
+        if call.device is not None or call.device_wait is not None:
+            rec.device = True
+            rec.done_ms = _device_ms(device_begin, call.device[1]) if call.device is not None else None
+            if call.device_wait is not None:
+                rec.wait_start_ms, rec.wait_end_ms = (_device_ms(device_begin, ev) for ev in call.device_wait)
+                if rec.wait_start_ms is None or rec.wait_end_ms is None:
+                    rec.wait_start_ms = rec.wait_end_ms = None
+            call.device = call.device_wait = None
+        else:
+            rec.done_ms = (e.done_ns - step_start_ns) / 1e6 if e.done_ns else None
+            if call.wait_end_ns:
+                rec.wait_start_ms = (call.wait_start_ns - step_start_ns) / 1e6
+                rec.wait_end_ms = (call.wait_end_ns - step_start_ns) / 1e6
+        out.append(rec)
+    return out
+
+
+def _device_ms(begin: Any, event: Any) -> float | None:
+    if begin is None or event is None:
+        return None
+    try:
+        if not (begin.query() and event.query()):
+            return None
+        return float(begin.elapsed_time(event))
+    except RuntimeError:  # not timed, or on another device: not known, never a stop
+        return None
+
+
+def _clipped(group: str) -> str:
+    return group if len(group) <= MAX_GROUP_CHARS else group[:MAX_GROUP_CHARS - 1] + "…"
 
 
 def _split(items: list, complete: Any) -> tuple[list, list]:

@@ -19,6 +19,8 @@ PHASES = ("data", "forward", "backward", "optimizer")
 class StepTiming:
     step_ms: float
     phase_ms: dict[str, float] = field(default_factory=dict)
+    started_ns: int = 0
+    """When the step began (perf_counter ns): the origin of its collectives' times."""
 
 
 @dataclass
@@ -55,12 +57,17 @@ class StepClock:
 
     def finish(self) -> tuple[StepTiming, _CudaMarks | None]:
         step_ms = (time.perf_counter_ns() - self._t0) / 1e6
-        timing = StepTiming(step_ms=step_ms, phase_ms=dict(self._host))
+        timing = StepTiming(step_ms=step_ms, phase_ms=dict(self._host), started_ns=self._t0)
         return timing, (_CudaMarks(self._events) if self._cuda else None)
 
 
 def device_phases_ready(marks: _CudaMarks | None) -> bool:
     return marks is None or marks.events[-1][1].query()
+
+
+def device_begin(marks: _CudaMarks | None) -> torch.cuda.Event | None:
+    """The step's first event on the compute stream (its device time origin); None on CPU."""
+    return marks.events[0][1] if marks is not None and marks.events else None
 
 
 def apply_device_phases(timing: StepTiming, marks: _CudaMarks | None) -> StepTiming:

@@ -54,6 +54,7 @@ from ringtop.agent.transport.telemetry import Telemetry
 from ringtop.metrics.fmt import nbytes
 from ringtop.metrics.rules.diagnosis import RunContext
 from ringtop.metrics.rules.peaks import Peak
+from ringtop.metrics.timing import StepWindow, status_step_ms
 from ringtop.protocol import Bye, Endpoints, Event, Hello, connection_file, curve, safe_files
 from ringtop.protocol.text_safety import printable
 from ringtop.strategies import collective_hooks
@@ -102,6 +103,8 @@ class Runner:
         self.stop_reason: str | None = None
         self.last_loss = float("nan")
         self.last_step_ms = 0.0
+        self.step_window = StepWindow()
+        """This rank's last STEP_WINDOW step times: `status`'s step ms, the UI cell's window."""
         self.last_checkpoint: str | None = None
         self.telemetry: Telemetry | None = None
         self.head: Head | None = None
@@ -229,7 +232,7 @@ class Runner:
         head = self.head
         return {
             "run_id": self.run_id, "step": self.step, "steps": self.cfg.steps, "strategy": self.strategy.describe(),
-            "world_size": self.ctx.world_size, "loss": self.last_loss, "step_ms": self.last_step_ms,
+            "world_size": self.ctx.world_size, "loss": self.last_loss, **status_step_ms(self.step_window),
             "last_checkpoint": self.last_checkpoint or "",
             "refused_connections": head.refused_connections if head is not None else 0,
             "lost_messages": head.relay.gaps if head is not None else 0,
@@ -367,9 +370,9 @@ class Runner:
                 self._stop_nonfinite(found)
                 break
             self._after_step()
-        if step_ends is not None:
-            Path(cfg.step_times_file).write_text(json.dumps(step_ends))
         self.end_loop()
+        if step_ends is not None:  # after the collective end: a refused write stops rank 0 alone
+            safe_files.write_output(cfg.step_times_file, json.dumps(step_ends).encode())
 
     def _after_step(self) -> None:
         """A periodic checkpoint, the rules when due, the warm-up's report once it is done."""

@@ -1,8 +1,9 @@
 """A step's report: what the loop measured for a finished step (timing, traffic, loss, norm, a
 pipeline stage's bubble and timeline) held until the device has its phase times, then one Step
 message (with its memory sample and derived numbers), the Timeline of a sampled pipeline step,
-the events a step can raise (a loss no longer finite, a TFLOP/s finding) and the console line.
-Nothing here waits for the device, except at the end of the loop (`publish_ready(wait=True)`)."""
+the events a step can raise (a loss no longer finite, a TFLOP/s finding), each collective of the
+step (a log-only `calls` message, after the step's) and the console line. Nothing here waits for
+the device, except at the end of the loop (`publish_ready(wait=True)`)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ringtop.agent.health import nonfinite
-from ringtop.agent.instruments.comm_tracer import CommSummary
-from ringtop.agent.instruments.step_clock import StepClock, StepTiming, apply_device_phases, device_phases_ready
+from ringtop.agent.instruments.comm_tracer import CommSummary, call_records
+from ringtop.agent.instruments.step_clock import (
+    StepClock,
+    StepTiming,
+    apply_device_phases,
+    device_begin,
+    device_phases_ready,
+)
 from ringtop.metrics.costs.flops import step_tflops
 from ringtop.metrics.timing import step_idle_ms
-from ringtop.protocol import Event, MemorySample, StageSpan, Step, Timeline
+from ringtop.protocol import CollectiveCalls, Event, MemorySample, StageSpan, Step, Timeline
 
 if TYPE_CHECKING:
     from ringtop.agent.loop.runner import Runner
@@ -101,6 +108,7 @@ class StepReport:
         norm_finite = nonfinite.norm_is_finite(grad_norm)
         self._watch_numerics(p, loss, grad_norm, norm_finite)
         run.last_loss, run.last_step_ms = loss, timing.step_ms
+        run.step_window.add(p.step, timing.step_ms)
         run.telemetry.step = p.step
         mem = self._memory(p.step)
         ph = timing.phase_ms
@@ -127,6 +135,10 @@ class StepReport:
             comm=p.comm.kinds, collectives=p.comm.collectives,
             cpu_percent=run.sampler.latest.cpu_percent, drops=run.telemetry.drops, idle_ms=idle_ms,
         ))
+        if (p.comm.calls or p.comm.calls_dropped) and run.telemetry.has_log:
+            run.telemetry.emit(CollectiveCalls(step=p.step, dropped=p.comm.calls_dropped,
+                                               calls=call_records(p.comm.calls, timing.started_ns,
+                                                                  device_begin(p.marks))))
         if run.ctx.rank == 0 and run.cfg.print_every and p.step % run.cfg.print_every == 0:
             print(f"[ringtop] step {p.step}/{run.cfg.steps or '∞'}  loss {loss:.4f}  "
                   f"{timing.step_ms:.1f} ms/step  {p.tokens * run.ctx.world_size / (timing.step_ms / 1e3):,.0f} tok/s",

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import importlib.util
 
+from ringtop.metrics.install_hint import install_command
+
 DEEPSPEED_STRATEGIES = ("zero1", "zero2", "zero3")
 EVERY_TARGET = "*"
+REASON_MAX_CHARS = 400
+"""Hello.switch_unavailable's longest reason (protocol/messages.py)."""
 
 
 def deepspeed_missing() -> bool:
@@ -22,5 +26,14 @@ def switch_unavailable(*, own_loop: bool = False, own_loop_reason: str = "") -> 
     if own_loop:
         return {EVERY_TARGET: own_loop_reason or "this run's own loop cannot switch its strategy"}
     if deepspeed_missing():
-        return {name: "DeepSpeed is not installed: pip install 'ringtop[deepspeed]'" for name in DEEPSPEED_STRATEGIES}
+        reason = deepspeed_missing_reason()
+        return {name: reason for name in DEEPSPEED_STRATEGIES}
     return {}
+
+
+def deepspeed_missing_reason() -> str:
+    """The install line for this ringtop as it was installed (a source checkout: `pip install -e
+    ".[deepspeed]"`); a checkout's path too long for the Hello's field leaves the line out, since a
+    reason past REASON_MAX_CHARS would make the whole Hello undecodable."""
+    reason = f"DeepSpeed is not installed: {install_command('deepspeed')}"
+    return reason if len(reason) <= REASON_MAX_CHARS else "DeepSpeed is not installed: add ringtop's deepspeed extra"

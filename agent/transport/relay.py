@@ -50,7 +50,7 @@ from ringtop.protocol import (
 from ringtop.protocol.batch import decode_batch
 from ringtop.protocol.curve import CLIENT_DOMAIN, RELAY_DOMAIN, close_monitored
 from ringtop.protocol.guard import LoopFaults
-from ringtop.protocol.messages import MAX_RECENT_BRIEFS, MESSAGE_TYPES
+from ringtop.protocol.messages import LOG_ONLY, MAX_RECENT_BRIEFS, MESSAGE_TYPES
 
 CACHED_TOPICS = (b"hello.", b"bye.", b"timeline.")
 DIGEST_TOPIC = b"digest."
@@ -342,6 +342,8 @@ def real(topic: bytes, body: bytes, sender: Collection[int] | None, run_id: str 
         return None
     if isinstance(msg, (GoodputSoFar, Digest, RecentSteps)) or (sender is not None and msg.rank not in sender):
         return None  # the relay's own, never a rank's
+    if type(msg) in LOG_ONLY:
+        return None  # a log's alone (a rank never sends one)
     if world_size is not None and not 0 <= msg.rank < world_size:
         return None
     if isinstance(msg, Hello) and ((run_id is not None and msg.run_id != run_id)

@@ -4,6 +4,8 @@
 counted when it is full); a background thread encodes and sends over an XPUB socket connected to
 rank 0's relay and appends JSON lines to `rank-R.jsonl` (private, no link followed), flushed per
 line. The thread also sends a heartbeat every second, so a UI can tell a slow step from a dead rank.
+A log-only message (protocol LOG_ONLY: each step's collectives) goes to the log alone, under the
+previous message's `seq`, so the relay and the UI count no gap for it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ringtop.metrics.rules.liveness import HEARTBEAT_S
 from ringtop.protocol import Bye, Heartbeat, Message, encode, safe_files, to_json_line
 from ringtop.protocol.curve import ClientKeys, secure_client
 from ringtop.protocol.guard import LoopFaults
+from ringtop.protocol.messages import LOG_ONLY
 
 QUEUE_CAPACITY = 4096
 HEARTBEAT_INTERVAL_S = HEARTBEAT_S
@@ -51,6 +54,7 @@ class Telemetry:
         self.step = -1
         """Last step published; heartbeats start once the runner sets it (after the Hello)."""
         self._seq = itertools.count()
+        self._last_seq = 0
         self._queue: collections.deque[Message] = collections.deque(maxlen=capacity)
         self._wake = threading.Event()
         self._closing = threading.Event()
@@ -86,12 +90,20 @@ class Telemetry:
                 return
             self._sealed = isinstance(msg, Bye)
             msg.rank = self.rank
-            msg.seq = next(self._seq)
+            if type(msg) in LOG_ONLY:
+                msg.seq = self._last_seq
+            else:
+                msg.seq = self._last_seq = next(self._seq)
             msg.ts = time.time()
             if len(self._queue) == self._queue.maxlen:
                 self.drops += 1
             self._queue.append(msg)
         self._wake.set()
+
+    @property
+    def has_log(self) -> bool:
+        """Whether it writes a log (where a log-only message is of any use)."""
+        return self._file is not None
 
     @property
     def queued(self) -> int:
@@ -180,7 +192,7 @@ class Telemetry:
                 except Exception as exc:  # a bad message or a full disk must not kill telemetry or training
                     lost = True
                     self._report_failure(exc)
-            if self._socket is not None and self._subscribed:
+            if self._socket is not None and self._subscribed and type(msg) not in LOG_ONLY:
                 try:
                     self._socket.send_multipart([topic(msg), encode(msg)], zmq.NOBLOCK)
                 except zmq.Again:

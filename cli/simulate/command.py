@@ -11,6 +11,7 @@ from ringtop.cli.simulate.config import SimConfig, SimulateError
 from ringtop.cli.simulate.run import Simulation
 from ringtop.cli.simulate.scenario import HANG_AFTER_S
 from ringtop.protocol import connection_file
+from ringtop.protocol.safe_files import check_output, not_written
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,6 +59,12 @@ def main(args: argparse.Namespace) -> int:
     except SimulateError as exc:
         print(f"ringtop simulate: {exc}", file=sys.stderr)
         return 2
+    if cfg.status_file:
+        try:
+            check_output(cfg.status_file)
+        except OSError as exc:
+            print(f"ringtop simulate: {not_written(cfg.status_file, exc)}", file=sys.stderr)
+            return 2
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
 

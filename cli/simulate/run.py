@@ -18,7 +18,9 @@ from ringtop.cli.simulate.head import answer_queued_commands, start_head
 from ringtop.cli.simulate.ranks import raise_fd_limit
 from ringtop.cli.simulate.stepping import Stepper
 from ringtop.cli.simulate.worker import WorkerPool
+from ringtop.metrics.timing import status_step_ms
 from ringtop.protocol import Bye, Event, HangReport, connection_file, curve
+from ringtop.protocol.safe_files import write_output
 
 
 class Simulation(Stepper):
@@ -51,7 +53,7 @@ class Simulation(Stepper):
 
     def _snapshot(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "step": self.step, "steps": self.scenario.total_steps(), "strategy": "ddp",
-                "world_size": self.cfg.ranks, "loss": self.last_loss, "step_ms": self.last_step_ms,
+                "world_size": self.cfg.ranks, "loss": self.last_loss, **status_step_ms(self.step_window),
                 "last_checkpoint": "", "refused_connections": self.head.refused_connections if self.head else 0,
                 "simulated": True}
 
@@ -75,10 +77,7 @@ class Simulation(Stepper):
                   "gaps": relay.gaps, "slowest_step": min([self.step, *self.workers.steps(started_only=True)]),
                   "procs": 1 + len(self.workers),
                   "final": final}
-        tmp = f"{self.cfg.status_file}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(status, f)
-        os.replace(tmp, self.cfg.status_file)
+        write_output(self.cfg.status_file, json.dumps(status).encode())  # never through a planted link
 
     def _setup_of(self, keys: curve.RunKeys, share: list[int]) -> dict[str, Any]:
         """What the worker holding `share` (nodes, or with --rank-procs ranks) needs: its ranks' and

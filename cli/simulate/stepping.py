@@ -11,6 +11,7 @@ import time
 from ringtop.cli.simulate.config import SimConfig
 from ringtop.cli.simulate.ranks import RankSockets
 from ringtop.cli.simulate.scenario import HANG_AFTER_S, STALL_EVERY_S, STALL_THRESHOLD_S, Scenario, mean_loss
+from ringtop.metrics.timing import StepWindow
 from ringtop.protocol import Heartbeat
 
 
@@ -27,6 +28,7 @@ class Stepper(abc.ABC):
         self.step = 0
         self.last_loss = float("nan")
         self.last_step_ms = 0.0
+        self.step_window = StepWindow()
         self.hung_at: float | None = None
         self.publish_address = self.control_address = ""
         self._t0 = 0.0
@@ -63,6 +65,7 @@ class Stepper(abc.ABC):
         self.ranks.send_all(lambda rank: scenario.step(rank, step, drops[rank]))
         self.step = step
         self.last_step_ms = self.step_ms(0, step)
+        self.step_window.add(step, self.last_step_ms)
         self.last_loss = mean_loss(step)
         self._after_step(started)
 

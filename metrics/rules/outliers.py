@@ -2,11 +2,12 @@
 the *other* ranks (the slow rank must not pull up its own baseline; with two ranks the median of
 all would be the midpoint and halve the excess).
 
-What is compared depends on what the caller has: the view model compares mean step times (all it
-has of a rank that sends no communication numbers), the Comm tab and the agent's diagnosis compare
-compute time (ranks in lockstep have equal step times; the slow one is the one the others wait
-for). How far above the others a rank must be depends on what is done with it, so each use names
-its `Threshold` below; the rule that applies it is the same.
+The slowest rank is picked on compute time (metrics.timing.compute_ms: the step less its waits)
+everywhere: the UI's one reading (RunView.slowest: the Overview's ▲, its health and alert lines,
+the Comm tab) and the agent's straggler verdict. Ranks in lockstep have equal step times; the slow
+one is the one the others wait for, so a rank's step time would put the marker on whichever rank
+waited longest. How far above the others a rank must be depends on what is done with it, so each
+use names its `Threshold` below; the rule that applies it is the same.
 """
 
 from __future__ import annotations
@@ -27,14 +28,11 @@ class Threshold:
     min_excess: float = 0.0
 
 
-TABLE_MARK = Threshold(min_excess_pct=3.0)
-"""Mark the slowest rank in a table (the ranks table's `▲`, the Comm tab's "step time +N %"): ranks
-in lockstep differ by a percent or so, and marking that would only flicker."""
-NAMED = Threshold(min_excess_pct=5.0)
-"""Name the slowest rank in a sentence (the health line, the alert under the charts)."""
-COMPUTE_NAMED = Threshold(min_excess_pct=10.0)
-"""Name the slowest rank by compute time (the Comm tab, the verdict panel): compute is the step
-minus the waits, a smaller figure than the step, so the same jitter in ms is a larger percentage."""
+SLOWEST_SHOWN = Threshold(min_excess_pct=10.0)
+"""Mark and name the slowest rank by compute, on every screen alike (the ranks table's ▲, the
+health and alert lines, the Comm tab and its verdict panel): compute is the step minus the waits,
+a smaller figure than the step, so the same jitter in ms is a larger percentage; one threshold, so
+that no screen names a rank another leaves unmarked."""
 STRAGGLER = Threshold(min_excess_pct=50.0, min_excess=25.0)
 """Raise a `straggler` verdict with advice (the agent's diagnosis): loose on purpose, a healthy run
 on a noisy machine must produce none."""

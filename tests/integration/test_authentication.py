@@ -174,10 +174,10 @@ def test_ctl_finds_the_keys_in_the_connection_file_and_refuses_to_guess_without_
     run.connection()
 
     by_id = ringtop("ctl", "--run", run.run_id, "status")
-    assert by_id.returncode == 0 and f"run_id: {run.run_id}" in by_id.stdout, by_id.stderr
+    assert by_id.returncode == 0 and f"run: {run.run_id}" in by_id.stdout, by_id.stderr
 
     on_node = ringtop("ctl", "--connect", run.control.replace("127.0.0.1", "localhost"), "status")
-    assert on_node.returncode == 0 and f"run_id: {run.run_id}" in on_node.stdout, "its connection file's keys"
+    assert on_node.returncode == 0 and f"run: {run.run_id}" in on_node.stdout, "its connection file's keys"
     bare = ringtop("ctl", "--connect", f"tcp://127.0.0.1:{free_tcp_port()}", "status")  # no run of ours has it
     assert bare.returncode == 2 and "--keys FILE" in bare.stderr and "connect-info" in bare.stderr
 

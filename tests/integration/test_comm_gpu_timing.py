@@ -97,6 +97,27 @@ def test_gpu_timing_with_fake_cuda_events_mixes_with_host_records_without_losing
     assert 3.0 <= s.exposed_comm_ms <= 3.0 + got["broadcast"][2] + 1e-9
 
 
+def test_gpu_call_records_with_fake_cuda_events_are_timed_from_the_steps_first_event_or_left_unknown():
+    """A step's collectives on the device: completion and wait in ms from the step's first event
+    once their events have completed, None (never waited for) while one has not; issue on the host."""
+    from ringtop.agent.instruments.comm_tracer import call_records
+
+    tracer = CommTracer()
+    a = tracer.begin("all_gather", 100, 2)
+    b = tracer.begin("reduce_scatter", 400, 2)
+    for entry, at_ms in zip(tracer.ledger, (1.0, 2.0)):
+        entry.issued_ns = 5_000_000_000 + int(at_ms * 1e6)
+    tracer.end_device(a, ev(10.0), ev(14.0), lane="g")
+    tracer.end_device(b, ev(16.0), ev(30.0, complete=False), lane="g")
+    tracer.blocked_device(ev(12.0), ev(14.5), handle=a)
+    tracer.blocked_device(ev(20.0), ev(31.0, complete=False), handle=b)
+    calls = tracer.drain().calls
+    got = call_records(calls, 5_000_000_000, ev(8.0))
+    assert [(r.kind, r.issued_ms, r.done_ms, r.wait_start_ms, r.wait_end_ms, r.device) for r in got] == [
+        ("all_gather", 1.0, 6.0, 4.0, 6.5, True), ("reduce_scatter", 2.0, None, None, None, True)]
+    assert all(c.device is None and c.device_wait is None for c in calls), "the events are let go"
+
+
 # ---------------------------------------------------------------- real gloo, stand-in device clock
 
 WAIT_S = 0.5

@@ -9,9 +9,10 @@ import sys
 import time
 
 import pytest
-from conftest import agent_env
+from conftest import agent_env, poll_until
 
 from ringtop.protocol import connection_file as cf
+from ringtop.protocol.processes import process_gone
 
 
 @pytest.fixture
@@ -62,6 +63,31 @@ def test_stale_and_foreign_files_are_left_out(runtime):
     (runtime / "run-junk.json").chmod(0o600)
     assert [r.run_id for r in cf.live_runs()] == ["live"]
     assert not stale.exists(), "a stale file is removed"
+
+
+def _proc_state(pid: int) -> str:
+    """The process's state letter, read here apart from the code under test."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_a_run_whose_rank_0_is_a_zombie_is_stale(runtime):
+    """A rank 0 killed and not yet reaped by its parent is a zombie: `kill(pid, 0)` still succeeds
+    on it, yet the run is over. A real child of this test, alive and then exited and left unreaped
+    on purpose: listed while it runs, stale (and its file removed) once it is a zombie."""
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        path = cf.write(info("zombie", pid=child.pid))
+        assert [r.run_id for r in cf.live_runs()] == ["zombie"], "a live rank 0 is listed"
+        child.stdin.close()  # it exits; nothing here waits for it, so it stays a zombie
+        poll_until(lambda: _proc_state(child.pid) == "Z", 30, "the child to exit and stay unreaped")
+        os.kill(child.pid, 0)  # the check this replaces: it raises nothing for a zombie
+        assert cf.live_runs() == [] and not path.exists(), "a zombie's run is stale"
+        assert process_gone(child.pid) and not process_gone(os.getpid())
+        assert _proc_state(child.pid) == "Z", "still unreaped: the zombie itself was judged, not a reaped pid"
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_find_the_only_run_a_named_one_or_say_why_not(runtime):

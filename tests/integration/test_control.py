@@ -13,6 +13,7 @@ from reference import reference_run
 from safetensors.torch import load_file
 
 from ringtop.cli.ctl import send_command
+from ringtop.metrics.timing import STEP_WINDOW
 from ringtop.protocol import UI_RANK, Bye, Command, Event, Reply, decode, encode, free_tcp_port
 from ringtop.protocol.curve import secure_client
 
@@ -47,6 +48,11 @@ def test_status_checkpoint_bad_input_stop_and_resume(launch_agents):
     assert status.status == "done"
     assert status.result["world_size"] == 2 and status.result["strategy"] == "ddp"
     assert status.result["step"] >= 2
+    # its step ms: the mean of rank 0's last steps up to the one it names, as rank 0 logged them
+    last, n = status.result["step_ms_last_step"], status.result["step_ms_steps"]
+    run.wait_for_step(last)
+    logged = [s.step_ms for s in run.steps(0) if s.step <= last][-STEP_WINDOW:]
+    assert n == len(logged) and status.result["step_ms"] == pytest.approx(sum(logged) / n, rel=1e-12)
 
     # Bad input gets a clear error reply and the run goes on.
     garbage = raw_request(run, b"\xc1\xff not msgpack")

@@ -189,6 +189,83 @@ def test_trace_has_every_logged_micro_batch_inside_its_step(traced):
     assert logged > 0 and len(drawn) == logged
 
 
+def logged_calls(log_dir: Path, rank: int) -> list[dict]:
+    """The rank's `calls` lines, read with plain `json` as a client written from the protocol's
+    README would: each call an array [kind, group, seq, bytes, issued_ms, done_ms, wait_start_ms,
+    wait_end_ms, device]."""
+    lines = (log_dir / f"rank-{rank}.jsonl").read_bytes().splitlines()
+    return [m for m in map(json.loads, lines) if m.get("type") == "calls"]
+
+
+def call_errors(doc: dict, calls: dict[int, list[dict]]) -> list[str]:
+    """Against the logged `calls`: one wait span per logged wait and no other, inside its step, at
+    its offset from the step's start, of its logged duration, with its kind, group, seq and bytes;
+    and each completed collective's span from its issue to its completion."""
+    events, steps = doc["traceEvents"], steps_by_track(doc)
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    drawn: dict[tuple[str, int, str, int], list[dict]] = {}
+    for e in events:
+        if e["ph"] == "X" and e.get("cat") in ("collective", "collective wait"):
+            label = names[(e["pid"], e["tid"])]
+            key = (e["cat"], int(label.split()[1]), e["args"]["group"], e["args"]["seq"])
+            drawn.setdefault(key, []).append(e)
+    errors = []
+    for rank, messages in calls.items():
+        for m in messages:
+            step = steps.get((rank, m["step"]))
+            for kind, group, seq, nbytes, issued_ms, done_ms, wait_start_ms, wait_end_ms, _device in m["calls"]:
+                where = f"rank {rank} step {m['step']} {kind} #{seq} on {group}"
+                expected = [("collective", kind, issued_ms, done_ms)] if done_ms is not None else []
+                if wait_start_ms is not None:
+                    expected.append(("collective wait", f"{kind} wait", wait_start_ms, wait_end_ms))
+                for cat, name, start_ms, end_ms in expected:
+                    found = drawn.pop((cat, rank, group, seq), [])
+                    if cat == "collective wait" and len(found) != 1:
+                        errors.append(f"{where}: {len(found)} wait spans")
+                    if not found or step is None:
+                        errors.append(f"{where}: no {cat} span" if not found else f"{where}: its step is not drawn")
+                        continue
+                    e = found[0]
+                    if e["name"] != name or e["args"]["bytes"] != nbytes:
+                        errors.append(f"{where}: drawn as {e['name']} of {e['args']['bytes']} bytes")
+                    if not math.isclose(e["dur"], (end_ms - start_ms) * 1e3, abs_tol=US_TOL):
+                        errors.append(f"{where}: {cat} of {e['dur']} µs, logged {(end_ms - start_ms) * 1e3}")
+                    if not math.isclose(e["ts"] - step["ts"], start_ms * 1e3, abs_tol=2 * US_TOL):
+                        errors.append(f"{where}: {cat} at {e['ts'] - step['ts']} µs into its step, logged "
+                                      f"{start_ms * 1e3}")
+                    if not (step["ts"] - US_TOL <= e["ts"] and e["ts"] + e["dur"] <= step["ts"] + step["dur"] + US_TOL):
+                        errors.append(f"{where}: {cat} outside its step")
+    errors += [f"{key}: drawn, not logged" for key in drawn if key[0] == "collective wait"]
+    return errors
+
+
+def test_trace_has_each_logged_collective_and_its_wait_inside_its_step(traced):
+    """The pipeline waits for every transfer it posts and for the gradient norm's all-reduces, so
+    every collective this run logged has a wait; each is drawn once, as logged."""
+    doc, log_dir = traced
+    calls = {rank: logged_calls(log_dir, rank) for rank in (0, 1)}
+    assert all(calls.values()), "every rank logs its collectives"
+    listed = [c for messages in calls.values() for m in messages for c in m["calls"]]
+    assert {c[1] for c in listed} >= {"p2p", "world"} and all(c[6] is not None for c in listed)
+    assert not any(m["dropped"] for messages in calls.values() for m in messages)
+    assert call_errors(doc, calls) == []
+    assert len([e for e in doc["traceEvents"] if e.get("cat") == "collective wait"]) == len(listed)
+
+
+def test_the_collective_checks_bite_on_a_shifted_a_missing_and_a_stretched_wait(traced):
+    doc, log_dir = traced
+    calls = {rank: logged_calls(log_dir, rank) for rank in (0, 1)}
+    waits = [i for i, e in enumerate(doc["traceEvents"]) if e.get("cat") == "collective wait"]
+    for damage, said in ((lambda e: dict(e, ts=e["ts"] + 500.0), "into its step"),
+                         (lambda e: dict(e, dur=e["dur"] * 1.5 + 1.0), "logged"),
+                         (lambda e: None, "0 wait spans"),
+                         (lambda e: dict(e, args=dict(e["args"], bytes=e["args"]["bytes"] + 1)), "bytes")):
+        events = list(doc["traceEvents"])
+        events[waits[len(waits) // 2]] = damage(events[waits[len(waits) // 2]])
+        errors = call_errors(dict(doc, traceEvents=[e for e in events if e is not None]), calls)
+        assert any(said in err for err in errors), (said, errors[:3])
+
+
 def test_from_to_selects_steps(recorded, tmp_path):
     out = tmp_path / "part.json"
     result = ringtop("trace", str(recorded), "-o", str(out), "--from", "2", "--to", "3")

@@ -4,10 +4,12 @@ of ddp, a 2-stage pipeline, zero1 and fsdp grad-op on CPU/gloo).
 
 The expected figures are computed here from the raw JSON lines (json.loads, not ringtop's codec),
 by the definitions in metrics/timing.py: step ms and idle % over each rank's last STEP_WINDOW steps,
+the slowest rank by compute over the same steps, where the step went by metrics/step_waterfall.py,
 exposed communication as sent, memory by metrics/costs/memory_model.py's one prediction. Each surface is
-read through its own builder: the Overview's cells, the Comm tab's rows and caption, the node rows,
-the Memory tab's predicted row and fit table, the switch picker, `summary`, the Prometheus exporter
-and `ringtop plan` for the same configuration. (`ctl status` shows no per-rank numbers.)
+read through its own builder: the Overview's cells, marker and run line, the Comm tab's rows and
+caption, the node rows, the Memory tab's predicted row and fit table, the switch picker, `ctl
+status` (rank 0's step ms, through the agent's own window), `summary` (its whole-run median), the
+Prometheus exporter and `ringtop plan` for the same configuration.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from pathlib import Path
 import pytest
 
 from ringtop.cli import summary
+from ringtop.cli.ctl import result_text
 from ringtop.cli.plan import build_parser, make_plan
 from ringtop.metrics import fmt
+from ringtop.metrics import step_waterfall as wf
 from ringtop.metrics.strategy_names import SHARDED_STATE, canonical_strategy
-from ringtop.metrics.timing import STEP_WINDOW
+from ringtop.metrics.timing import STEP_WINDOW, StepWindow, status_step_ms
 from ringtop.protocol import Bye, from_json_line
 from ringtop.tui.actions import switch_rows
 from ringtop.tui.sources.replay import load_replay
@@ -32,8 +36,9 @@ from ringtop.tui.tabs.comm.figures import comm_window
 from ringtop.tui.tabs.comm.render import exposed_text, ranks_rows
 from ringtop.tui.tabs.memory.figures import fit_table
 from ringtop.tui.tabs.memory.render import fit_rows, memory_rows
-from ringtop.tui.tabs.overview.render import row_cells
-from ringtop.tui.tabs.overview.scale import node_cells
+from ringtop.tui.tabs.overview.parts import run_parts, window_parts
+from ringtop.tui.tabs.overview.render import breakdown_legend, row_cells
+from ringtop.tui.tabs.overview.scale import longest_step_rank, node_cells
 
 RUNS_DIR = Path(__file__).parents[1] / "data" / "numbers_run"
 RUNS = ("ddp", "pp", "zero1", "fsdp-grad-op")
@@ -98,7 +103,7 @@ def test_step_time_and_idle_agree_on_overview_comm_tab_and_node_rows(run):
         step_means[rank] = statistics.fmean(r["step_ms"] for r in w)
         idles[rank] = 100 * sum(expected_idle_ms(r) for r in w) / sum(r["step_ms"] for r in w)
         cells = row_cells(view, view.ranks[rank], replay=True)
-        assert cells["step_ms"].plain.removesuffix(" ▲") == fmt.ms(step_means[rank]), (name, rank)
+        assert cells["step_ms"].plain == fmt.ms(step_means[rank]), (name, rank)
         assert cells["idle_pct"].plain == fmt.pct(idles[rank]), (name, rank)
         comm = comm_rows[f"r{rank}"]
         assert comm["step_ms"].plain == fmt.ms(step_means[rank]), (name, rank)
@@ -106,21 +111,97 @@ def test_step_time_and_idle_agree_on_overview_comm_tab_and_node_rows(run):
         exposed = statistics.fmean(r["exposed_comm_ms"] for r in w)
         assert comm["exposed"].plain == fmt.ms(exposed), (name, rank)
     (node,) = node_summaries(rank_figures(view))  # both ranks on one host
-    cells = node_cells(node, view.slowest_rank)
+    cells = node_cells(node, longest_step_rank([node]))
     assert cells["step_max"].plain == fmt.ms(max(step_means.values()))
     assert cells["idle"].plain == fmt.pct(statistics.median(idles.values()))
 
 
-def test_the_slowest_marker_sits_on_the_rank_whose_cell_is_largest(run):
+def test_the_slowest_marker_and_the_comm_tab_pick_the_rank_with_the_most_compute(run):
+    """metrics.timing's compute (step − exposed comm − input) over each rank's window, worked out
+    from the raw lines: the Overview's ▲ and the Comm tab's pick are on its largest, or on none
+    under outliers.SLOWEST_SHOWN's +10 %."""
     name, view, steps = run
-    means = {rank: statistics.fmean(r["step_ms"] for r in window(recs)) for rank, recs in steps.items()}
-    assert view.slowest_rank == max(means, key=means.get)
-    marked = [rank for rank in steps if row_cells(view, view.ranks[rank], replay=True)["step_ms"].plain.endswith("▲")]
-    others = min(means.values())
-    if 100 * (max(means.values()) / others - 1) >= 3.0:  # outliers.TABLE_MARK
-        assert marked == [view.slowest_rank]
+    compute = {rank: statistics.fmean(r["step_ms"] - r["exposed_comm_ms"] - r["data_ms"] for r in window(recs))
+               for rank, recs in steps.items()}
+    assert view.slowest_rank == max(compute, key=compute.get)
+    marked = [rank for rank in steps if "▲" in row_cells(view, view.ranks[rank], replay=True)["note"].plain]
+    comm_rows = dict(ranks_rows(view, None))
+    picked = [rank for rank in steps if "slowest" in comm_rows[f"r{rank}"]["note"].plain]
+    if 100 * (max(compute.values()) / min(compute.values()) - 1) >= 10.0:
+        assert marked == picked == [view.slowest_rank], name
     else:
-        assert marked == []
+        assert marked == picked == [], name
+
+
+def expected_run_parts(steps: dict[int, list[dict]], hello: dict) -> tuple[dict[str, float], float]:
+    """Where the run's step went, from the raw lines by metrics/step_waterfall.py: each rank's mean
+    over its window, then the mean over ranks (as `summary`'s run line); and the run's mean step."""
+    pipeline, peak = hello["strategy"] == "pp", hello["peak_tflops"]
+    per_rank = [wf.mean_parts(wf.step_parts(r["step_ms"], r["data_ms"], r["forward_ms"], r["backward_ms"],
+                                            r["optimizer_ms"], r["exposed_comm_ms"], r["idle_ms"], pipeline,
+                                            r["tflops"] / peak if peak > 0 and r["tflops"] > 0 else None)
+                              for r in window(recs)) for recs in steps.values()]
+    mean_step = statistics.fmean(statistics.fmean(r["step_ms"] for r in window(recs)) for recs in steps.values())
+    return {k: v for k, v in wf.mean_parts(per_rank).items() if v > 0}, mean_step
+
+
+def test_the_overviews_run_line_is_the_waterfall_of_the_window(run):
+    """The Overview's run line (where the step went, the run's mean over the window) holds the parts
+    metrics/step_waterfall.py gives from the raw lines, each in ms and %, in `summary`'s words, and
+    they add up to the run's mean step; each rank's bar is its own window's (the run's mean)."""
+    name, view, steps = run
+    expected, mean_step = expected_run_parts(steps, raw_hello(name))
+    got = run_parts(view)
+    assert got.keys() == expected.keys() and list(got.values()) == pytest.approx(list(expected.values())), name
+    assert sum(got.values()) == pytest.approx(mean_step)
+    line = breakdown_legend(got).plain.splitlines()[-1]
+    assert line.startswith(f"run {fmt.ms(mean_step)} ms/step = ")
+    for part, ms in expected.items():
+        assert f"{part} {fmt.ms(ms)} ms {100 * ms / mean_step:.0f}%" in line, (name, part, line)
+    assert (wf.BUBBLE in got) == (name == "pp")
+    per_rank = [window_parts(view.ranks[r], name == "pp") for r in steps]
+    assert list(wf.mean_parts(per_rank).values()) == pytest.approx(list(got.values()))
+
+
+def status_of(run: str) -> dict:
+    """What `status` answers at the run's last step: rank 0's steps fed to the agent's own window
+    (metrics.timing.StepWindow, as agent/loop/step_report.py feeds it) and read by the agent's
+    `status_step_ms`, the fields the runner's snapshot sends."""
+    window = StepWindow()
+    for line in (RUNS_DIR / run / "rank-0.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec["type"] == "step":
+            window.add(rec["step"], rec["step_ms"])
+    return {"run_id": raw_hello(run)["run_id"], "step": window.latest[0], "loss": 2.0, **status_step_ms(window)}
+
+
+def test_ctl_status_step_ms_is_the_ui_cells_reading(run):
+    """`ringtop ctl status` prints rank 0's step ms as the UI's rank-0 cell shows it: the mean of its
+    last STEP_WINDOW steps, formatted by metrics/fmt, and says which window."""
+    name, view, steps = run
+    printed = dict(line.strip().split(": ", 1) for line in result_text("status", status_of(name)).splitlines())
+    mean = statistics.fmean(r["step_ms"] for r in window(steps[0]))
+    cell = row_cells(view, view.ranks[0], replay=True)["step_ms"].plain
+    assert printed["step ms"] == f"{cell} (mean of rank 0's last {STEP_WINDOW} steps, to step {steps[0][-1]['step']})"
+    assert cell == fmt.ms(mean) and "step_ms" not in printed and printed["run"] == f"numbers-{name}"
+    latest = steps[0][-1]["step_ms"]
+    assert fmt.ms(latest) != cell, "the latest step alone (what status sent before) would read otherwise"
+
+
+def test_summarys_step_ms_is_the_whole_runs_median_and_says_so(run, capsys):
+    """`summary` prints each rank's median step time over the whole run (after its first step),
+    labelled as such, formatted as the UI formats a step time; the median is worked out here."""
+    name, view, steps = run
+    summary.print_summary(RUNS_DIR / name)
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.lstrip().startswith("rank"))
+    assert "median step ms (whole run)" in header
+    column = header.index("median step ms (whole run)") + len("median step ms (whole run)")
+    for rank, recs in steps.items():
+        row = next(line for line in out.splitlines() if line.split()[:1] == [str(rank)] and "→" in line)
+        median = statistics.median(r["step_ms"] for r in recs[1:])
+        assert row[:column].split()[-1] == fmt.ms(median), (name, rank, row)
+    assert "the median of each rank's steps after its first" in out
 
 
 def test_exposed_communication_agrees_in_the_comm_caption_summary_and_prometheus(run):
@@ -244,9 +325,12 @@ async def test_the_real_app_shows_the_same_step_time_idle_and_sharding_on_overvi
         def overview_shown():
             assert app.replay_loaded and app.query_one("#ranks", DataTable).row_count == 2
             for rank, (step_ms, idle) in expected.items():
-                assert (cell("#ranks", f"r{rank}", "step_ms").removesuffix(" ▲"),
+                assert (cell("#ranks", f"r{rank}", "step_ms"),
                         cell("#ranks", f"r{rank}", "idle_pct")) == (step_ms, idle), rank
         await eventually(pilot, overview_shown)
+        parts, run_ms = expected_run_parts(steps, raw_hello(name))
+        legend = str(app.query_one("#parts-legend", Static).content)
+        assert f"run {fmt.ms(run_ms)} ms/step = " in legend and all(part in legend for part in parts), legend
         words = SHARDED_STATE[canonical_strategy(name)]
         facts = str(app.query_one("#facts", Static).content)
         assert (f"({words} sharded)" if words else "layers split into stages") in facts, facts

@@ -3,11 +3,17 @@ cells stand out, the step-part bars, the charts' words, the header at a given wi
 
 from __future__ import annotations
 
+import pytest
 from test_tui_app import make_hello, make_step
 
+from ringtop.metrics import fmt
+from ringtop.metrics import step_waterfall as wf
+from ringtop.metrics.timing import STEP_WINDOW
 from ringtop.protocol import MemorySample
 from ringtop.tui.header.render import facts_text
+from ringtop.tui.state.rank_row import RankRow
 from ringtop.tui.state.view_model import RunView
+from ringtop.tui.tabs.overview.parts import run_parts, window_parts
 from ringtop.tui.tabs.overview.render import (
     BREAKDOWN_WIDTH,
     OUTLIER_STYLE,
@@ -15,6 +21,7 @@ from ringtop.tui.tabs.overview.render import (
     chart_model,
     outlying_cells,
     row_cells,
+    run_line,
 )
 
 
@@ -56,21 +63,72 @@ def test_memory_and_step_time_outliers_need_both_a_share_and_an_amount():
     assert outlying_cells(fast)["step_ms"] == frozenset() and outlying_cells(fast)["mem"] == frozenset()
 
 
+def parts_view(*steps: dict, rank: int = 0) -> RunView:
+    """One rank's steps, each made by make_step with the given phases and waits (ms)."""
+    v = RunView(watch_liveness=False)
+    v.apply(make_hello(rank), now=0.0)
+    for n, fields in enumerate(steps, start=1):
+        step = make_step(rank, n, n, 1000.0 + n)
+        for name, value in fields.items():
+            setattr(step, name, value)
+        v.apply(step, now=float(n))
+    return v
+
+
 def test_breakdown_bar_gives_each_part_its_share_of_the_step():
     """The bar is where the step went (metrics/step_waterfall.py), the parts `summary` prints: the
     20 ms waited on the all-reduce sat inside backward, so compute is forward + backward - 20."""
-    v = view_with(idle_ms=(0.0, 0.0))
-    row = v.ranks[0]
-    row.step_ms, row.data_ms, row.forward_ms, row.backward_ms, row.optimizer_ms, row.exposed_comm_ms = (
-        100.0, 10.0, 20.0, 40.0, 10.0, 20.0)
+    one = dict(step_ms=100.0, data_ms=10.0, forward_ms=20.0, backward_ms=40.0, optimizer_ms=10.0,
+               exposed_comm_ms=20.0)
+    row = parts_view(one).ranks[0]
     bar = breakdown_bar(row, width=10)
     assert bar.plain == "█" * 8 + "░" * 2 and bar.cell_len == 10  # 20 ms after the last phase: the rest
     widths = [(span.end - span.start, str(span.style)) for span in bar.spans]
     assert widths == [(4, "green"), (2, "red"), (1, "cyan"), (1, "magenta"), (2, "dim")]
-    row.exposed_comm_ms = 0.0
+    row = parts_view(dict(one, exposed_comm_ms=0.0)).ranks[0]
     assert [(s.end - s.start) for s in breakdown_bar(row, width=10).spans] == [6, 1, 1, 2]
-    row.step = -1
-    assert breakdown_bar(row).plain == "-" and BREAKDOWN_WIDTH >= 10
+    assert breakdown_bar(RankRow(rank=0)).plain == "-" and BREAKDOWN_WIDTH >= 10  # no timed step yet
+
+
+def test_a_ranks_bar_is_over_the_same_window_as_its_step_ms():
+    """Two kinds of step alternating, more of them than the window: the bar is the window's mean
+    (half exposed communication), not the latest step's (none)."""
+    waited = dict(step_ms=100.0, data_ms=0.0, forward_ms=40.0, backward_ms=60.0, optimizer_ms=0.0,
+                  exposed_comm_ms=40.0)
+    steps = [dict(waited, exposed_comm_ms=0.0) if n % 2 else waited for n in range(STEP_WINDOW + 6)]
+    row = parts_view(*steps).ranks[0]
+    assert row.latest.exposed_comm_ms == 0.0
+    assert window_parts(row) == {wf.COMPUTE: 80.0, wf.EXPOSED_COMM: 20.0}
+    assert [(sp.end - sp.start, str(sp.style)) for sp in breakdown_bar(row, width=10).spans] == \
+        [(8, "green"), (2, "red")]
+def test_the_run_line_puts_ideal_first_where_the_peak_is_known():
+    """Two ranks on a device of 100 TFLOP/s peak at 25 and 40 TFLOP/s: the run line is the mean of
+    the ranks' waterfalls (metrics/step_waterfall.py from the Steps sent), `ideal` first, and its
+    parts add up to the run's mean step."""
+    v = RunView(watch_liveness=False)
+    sent: dict[int, list] = {0: [], 1: []}
+    for rank in (0, 1):
+        hello = make_hello(rank)
+        hello.peak_tflops = 100.0
+        v.apply(hello, now=0.0)
+    for n in range(1, 4):
+        for rank, tflops in ((0, 25.0), (1, 40.0)):
+            step = make_step(rank, n, n, 1000.0 + n)
+            step.forward_ms, step.backward_ms, step.optimizer_ms, step.data_ms = 30.0, 60.0, 8.0, 2.0
+            step.tflops = tflops
+            v.apply(step, now=float(n))
+            sent[rank].append(step)
+    expected = wf.mean_parts(wf.mean_parts(wf.step_parts(s.step_ms, s.data_ms, s.forward_ms, s.backward_ms,
+                                                         s.optimizer_ms, s.exposed_comm_ms, s.idle_ms, False,
+                                                         s.tflops / 100.0) for s in steps)
+                             for steps in sent.values())
+    got = run_parts(v)
+    assert list(got)[:2] == [wf.IDEAL, wf.COMPUTE_BELOW_PEAK] and got == pytest.approx(
+        {k: x for k, x in expected.items() if x > 0})
+    assert sum(got.values()) == pytest.approx((100.0 + 120.0) / 2)
+    line = run_line(got).plain
+    assert f"ideal {fmt.ms(got[wf.IDEAL])} ms {100 * got[wf.IDEAL] / 110.0:.0f}%" in line
+    assert "compute below peak" in line and "exposed communication" in line and "data wait" in line
 
 
 def test_chart_words_say_unit_range_and_steps_and_wait_for_two_points():

@@ -206,6 +206,15 @@ def test_bad_arguments_fail_with_the_reason(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_a_status_file_planted_as_a_link_is_refused_before_the_run_starts(tmp_path, capsys):
+    victim = tmp_path / "victim"
+    victim.write_text("kept")
+    (tmp_path / "status.json").symlink_to(victim)
+    assert ringtop_main(["simulate", "--ranks", "2", "--status-file", str(tmp_path / "status.json")]) == 2
+    assert "status.json: it is a symbolic link" in capsys.readouterr().err
+    assert victim.read_text() == "kept"
+
+
 def test_ctrl_c_ends_the_command_with_every_ranks_bye():
     """`ringtop simulate` as a user runs it, found by its connection file alone (as `ringtop ui`
     finds it), stopped with Ctrl-C (SIGINT)."""

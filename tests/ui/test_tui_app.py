@@ -108,7 +108,7 @@ async def test_replay_app_shows_rows_and_problems(tmp_path):
             assert cell(app, 0, "loss") == "2.960" and cell(app, 1, "loss") == "2.959"
             assert cell(app, 0, "step_ms") == "100.0"
             assert cell(app, 1, "step_ms").startswith("120.0")  # the slower rank...
-            assert cell(app, 1, "note").startswith("slowest")  # ...is marked
+            assert cell(app, 1, "note").startswith("▲ slowest: compute")  # ...is marked, by its compute
             assert cell(app, 0, "host") == "node-0"
         await eventually(pilot, _shown_1)
         # comm MB/s = 2e6 bytes / 0.1 s = 20 MB/s; idle% = (data 0 + exposed 10) / 100

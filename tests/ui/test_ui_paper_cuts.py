@@ -264,3 +264,38 @@ async def test_no_verdict_rule_event_kind_or_evidence_key_is_shown_as_an_identif
             "verdict cleared",
         ):
             assert words in seen, words
+
+
+async def test_stop_from_the_palette_asks_first_as_the_key_does():
+    """ctrl+p, `stop`, Enter: the same question as `X`; no sends nothing, yes sends the stop."""
+    from textual.command import CommandList
+    from textual.widgets import Input
+
+    from ringtop.tui.confirm import ConfirmStop
+
+    with FakeRankZero() as run:
+        app = RingtopApp(publish_addr=run.pub_addr, control_addr=run.ctl_addr)
+        async with app.run_test(size=SIZE) as pilot:
+            await attach(app, pilot)
+            for answer in ("n", "y"):
+                await open_palette(app, pilot)
+                palette = app.screen
+                palette.query_one(Input).value = "stop"  # as typed
+
+                def filtered(palette=palette) -> bool:
+                    shown = palette.query_one(CommandList)
+                    prompts = [str(shown.get_option_at_index(i).prompt) for i in range(shown.option_count)]
+                    return not palette.searching() and bool(prompts) and "Stop the run" in prompts[0]
+
+                await wait_until(pilot, filtered, what="the palette's filtered list")
+                await pilot.press("enter")
+                await wait_until(pilot, lambda: isinstance(app.screen, ConfirmStop), what="the stop question")
+                assert not any(c.cmd == "stop" for c in run.commands), "nothing sent before the answer"
+                await pilot.press(answer)
+                await wait_until(pilot, lambda: not isinstance(app.screen, ConfirmStop), what="the answer")
+                if answer == "n":
+                    await pilot.press("s")  # status: the next command on the same socket, after any stop
+                    await wait_until(pilot, lambda: run.commands, what="status")
+                    assert [c.cmd for c in run.commands] == ["status"], "no: nothing was sent"
+            await wait_until(pilot, lambda: len(run.commands) == 2, what="the stop")
+            assert [(c.cmd, c.args) for c in run.commands][1] == ("stop", {"reason": "from the UI"})

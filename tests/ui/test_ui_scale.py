@@ -45,7 +45,7 @@ async def test_1024_ranks_show_node_rows_the_straggler_and_a_nodes_ranks():
             assert keys[0] == "nnode-4" and sorted(keys) == [f"nnode-{i}" for i in range(8)]  # the straggler's first
             assert "8 nodes · 1,024 ranks" in text(app, "#table-caption")
             standouts = text(app, "#standouts")
-            assert "▲ slowest: r517 node-4 130.0 ms +30%" in standouts
+            assert "▲ longest steps: r517 node-4 130.0 ms +30%" in standouts
             assert "step time r517" in standouts
             assert "heat: 1 cell per rank" in text(app, "#heat-strip")
             assert app.query_one("#step-chart").region.bottom <= app.query_one("#alert").region.y  # all on screen

@@ -45,3 +45,26 @@ def test_this_checkout_gets_the_editable_hint(monkeypatch, tmp_path):
     assert install_command("hf") == 'pip install -e ".[hf]"'
     monkeypatch.chdir(tmp_path)
     assert install_command("agent,hf") == f'pip install -e "{REPO}[agent,hf]"'
+
+
+def test_the_switch_pickers_deepspeed_reason_is_this_checkouts_install_line(monkeypatch, tmp_path):
+    """The Hello's reason for leaving ZeRO out of the picker (agent/loop/switch_offer.py) names the
+    same line as every other hint: from this checkout an editable install, never the index's wheel."""
+    import sys
+
+    from ringtop.agent.loop.switch_offer import REASON_MAX_CHARS, switch_unavailable
+
+    monkeypatch.setitem(sys.modules, "deepspeed", None)  # its import fails, as without DeepSpeed
+    monkeypatch.chdir(REPO)
+    reasons = set(switch_unavailable().values())
+    assert reasons == {'DeepSpeed is not installed: pip install -e ".[deepspeed]"'}
+    assert "ringtop[deepspeed]" not in reasons.pop()
+    monkeypatch.chdir(tmp_path)
+    assert set(switch_unavailable().values()) == {f'DeepSpeed is not installed: {install_command("deepspeed")}'}
+    long_checkout = tmp_path / ("d" * 200) / ("e" * 200)  # a checkout whose path overflows the Hello's field
+    long_checkout.mkdir(parents=True)
+    (long_checkout / "pyproject.toml").write_text('[project]\nname = "ringtop"\n')
+    monkeypatch.setattr("ringtop.metrics.install_hint.PACKAGE_ROOT", long_checkout)
+    assert len(f'DeepSpeed is not installed: {install_command("deepspeed")}') > REASON_MAX_CHARS
+    (reason,) = set(switch_unavailable().values())
+    assert len(reason) <= REASON_MAX_CHARS and reason.startswith("DeepSpeed is not installed")

@@ -3,7 +3,10 @@ metrics/strategy_names.py), against hand arithmetic, with the cases that tell a 
 
 from __future__ import annotations
 
+import json
 import math
+import re
+from pathlib import Path
 
 import pytest
 
@@ -74,7 +77,62 @@ def test_sharding_words_are_the_strategies_own_and_match_what_the_cost_model_sha
     assert sharded_words("fsdp(grad-op)") == "grads+optim" and sharded_words("ddp") == "-"
 
 
+DECIMAL_SIZE = re.compile(r"(?<![A-Za-z])[kKMGT]B(?![A-Za-z/])")
+"""A decimal size unit (`13.2 MB`, an axis titled `GB`); rates (`GB/s`, `MB/s`) are decimal by design."""
+
+NUMBERS_RUN = Path(__file__).resolve().parents[1] / "data" / "numbers_run"
+
+
+def decimal_sizes(text: str) -> list[str]:
+    return DECIMAL_SIZE.findall(text)
+
+
+def shown_strings(node) -> list[str]:
+    """Every string of a plotly figure's JSON a reader sees (titles, names, hover text), not its
+    base64-packed arrays."""
+    if isinstance(node, str):
+        return [node]
+    if isinstance(node, list):
+        return [t for x in node for t in shown_strings(x)]
+    if isinstance(node, dict):
+        return [t for k, v in node.items() if k not in ("bdata", "dtype") for t in shown_strings(v)]
+    return []
+
+
 def test_sizes_are_binary_everywhere():
     """One formatter: 8e6 bytes is 7.63 MiB, never "8.0 MB"; a checkpoint of 13.2e6 B reads 12.6MiB."""
     assert fmt.nbytes(13_200_000) == "12.6MiB" and fmt.mib(8_000_000) == "7.63"
     assert fmt.nbytes(14e9) == "13.0GiB"
+    # the check below catches what `report` and `bundle` printed before: "13.2 MB", an axis in "GB"
+    assert decimal_sizes("wrote r.html (13.2 MB)") and decimal_sizes("params + grads + optimizer (GB)")
+    assert decimal_sizes("2 files, 0.0 MB -> b.tar.gz") and not decimal_sizes("12.6MiB 1.0GiB 3.2 GB/s 40 MB/s")
+
+
+def test_report_and_bundle_show_sizes_in_binary_units(tmp_path, capsys):
+    """`ringtop report`'s page (its memory chart's axis and hover text, the table) and what `report`
+    and `bundle` print, of a recorded run: no decimal size anywhere a reader sees."""
+    pytest.importorskip("plotly", reason="ringtop report needs plotly")
+    from ringtop.cli.main import main
+    from ringtop.cli.report import memory_section, read_run, size_unit
+    from ringtop.metrics.units import GIB, MIB
+
+    run = NUMBERS_RUN / "zero1"
+    assert main(["report", str(run), "-o", str(tmp_path / "r.html")]) == 0
+    assert main(["bundle", str(run), "--no-live", "-o", str(tmp_path / "b.tar.gz")]) == 0
+    printed = capsys.readouterr().out
+    assert re.search(r"\(\d[\d.]*[KMG]iB\)", printed) and re.search(r"files, \d[\d.]*[KMG]iB ->", printed), printed
+    assert decimal_sizes(printed) == [], printed
+    page = (tmp_path / "r.html").read_text()
+    figures = [json.loads(f) for f in re.findall(r"<script type='application/json' class='figure'[^>]*>(.*?)</script>",
+                                                 page, flags=re.S)]
+    assert len(figures) > 3
+    outside_scripts = re.sub(r"<script\b.*?</script>", "", page, flags=re.S)
+    assert decimal_sizes(outside_scripts) == []
+    assert [s for f in figures for s in shown_strings(f) if decimal_sizes(s)] == []
+    logs = read_run(run)
+    fig = json.loads(memory_section(logs).figure.to_json())
+    assert fig["layout"]["yaxis"]["title"]["text"] == "MiB"  # a small model's state: MiB, in MiB
+    params = next(t for t in fig["data"] if t["name"] == "params")
+    measured = logs.steps[0][-1].mem.params_bytes
+    assert params["y"][0] == measured / MIB and params["hovertext"][0] == fmt.nbytes(measured)
+    assert size_unit(GIB) == (GIB, "GiB") and size_unit(GIB - 1) == (MIB, "MiB")

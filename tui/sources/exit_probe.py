@@ -11,6 +11,7 @@ from __future__ import annotations
 import socket
 from typing import Callable
 
+from ringtop.protocol.processes import process_gone
 from ringtop.tui.state.liveness import DEAD_AFTER_S
 from ringtop.tui.state.view_model import RunView
 
@@ -19,15 +20,6 @@ LauncherExits = Callable[[], "dict[int, str] | None"]
 for the ranks its report names."""
 PROBE_EVERY_S = 1.0
 LAUNCHER_SAID = "the launcher's report"
-
-
-def process_gone(pid: int) -> bool:
-    """True when `pid` is no process on this host, or only a zombie (Linux /proc)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except (OSError, IndexError):
-        return True
 
 
 class ExitProbe:

@@ -3,7 +3,8 @@
 The files are written by each rank's FileSink while the run goes on, so the last line of a file may
 be cut off mid-write (a torn write) — that line is skipped and reported, never fatal. A bad line in
 the middle is skipped and reported with its line number. The ranks' streams are merged by `ts`
-(each file's own order is kept, so a rank's Hello still comes before its Steps and Bye).
+(each file's own order is kept, so a rank's Hello still comes before its Steps and Bye). Log-only
+lines (each step's collectives, for `ringtop trace`) are skipped: the screen has no use for them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ringtop.protocol import ProtocolError, from_json_line
+from ringtop.protocol.codec import log_only_line
+from ringtop.protocol.messages import LOG_ONLY
 from ringtop.tui.sanitize import sanitized
 
 RANK_FILE = re.compile(r"^rank-(\d+)\.jsonl$")
@@ -61,10 +64,12 @@ def read_rank_file(path: Path) -> tuple[list[Any], list[str]]:
     while last_index >= 0 and not lines[last_index].strip():
         last_index -= 1
     for i, raw in enumerate(lines[: last_index + 1]):
-        if not raw.strip():
+        if not raw.strip() or log_only_line(raw):  # each step's collectives: the screen has no use for them
             continue
         try:
-            messages.append(sanitized(from_json_line(raw)))
+            msg = from_json_line(raw)
+            if type(msg) not in LOG_ONLY:
+                messages.append(sanitized(msg))
         except ProtocolError as exc:
             if i == last_index:
                 problems.append(f"{path.name}: last line is incomplete (torn write), skipped")

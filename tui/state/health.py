@@ -17,7 +17,6 @@ from rich.text import Text
 from ringtop.metrics.rank_sets import ranks_text
 from ringtop.metrics.rules import liveness
 from ringtop.metrics.rules.hang import HangVerdict
-from ringtop.metrics.rules.outliers import NAMED
 from ringtop.tui.state.nodes import nodes_cut_off
 from ringtop.tui.state.readings import SLOWEST_WINDOW
 from ringtop.tui.state.reducers.steps import LossSpike
@@ -129,9 +128,9 @@ def health_line(view: RunView, now: float) -> Text:
         where = f" (rank {verdicts[0].rank})" if verdicts[0].rank is not None else ""
         more = f" +{len(verdicts) - 1} more" if len(verdicts) > 1 else ""
         problems.append(("bold yellow", f"⚠ {words(verdicts[0].rule)}{where}{more}"))
-    slow = view.slowest_rank
-    if slow is not None and math.isfinite(view.slowest_excess_pct) and view.slowest_excess_pct >= NAMED.min_excess_pct:
-        problems.append(("yellow", f"▲ rank {slow} slowest +{view.slowest_excess_pct:.0f}% "
+    slow = view.slowest_shown
+    if slow is not None:
+        problems.append(("yellow", f"▲ rank {slow.rank} slowest: compute +{slow.excess_pct:.0f}% "
                                    f"(mean of the last {SLOWEST_WINDOW} steps)"))
     drops = view.total_drops
     if drops:

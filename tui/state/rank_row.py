@@ -142,6 +142,10 @@ class RankRow(StepReadings, MemoryReadings, CommReadings):
     """(version, recent_step_ms()) as last computed."""
     idle_cache: tuple[int, float] = field(default=(-1, math.nan), repr=False, compare=False)
     """(version, window_idle_pct) as last computed."""
+    compute_cache: tuple[int, float] = field(default=(-1, math.nan), repr=False, compare=False)
+    """(version, window_compute_ms) as last computed."""
+    parts_cache: object = field(default=None, repr=False, compare=False)
+    """Its steps split into their parts over the window (tui/tabs/overview/parts.py WindowParts)."""
     # history and running stats
     step_ms_stat: RunningStat = field(default_factory=RunningStat)
     step_ms_history: deque = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))

@@ -9,11 +9,13 @@ from __future__ import annotations
 import math
 from itertools import islice
 
-from ringtop.metrics.timing import STEP_WINDOW, share_pct
+from ringtop.metrics.timing import STEP_WINDOW, compute_ms, share_pct
 from ringtop.metrics.timing import idle_ms as step_idle_ms
+from ringtop.tui.state.reducers.comm import step_times
 
 SLOWEST_WINDOW = STEP_WINDOW
-"""Recent steps per rank averaged to pick the slowest rank and shown in its step-time cell."""
+"""Recent steps per rank: its step-time cell's mean, its idle %, and the compute the slowest rank
+is picked on (metrics.timing.STEP_WINDOW)."""
 
 
 class StepReadings:
@@ -75,6 +77,22 @@ class StepReadings:
         step = sum(s.step_ms for s in pts)
         value = share_pct(sum(s.idle_ms for s in pts), step) if pts else self.idle_pct
         self.idle_cache = (self.version, value)
+        return value
+    @property
+    def window_compute_ms(self) -> float:
+        """Compute per step over the window (metrics.timing.compute_ms of the last SLOWEST_WINDOW
+        timed steps' mean step, exposed comm and input): what the slowest rank is picked on, on
+        every screen (the Overview's ▲, the Comm tab, as the agent's straggler rule). NaN before a
+        timed step."""
+        if self.compute_cache[0] == self.version:
+            return self.compute_cache[1]
+        pts = list(islice(reversed(self.comm_history), SLOWEST_WINDOW))
+        step = data = exposed = 0.0
+        for s in reversed(pts):  # oldest first, as the Comm tab's window sums them
+            d, e, _ = step_times(s)
+            step, data, exposed = step + s.step_ms, data + d, exposed + e
+        value = compute_ms(step / len(pts), exposed / len(pts), data / len(pts)) if pts else math.nan
+        self.compute_cache = (self.version, value)
         return value
     def recent_step_ms(self, window: int = SLOWEST_WINDOW) -> float:
         """The mean of the last `window` step times (read from the end: O(window), not O(history));

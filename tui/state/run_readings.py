@@ -7,7 +7,7 @@ import math
 
 from ringtop.metrics.costs.flops import mfu
 from ringtop.metrics.rules.hang import HangVerdict, diagnose
-from ringtop.metrics.rules.outliers import slowest
+from ringtop.metrics.rules.outliers import SLOWEST_SHOWN, Outlier, slowest
 from ringtop.protocol import Event
 from ringtop.tui.state.rank_row import RankRow
 
@@ -19,16 +19,29 @@ class RunReadings:
         self._ensure_slowest()
         return [self.ranks[r] for r in sorted(self.ranks)]
     @property
-    def slowest_rank(self) -> int | None:
-        """The live rank with the highest mean step time over its last SLOWEST_WINDOW steps;
-        None unless more than one rank is live."""
+    def slowest(self) -> Outlier | None:
+        """The one slowest rank every screen shows (the Overview's ▲, its health and alert lines,
+        the Comm tab): the most compute per step (`RankRow.window_compute_ms`, the step less its
+        waits, over its last SLOWEST_WINDOW timed steps) against the others' median, by
+        metrics.rules.outliers.slowest, as the agent's straggler rule picks it. Among the live
+        ranks; once every rank has ended, among all. None with fewer than two such ranks. Shown
+        from `SLOWEST_SHOWN` above the others."""
         self._ensure_slowest()
-        return self._slowest_rank
+        return self._slowest
+    @property
+    def slowest_rank(self) -> int | None:
+        found = self.slowest
+        return None if found is None else found.rank
     @property
     def slowest_excess_pct(self) -> float:
-        """How much slower the slowest rank is than the other ranks' median, in percent (metrics.outliers)."""
-        self._ensure_slowest()
-        return self._slowest_excess_pct
+        """How much more compute the slowest rank spends than the others' median, in percent."""
+        found = self.slowest
+        return math.nan if found is None else found.excess_pct
+    @property
+    def slowest_shown(self) -> Outlier | None:
+        """`slowest` when it is far enough above the others to be marked and named (SLOWEST_SHOWN)."""
+        found = self.slowest
+        return found if found is not None and found.meets(SLOWEST_SHOWN) else None
     def live_rows(self) -> list[RankRow]:
         return [r for r in self.rows() if not r.ended]
     @property
@@ -78,17 +91,14 @@ class RunReadings:
     def wants_digests(self) -> bool:
         return self.facts.world_size >= self.digest_min_ranks
     def _update_slowest(self) -> None:
-        live = [r for r in self.ranks.values() if not r.ended and r.step_ms_history]
+        timed = [r for r in self.ranks.values() if r.comm_history]
+        candidates = [r for r in timed if not r.ended] or timed
         for r in self.ranks.values():
             r.slowest = False
-        if len(live) < 2:
-            self._slowest_rank = None
-            self._slowest_excess_pct = math.nan
-            return
-        found = slowest({r.rank: r.recent_step_ms() for r in live})
-        self._slowest_rank = found.rank
-        self._slowest_excess_pct = found.excess_pct
-        self.ranks[found.rank].slowest = True
+        found = slowest({r.rank: r.window_compute_ms for r in candidates})
+        self._slowest = found
+        if found is not None:
+            self.ranks[found.rank].slowest = True
     def hang_verdict(self) -> HangVerdict | None:
         """Who holds the others up, and where: the UI's own reading of the stall reports it holds
         (`metrics.hang.diagnose`, recomputed only when a report, a death or a bye moved the `hang`

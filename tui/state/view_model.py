@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable
 
 from ringtop.metrics.goodput import Goodput
 from ringtop.metrics.rules.hang import HangVerdict
+from ringtop.metrics.rules.outliers import Outlier
 from ringtop.protocol import (
     UI_RANK,
     Bye,
@@ -124,8 +125,7 @@ class RunView(RankFold, RunLiveness, RunReadings, PartsAccess):
         self._last_rx: float | None = None
         self.state = "waiting"
         self._live: set[int] = set()
-        self._slowest_rank: int | None = None
-        self._slowest_excess_pct = math.nan
+        self._slowest: Outlier | None = None
         self._slowest_dirty = False
         self._slowest_at = -math.inf
         self.pipeline = PipelineState()

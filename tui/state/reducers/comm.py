@@ -91,6 +91,12 @@ class TimedStep(msgspec.Struct, frozen=True, gc=False):
     tracked: 65k of them made its full passes take hundreds of ms at 1024 ranks)."""
     idle_ms: float = 0.0
     """The step's idle time, resolved once (`step_idle`: Step.idle_ms, or input + exposed comm)."""
+    forward_ms: float = 0.0
+    backward_ms: float = 0.0
+    optimizer_ms: float = 0.0
+    tflops: float = 0.0
+    """The phases and TFLOP/s, for where the step went over the window (metrics/step_waterfall.py:
+    the Overview's bars and run line)."""
 
 
 def timed(msg: Step) -> bool:
@@ -144,7 +150,7 @@ class CommLedger:
                 seen.add(c.kind)
             return None
         own = TimedStep(msg.step, msg.step_ms, msg.data_ms, msg.exposed_comm_ms, msg.comm_busy_ms, tuple(comm),
-                        step_idle(msg))
+                        step_idle(msg), msg.forward_ms, msg.backward_ms, msg.optimizer_ms, msg.tflops)
         steps = self.steps
         agg = steps.get(msg.step)
         if agg is None:

@@ -281,24 +281,26 @@ class SlowestRank:
     compute_ms: float
     others_median_ms: float
     excess_pct: float
-    step_excess_pct: float
-    """The view model's step-time measure for the same rank (NaN when it names another rank)."""
 
 
 def slowest_rank(view: RunView, window: int = COMM_WINDOW,
                  compute: Mapping[int, float] | None = None) -> SlowestRank | None:
-    """By compute per step over the window (live ranks; all ranks once every one has ended); None
-    with fewer than two ranks, or when none is `outliers.COMPUTE_NAMED` above the others' median.
-    `compute`: those ranks' compute times when the caller has them (a large run's figures)."""
-    if compute is None:
+    """The view's one slowest rank (RunView.slowest: by compute per step over the window; live
+    ranks, all once every one has ended), the one the Overview marks; None with fewer than two
+    ranks, or when none is `outliers.SLOWEST_SHOWN` above the others' median. `compute`: the same
+    ranks' compute times when the caller has them (a large run's figures, `scale.compute_times`);
+    another `window` compares that window's."""
+    if compute is not None:
+        found = outliers.slowest(compute)
+    elif window == COMM_WINDOW:
+        found = view.slowest
+    else:
         rows = [r for r in view.ranks.values() if not r.ended and r.comm_history] or \
             [r for r in view.ranks.values() if r.comm_history]
-        compute = {r.rank: rank_window(view, r.rank, window).compute_ms for r in rows}
-    found = outliers.slowest(compute)
-    if found is None or not found.meets(outliers.COMPUTE_NAMED):
+        found = outliers.slowest({r.rank: rank_window(view, r.rank, window).compute_ms for r in rows})
+    if found is None or not found.meets(outliers.SLOWEST_SHOWN):
         return None
-    step_excess = view.slowest_excess_pct if view.slowest_rank == found.rank else math.nan
-    return SlowestRank(found.rank, found.value_ms, found.others_median_ms, found.excess_pct, step_excess)
+    return SlowestRank(found.rank, found.value_ms, found.others_median_ms, found.excess_pct)
 
 
 def step_busbw_gbps(s: CommStep, world_size: int) -> float:

@@ -9,7 +9,6 @@ from typing import Any
 from rich.text import Text
 
 from ringtop.metrics import fmt
-from ringtop.metrics.rules.outliers import TABLE_MARK
 from ringtop.tui.deltas import delta_text
 from ringtop.tui.state.rank_row import RankRow
 from ringtop.tui.state.reducers import Diagnosis, VerdictState
@@ -157,10 +156,7 @@ def slowest_text(s: SlowestRank) -> Text:
     t.append(f"rank {s.rank}", style=VERDICT_STYLE)
     t.append(f": compute {fmt.ms(s.compute_ms)} ms/step, +{s.excess_pct:.0f} % over the others' median "
              f"{fmt.ms(s.others_median_ms)} ms")
-    if math.isfinite(s.step_excess_pct) and s.step_excess_pct >= TABLE_MARK.min_excess_pct:
-        t.append(f"; step time +{s.step_excess_pct:.0f} %")
-    else:
-        t.append(" (arrives last at collectives)", style="dim")
+    t.append(" (arrives last at collectives)", style="dim")
     return t
 
 

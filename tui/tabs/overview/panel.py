@@ -23,6 +23,7 @@ from ringtop.tui.tabs.comm.render import overview_comm_label
 from ringtop.tui.tabs.hang.render import banner_text
 from ringtop.tui.tabs.hang.widget import HangBanner
 from ringtop.tui.tabs.overview.model import ChartModel, OverviewModel
+from ringtop.tui.tabs.overview.parts import run_parts
 from ringtop.tui.tabs.overview.render import (
     alert_text,
     breakdown_legend,
@@ -31,12 +32,12 @@ from ringtop.tui.tabs.overview.render import (
     outlying_cells,
     overview_columns,
     row_cells,
-    window_legend,
 )
 from ringtop.tui.tabs.overview.scale import (
     STRIP_MAX_LINES,
     heat_strip,
     hosts_caption,
+    longest_step_rank,
     node_cells,
     node_columns,
     rank_outliers,
@@ -55,6 +56,8 @@ class OverviewTab:
         self._kinds: list[str] = []
         self._kinds_width = 0
         self._held = Held()
+        self._run_held = Held()
+        """The run's step parts: a large live run's once per second (every rank's new steps split)."""
         self._cells: dict[int, tuple[tuple, dict[str, Text]]] = {}
         """Per rank, (what its cells were built from, the cells)."""
 
@@ -85,9 +88,10 @@ class OverviewTab:
             sort = nav.sort_key(n)
             view.rows()  # the slowest rank, as of now
             if level == "nodes":
+                longest = longest_step_rank(summaries)
                 rows, cursor, cursor_key, first, total = window_rows(
                     nav, visible_rows, sort_nodes(summaries, sort),
-                    lambda shown: [(f"n{node.host}", node_cells(node, view.slowest_rank)) for node in shown])
+                    lambda shown: [(f"n{node.host}", node_cells(node, longest)) for node in shown])
                 node_cols = node_columns(width, tflops_known=any(node.tflops > 0 for node in summaries),
                                          peak_known=any(f.peak_tflops > 0 for f in figures.values()))
             else:
@@ -107,8 +111,8 @@ class OverviewTab:
             self._kinds_width = max([self._kinds_width] + [len(cells["comm_kinds"].plain) for _, cells in rows])
         columns = node_cols or overview_columns(kinds, self._kinds_width, width,
                                                 peak_known=view.facts.peak_tflops > 0)
-        legend = (breakdown_legend(view.facts.strategy == "pp") if any(c.key == "breakdown" for c in columns)
-                  else window_legend())
+        legend = breakdown_legend(self._run_held.get(now, (n, view.facts.strategy), None,
+                                                     not replay and nav.scaled(n), lambda: run_parts(view)))
         return OverviewModel(health_line(view, now), tuple(columns), tuple(rows), legend, self._charts(view),
                              alert_text(view), banner_text(view, replay=replay), caption=caption, strip=strip,
                              standouts=standouts, cursor=cursor, cursor_key=cursor_key)

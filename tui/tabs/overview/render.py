@@ -13,7 +13,7 @@ from ringtop.metrics import fmt
 from ringtop.metrics import step_waterfall as wf
 from ringtop.metrics.costs.flops import mfu
 from ringtop.metrics.fmt import mb_compact
-from ringtop.metrics.rules.outliers import CELL_MEMORY, CELL_SHARE, CELL_TIME, NAMED, TABLE_MARK, Threshold, outliers
+from ringtop.metrics.rules.outliers import CELL_MEMORY, CELL_SHARE, CELL_TIME, Threshold, outliers
 from ringtop.metrics.rules.peaks import implausible
 from ringtop.tui.state.marks import Mark
 from ringtop.tui.state.rank_row import RankRow
@@ -23,6 +23,7 @@ from ringtop.tui.styles import LEVEL_STYLE
 from ringtop.tui.tables import DEFAULT_TABLE_WIDTH, Column, fit_to_width
 from ringtop.tui.tabs.comm.render import alert_verdict_line
 from ringtop.tui.tabs.overview.model import ChartModel
+from ringtop.tui.tabs.overview.parts import window_parts
 
 COMM_KIND_ABBR = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG", "broadcast": "BC",
                   "reduce": "RD", "all_to_all": "A2A", "send": "P2P", "recv": "P2P", "barrier": "BAR"}
@@ -33,9 +34,6 @@ BREAKDOWN_STYLES = {wf.IDEAL: "bold green", wf.COMPUTE_BELOW_PEAK: "green", wf.C
                     wf.REST: "dim"}
 """Where the step went (metrics/step_waterfall.py: the parts summary, report and diff show), one
 colour each; the rest is drawn ░."""
-BREAKDOWN_LABELS = {wf.IDEAL: "ideal", wf.COMPUTE_BELOW_PEAK: "compute", wf.COMPUTE: "compute",
-                    wf.EXPOSED_COMM: "exposed comm", wf.BUBBLE: "bubble", wf.DATA: "data", wf.OPTIMIZER: "opt",
-                    wf.REST: "rest"}
 
 
 @dataclass(frozen=True)
@@ -103,24 +101,14 @@ def overview_columns(kinds: list[str], kinds_cell_width: int = 0, table_width: i
     return [c._replace(width=min(NOTE_MAX_WIDTH, NOTE_MIN_WIDTH + spare)) if c.key == "note" else c for c in kept]
 
 
-def step_parts(row: RankRow, pipeline: bool = False) -> dict[str, float]:
-    """The rank's latest step, where it went (metrics/step_waterfall.py)."""
-    latest = row.latest
-    ratio = None
-    if latest is not None and row.peak_tflops > 0 and latest.tflops > 0:
-        ratio = mfu(latest.tflops, row.peak_tflops)
-    return wf.step_parts(row.step_ms, row.data_ms, row.forward_ms, row.backward_ms, row.optimizer_ms,
-                         row.exposed_comm_ms, latest.idle_ms if latest is not None else 0.0, pipeline, ratio)
-
-
 def breakdown_bar(row: RankRow, width: int = BREAKDOWN_WIDTH, pipeline: bool = False) -> Text:
-    """The latest step of a rank as one bar of its parts (metrics/step_waterfall.py), each part's
-    share of the step in cells, rounded so the parts fill `width`."""
-    t = Text(no_wrap=True)
-    if row.step < 0 or not math.isfinite(row.step_ms) or row.step_ms <= 0:
-        return Text("-")
-    parts = step_parts(row, pipeline)
+    """A rank's step over its window (parts.window_parts, the window of its step ms) as one bar of
+    its parts, each part's share of the step in cells, rounded so the parts fill `width`."""
+    parts = window_parts(row, pipeline)
     total = sum(parts.values())
+    if not total > 0:
+        return Text("-")
+    t = Text(no_wrap=True)
     edges, acc = [], 0.0
     for ms_part in parts.values():
         acc += ms_part
@@ -128,26 +116,45 @@ def breakdown_bar(row: RankRow, width: int = BREAKDOWN_WIDTH, pipeline: bool = F
     start = 0
     for name, end in zip(parts, edges):
         if end > start:
-            style = BREAKDOWN_STYLES[name]
-            t.append(("░" if name == wf.REST else "█") * (end - start), style=style)
+            t.append(("░" if name == wf.REST else "█") * (end - start), style=BREAKDOWN_STYLES[name])
         start = end
     return t
 
 
-def breakdown_legend(pipeline: bool = False) -> Text:
-    t = Text("step: ", style="dim", no_wrap=True, overflow="ellipsis")
-    for name in (wf.COMPUTE, wf.EXPOSED_COMM, *((wf.BUBBLE,) if pipeline else ()), wf.DATA, wf.OPTIMIZER):
-        t.append("█", style=BREAKDOWN_STYLES[name])
-        t.append(f" {BREAKDOWN_LABELS[name]}  ", style="dim")
-    t.append("░ rest", style="dim")
+def breakdown_legend(parts: dict[str, float]) -> Text:
+    """Which window the table is over and what its ▲ compares, then the run's step as its parts
+    (`run_line`): every part a bar can show, named in `summary`'s words with its colour."""
+    t = Text()  # wraps on a narrow screen: every part stays named
     t.append_text(window_legend())
+    t.append("\n")
+    t.append_text(run_line(parts))
+    return t
+
+
+def run_line(parts: dict[str, float]) -> Text:
+    """`run 152.3 ms/step = █ compute 98.0 ms 64% · █ exposed communication 44.1 ms 29% · …`: the
+    run's mean step over the window (parts.run_parts), each part in ms and its share, in the words
+    of `summary`'s waterfall (metrics/step_waterfall.py); `ideal` where the device's peak is known."""
+    step = sum(parts.values())
+    t = Text()
+    t.append("run ", style="bold")
+    if not step > 0:
+        t.append("waiting for timed steps", style="dim")
+        return t
+    t.append(f"{fmt.ms(step)} ms/step = ", style="bold")
+    for i, (name, ms_part) in enumerate(parts.items()):
+        if i:
+            t.append(" · ", style="dim")
+        t.append("░" if name == wf.REST else "█", style=BREAKDOWN_STYLES[name])
+        t.append(f" {name} {fmt.ms(ms_part)} ms {100 * ms_part / step:.0f}%")
     return t
 
 
 def window_legend() -> Text:
-    """Which window the ranks table's step ms and idle % (and its ▲ marker) are over."""
-    return Text(f"   step ms, idle %: each rank's last {SLOWEST_WINDOW} steps (▲ slowest: on the same)", style="dim",
-                no_wrap=True, overflow="ellipsis")
+    """Which window the ranks table's step ms, idle % and step parts (and its ▲ marker) are over,
+    and what the ▲ compares: compute, as the Comm tab and the straggler verdict do (RunView.slowest)."""
+    return Text(f"step ms, idle %, step parts: each rank's last {SLOWEST_WINDOW} steps · ▲ slowest: most compute "
+                "(step − waits)", style="dim", no_wrap=True, overflow="ellipsis")
 
 
 OUTLIER_STYLE = "bold yellow"
@@ -175,8 +182,8 @@ def outlying_cells(view: RunView) -> dict[str, frozenset[int]]:
 def row_cells(view: RunView, row: RankRow, replay: bool,
               outlying: dict[str, frozenset[int]] | None = None, mark: Mark | None = None) -> dict[str, Text]:
     """`mark`: the rank's trouble (tui/state/marks.py), said in its note before all but its death."""
-    excess = view.slowest_excess_pct
-    slow = row.slowest and math.isfinite(excess) and excess >= TABLE_MARK.min_excess_pct
+    shown = view.slowest_shown
+    slow = shown is not None and shown.rank == row.rank and not row.ended
     dim = "dim" if row.ended else ""
     mem = fmt.nbytes(row.mem_bytes) if row.mem_bytes else "-"
     if row.mem_is_cuda and row.device_mem_total_bytes:
@@ -193,12 +200,12 @@ def row_cells(view: RunView, row: RankRow, replay: bool,
         note = f"{'node unreachable: ' if cut_off else ''}silent {fmt.ago(row.silent_s)}"
         note_style = "bold red" if cut_off else "yellow"
     elif slow:
-        note, note_style = f"slowest +{excess:.0f}%", "bold yellow"
+        note, note_style = f"▲ slowest: compute +{shown.excess_pct:.0f}%", "bold yellow"
     cells = {
         "rank": (str(row.rank), "bold"),
         "host": (row.host or "?", ""),
         "step": (f"{row.step:,}" if row.step >= 0 else "-", ""),
-        "step_ms": (fmt.ms(row.recent_step_ms()) + (" ▲" if slow else ""), "bold yellow" if slow else ""),
+        "step_ms": (fmt.ms(row.recent_step_ms()), ""),
         # a loss only from a step this UI received: one it never got is not a NaN
         "loss": (fmt.loss(row.loss) if row.step_seen is not None else "-",
                  "bold red" if row.step_seen is not None and not math.isfinite(row.loss) else ""),
@@ -290,17 +297,19 @@ def alert_text(view: RunView) -> Text:
     verdict = alert_verdict_line(view)
     if verdict is not None:
         t.append_text(verdict)
-    excess = view.slowest_excess_pct
-    if view.slowest_rank is not None and math.isfinite(excess) and excess >= NAMED.min_excess_pct:
-        row = view.ranks[view.slowest_rank]
+    slow = view.slowest_shown
+    if slow is not None:
+        row = view.ranks[slow.rank]
         if t.plain:
             t.append("\n")
         t.append("▲ ", style="bold yellow")
-        t.append(f"rank {row.rank} slowest: {fmt.ms(row.recent_step_ms())} ms/step over the last "
-                 f"{min(len(row.step_ms_history), SLOWEST_WINDOW)} steps, +{excess:.0f}% vs the others' median")
+        t.append(f"rank {row.rank} slowest: compute {fmt.ms(slow.value_ms)} ms/step (step − waits) over the last "
+                 f"{min(len(row.comm_history), SLOWEST_WINDOW)} steps, +{slow.excess_pct:.0f}% vs the others' "
+                 f"median {fmt.ms(slow.others_median_ms)} ms")
         stat = row.step_ms_stat
         if stat.count:
-            t.append(f"   run mean {fmt.ms(stat.mean)} ms, min {fmt.ms(stat.min)}, max {fmt.ms(stat.max)}",
+            t.append(f"   its step over the run: mean {fmt.ms(stat.mean)} ms, min {fmt.ms(stat.min)}, "
+                     f"max {fmt.ms(stat.max)}",
                      style="dim")
     w = view.last_warning
     if w is not None:

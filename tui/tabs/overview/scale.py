@@ -22,7 +22,7 @@ NODE_COLUMNS: tuple[tuple[str, str, int, bool, int], ...] = (
     ("step_min", "step min", 8, True, 3),
     ("step_median", "median", 8, True, 2),
     ("step_max", "max ms", 8, True, 0),
-    ("slowest", "slowest", 7, True, 0),
+    ("slowest", "max at", 7, True, 0),
     ("mem_max", "mem max", 9, True, 4),
     ("idle", "idle %", 6, True, 1),
     ("comm", "comm %", 6, True, 5),
@@ -31,7 +31,8 @@ NODE_COLUMNS: tuple[tuple[str, str, int, bool, int], ...] = (
     ("note", "note", 16, False, 0),
 )
 STRIP_MAX_LINES = 8
-"""The heat strip wraps to at most this many lines; beyond, a cell stands for several ranks (their slowest)."""
+"""The heat strip wraps to at most this many lines; beyond, a cell stands for several ranks (their longest
+step)."""
 HEAT = ((1.05, "green", "<5%"), (1.10, "yellow", "5–10%"), (1.25, "dark_orange", "10–25%"),
         (math.inf, "red", "≥25%"))
 """Step time against the ranks' median: the upper bound of each colour, its style and legend."""
@@ -44,8 +45,15 @@ def node_columns(table_width: int, tflops_known: bool = False, peak_known: bool 
     return spread_columns(spec, table_width)
 
 
-def node_cells(n: NodeSummary, slowest_overall: int | None) -> dict[str, Text]:
-    worst = n.slowest_rank is not None and n.slowest_rank == slowest_overall
+def longest_step_rank(nodes: list[NodeSummary]) -> int | None:
+    """The rank with the run's longest recent step: its node's `max at` cell is marked."""
+    timed = [n for n in nodes if n.slowest_rank is not None and math.isfinite(n.step_max_ms)]
+    return max(timed, key=lambda n: (n.step_max_ms, -n.slowest_rank)).slowest_rank if timed else None
+
+
+def node_cells(n: NodeSummary, longest: int | None) -> dict[str, Text]:
+    """`longest`: the rank with the run's longest recent step (`longest_step_rank`)."""
+    worst = n.slowest_rank is not None and n.slowest_rank == longest
     return {
         "node": Text(n.host, style="bold"),
         "ranks": Text(str(len(n.ranks))),
@@ -72,7 +80,7 @@ def heat_strip(figures: dict[int, RankFigures], width: int, max_lines: int = STR
     per_cell = max(1, math.ceil(len(ranks) / (width * max(1, max_lines))))
     mid = median(f.step_ms for f in figures.values() if math.isfinite(f.step_ms))
     t = Text()  # lines of `width` cells: nothing to wrap but the legend on a narrow screen
-    cell = f"1 cell = {per_cell} ranks (their slowest)" if per_cell > 1 else "1 cell per rank"
+    cell = f"1 cell = {per_cell} ranks (their longest step)" if per_cell > 1 else "1 cell per rank"
     t.append(f"heat: {cell} from rank 0, step time vs the median {fmt.ms(mid)} ms:", style="dim")
     for _, style, label in HEAT:
         t.append(" █", style=style)
@@ -116,8 +124,9 @@ def rank_outliers(figures: dict[int, RankFigures]) -> dict[str, list[tuple[int, 
 
 def standouts_text(figures: dict[int, RankFigures], found: dict[str, list[tuple[int, float]]],
                    width: int = 0) -> Text:
-    """`▲ slowest: r517 node-4 130.3 ms +30% · …` and the robust outliers per figure, each line cut
-    to `width` here (so the drawing does not depend on when the widget learnt its width)."""
+    """`▲ longest steps: r517 node-4 130.3 ms +30% · …` (step time, as the heat strip; the slowest
+    rank by compute is the Comm tab's) and the robust outliers per figure, each line cut to `width`
+    here (so the drawing does not depend on when the widget learnt its width)."""
     times = {r: f.step_ms for r, f in figures.items()}
     mid = median(v for v in times.values() if math.isfinite(v))
 
@@ -125,7 +134,7 @@ def standouts_text(figures: dict[int, RankFigures], found: dict[str, list[tuple[
         excess = f" {100 * (ms / mid - 1):+.0f}%" if math.isfinite(mid) and mid > 0 else ""
         return f" {figures[rank].host} {fmt.ms(ms)} ms{excess}"
     words = {"step_ms": "step time", "mem": "memory", "idle_pct": "idle"}
-    return standouts("slowest", top_k(times, TOP_K), describe, "no steps yet",
+    return standouts("longest steps", top_k(times, TOP_K), describe, "no steps yet",
                      [(words[k], v) for k, v in found.items()], width)
 
 

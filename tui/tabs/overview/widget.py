@@ -53,16 +53,16 @@ class OverviewPanel(TableWidth, Vertical):
     OverviewPanel { height: 1fr; }
     OverviewPanel #health { height: 1; margin: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
     OverviewPanel #ranks { height: auto; max-height: 60%; }
-    OverviewPanel #parts-legend { height: 1; margin: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
+    OverviewPanel #parts-legend { height: auto; max-height: 4; margin: 0 1; }
     OverviewPanel #alert { height: auto; max-height: 3; margin: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
     OverviewPanel #table-caption { height: 1; margin: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
     OverviewPanel #heat-strip { height: auto; margin: 0 1; }
     OverviewPanel #standouts { height: auto; max-height: 2; margin: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
     """
 
-    FIXED_LINES = 1 + 1 + 1 + 2 + 4 * 3 + 3
+    FIXED_LINES = 1 + 1 + 1 + 2 + 2 + 4 * 3 + 3
     """A large run's lines besides its table rows and heat strip: health, caption, table header,
-    standouts, four charts at their least, the alert."""
+    standouts, the window legend and the run's step parts, four charts at their least, the alert."""
 
     def __init__(self) -> None:
         super().__init__(id="overview-body")
