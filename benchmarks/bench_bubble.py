@@ -4,7 +4,7 @@ One 2-rank CPU run of the agent with `--strategy pp`; the micro-batch count is r
 `set micro_batches` (as a user would from the UI). For each M: the mean measured bubble over the
 sampled steps (1 − Σbusy / Σwindow over both stages, from the Timeline messages), the theory
 (N−1)/(N+M−1), and the schedule replayed with the measured per-op times (imbalance), plus transfers
-and per-op overhead (strategies.pipeline_schedule.explain_bubble).
+and per-op overhead (metrics.costs.pipeline_bubble.explain_bubble).
 
     python benchmarks/bench_bubble.py [--schedule gpipe|1f1b] [--steps-per-m 15]
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ringtop.cli.ctl import send_command
 from ringtop.cli.launch import stop_ranks
-from ringtop.metrics.costs.pipeline_schedule import explain_bubble
+from ringtop.metrics.costs.pipeline_bubble import explain_bubble
 from ringtop.protocol import Timeline, free_tcp_ports, read_log
 
 MICRO_BATCHES = (1, 2, 4, 8, 16)

@@ -111,20 +111,40 @@ def profiler_shift_us(pairs: list[tuple[float, float, float, float]]) -> float:
     return hi if lo <= hi else (lo + hi) / 2
 
 
+LANE_HORIZON_US = 1e6
+"""A track forgets the spans that ended this long before the newest start it was given: a rank's
+spans come in the order of its steps, so an older one can overlap nothing still to come, and
+what a trace holds follows its ranks, not its length."""
+LANE_PRUNE_AT = 64
+
+
 class Lanes:
     """Places spans that may overlap (collectives in flight together) on the first of `count`
     tracks where they overlap nothing, so each track's spans nest; the last takes the rest."""
 
     def __init__(self, count: int):
         self._tracks: list[list[tuple[float, float]]] = [[] for _ in range(count)]
+        self._newest_start = float("-inf")
 
     def place(self, start: float, end: float) -> int:
+        self._newest_start = max(self._newest_start, start)
         for i, spans in enumerate(self._tracks):
+            if len(spans) > LANE_PRUNE_AT:
+                self._forget(spans)
             at = bisect_left(spans, (start, end))
             if (at == 0 or spans[at - 1][1] <= start) and (at == len(spans) or spans[at][0] >= end):
                 spans.insert(at, (start, end))
                 return i
         return len(self._tracks) - 1
+
+    def held(self) -> int:
+        return sum(len(spans) for spans in self._tracks)
+
+    def _forget(self, spans: list[tuple[float, float]]) -> None:
+        """Drop the spans (sorted by start) that ended before the horizon, oldest first."""
+        before = self._newest_start - LANE_HORIZON_US
+        keep = [span for span in spans if span[1] >= before]
+        spans[:] = keep
 
 
 class NestingLanes:

@@ -33,13 +33,8 @@ stage, i.e. bubble) are reported apart, as p2p waits, not as exposed collective 
 Each wait is reported with the handle of the collective waited on (a work's, kept by `id` with a
 weak reference for the step), so the step's record of that collective carries its wait.
 
-DTensor's collectives (tensor parallelism) go through `torch.distributed._functional_collectives`,
-which hands back a tensor that waits at its first use (`wait_tensor`) instead of a work: a traced
-functional collective stays open from its issue until `wait_tensor` returns on its output (or a
-view of it), so a collective whose peer never joins stays in flight in the ledger; the wait is
-exposed time on the training thread (on GPU, a stall between events on the compute stream), issue
-to the wait's return the collective's busy interval, an upper bound. One nobody waited on by the
-step's end is closed then.
+DTensor's collectives (tensor parallelism) are `collective_functional`'s; payload sizes and
+group names `collective_naming`'s.
 
 `comm_delay_s` injects a delay into every traced collective's completion (fault injection for tests
 and demos: a slow link).
@@ -56,7 +51,6 @@ import sys
 import threading
 import time
 import weakref
-import zlib
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
@@ -64,115 +58,27 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ringtop.metrics import rank_sets
-from ringtop.metrics.rank_sets import WORLD
 from ringtop.strategies.base import CommRecorder
-
-
-def _nbytes(t: Any) -> int:
-    if isinstance(t, torch.Tensor):
-        return t.numel() * t.element_size()
-    if isinstance(t, (list, tuple)):
-        return sum(_nbytes(x) for x in t)
-    return 0
-
-
-def _first_tensor(t: Any) -> torch.Tensor | None:
-    if isinstance(t, torch.Tensor):
-        return t
-    if isinstance(t, (list, tuple)):
-        for x in t:
-            if (found := _first_tensor(x)) is not None:
-                return found
-    return None
-
-
-MAX_SHAPES_HASHED = 8
-"""A list payload's shapes digest covers its first tensors and its length (an all_gather's list
-of a thousand equal tensors costs no more than eight)."""
-
-
-def shapes_digest(t: Any) -> str:
-    """8 hex digits of the payload's dtypes and shapes: equal on ranks that issue the same call."""
-    if isinstance(t, torch.Tensor):
-        text = f"{t.dtype}{tuple(t.shape)}"
-    elif isinstance(t, (list, tuple)):
-        text = f"{len(t)}:" + ";".join(f"{x.dtype}{tuple(x.shape)}" for x in t[:MAX_SHAPES_HASHED]
-                                       if isinstance(x, torch.Tensor))
-    else:
-        return ""
-    return f"{zlib.crc32(text.encode()):08x}"
-
-
-_group_names: dict[int, tuple[Any, str]] = {}
-
-
-def group_name(group: Any) -> str:
-    """The process group named by its members (`world`, `0-3`, ...: metrics.rank_sets), the same
-    on every member; cached per group object."""
-    cached = _group_names.get(id(group))
-    if cached is not None and cached[0] is group:
-        return cached[1]
-    try:
-        if group is None or group is dist.group.WORLD:
-            name = WORLD
-        else:
-            name = rank_sets.group_name(dist.get_process_group_ranks(group), dist.get_world_size())
-    except Exception:  # noqa: BLE001 - not a member, or no default group: still a name, never a failure
-        name = f"group-{id(group):x}"
-    _group_names[id(group)] = (group, name)
-    return name
-
-
-_dimensions: dict[str, str] = {}
-"""This rank's groups named by a device mesh: group name -> its dimension (tp, dp, pp)."""
-
-
-def name_mesh_dimensions(mesh: Any) -> None:
-    """Name this rank's group on each of `mesh`'s named dimensions, for CommStat.group (the Comm
-    tab's split by group). Replaces what an earlier strategy named (None: names nothing); a
-    dimension whose group is the whole world, or one rank, stays unnamed, so a 1D run is as before."""
-    names: dict[str, str] = {}
-    for index, dim in enumerate(getattr(mesh, "mesh_dim_names", None) or ()):
-        if mesh.size(index) < 2:
-            continue
-        label = group_name(mesh.get_group(dim))
-        if label != rank_sets.WORLD:
-            names[label] = dim
-    _dimensions.clear()
-    _dimensions.update(names)
-
-
-def dimension_of(group: str) -> str:
-    """The mesh dimension a group (by its `group_name`) is on; "" when no mesh named it."""
-    return _dimensions.get(group, "")
-
-
-def _arg(args: tuple, kwargs: dict, index: int, *names: str) -> Any:
-    for name in names:
-        if name in kwargs:
-            return kwargs[name]
-    return args[index] if len(args) > index else None
-
+from ringtop.strategies.collective_naming import argument, first_tensor, group_name, nbytes, shapes_digest
 
 # op name -> (kind, payload tensor getter)
 _OPS: dict[str, tuple[str, Callable[[tuple, dict], Any]]] = {
-    "all_reduce": ("all_reduce", lambda a, k: _arg(a, k, 0, "tensor")),
-    "all_reduce_coalesced": ("all_reduce", lambda a, k: _arg(a, k, 0, "tensors")),
-    "reduce_scatter_tensor": ("reduce_scatter", lambda a, k: _arg(a, k, 1, "input")),
-    "reduce_scatter_single": ("reduce_scatter", lambda a, k: _arg(a, k, 1, "input")),
-    "_reduce_scatter_base": ("reduce_scatter", lambda a, k: _arg(a, k, 1, "input")),
-    "reduce_scatter": ("reduce_scatter", lambda a, k: _arg(a, k, 1, "input_list")),
-    "all_gather_into_tensor": ("all_gather", lambda a, k: _arg(a, k, 0, "output_tensor")),
-    "all_gather_single": ("all_gather", lambda a, k: _arg(a, k, 0, "output_tensor")),
-    "_all_gather_base": ("all_gather", lambda a, k: _arg(a, k, 0, "output_tensor")),
-    "all_gather": ("all_gather", lambda a, k: _arg(a, k, 0, "tensor_list")),
-    "broadcast": ("broadcast", lambda a, k: _arg(a, k, 0, "tensor")),
-    "reduce": ("reduce", lambda a, k: _arg(a, k, 0, "tensor")),
-    "all_to_all_single": ("all_to_all", lambda a, k: _arg(a, k, 1, "input")),
+    "all_reduce": ("all_reduce", lambda a, k: argument(a, k, 0, "tensor")),
+    "all_reduce_coalesced": ("all_reduce", lambda a, k: argument(a, k, 0, "tensors")),
+    "reduce_scatter_tensor": ("reduce_scatter", lambda a, k: argument(a, k, 1, "input")),
+    "reduce_scatter_single": ("reduce_scatter", lambda a, k: argument(a, k, 1, "input")),
+    "_reduce_scatter_base": ("reduce_scatter", lambda a, k: argument(a, k, 1, "input")),
+    "reduce_scatter": ("reduce_scatter", lambda a, k: argument(a, k, 1, "input_list")),
+    "all_gather_into_tensor": ("all_gather", lambda a, k: argument(a, k, 0, "output_tensor")),
+    "all_gather_single": ("all_gather", lambda a, k: argument(a, k, 0, "output_tensor")),
+    "_all_gather_base": ("all_gather", lambda a, k: argument(a, k, 0, "output_tensor")),
+    "all_gather": ("all_gather", lambda a, k: argument(a, k, 0, "tensor_list")),
+    "broadcast": ("broadcast", lambda a, k: argument(a, k, 0, "tensor")),
+    "reduce": ("reduce", lambda a, k: argument(a, k, 0, "tensor")),
+    "all_to_all_single": ("all_to_all", lambda a, k: argument(a, k, 1, "input")),
     # Point to point: only the batched form. `isend`/`irecv` themselves stay unwrapped, because
     # `P2POp` checks that it was handed exactly those functions.
-    "batch_isend_irecv": ("p2p", lambda a, k: [op.tensor for op in (_arg(a, k, 0, "p2p_op_list") or [])]),
+    "batch_isend_irecv": ("p2p", lambda a, k: [op.tensor for op in (argument(a, k, 0, "p2p_op_list") or [])]),
 }
 
 
@@ -210,7 +116,7 @@ _compute_stream: Any = None
 # handle) for every traced work, so its wait is told apart and named. Cleared after each step.
 _issued: dict[int, tuple[Any, Any, bool, int]] = {}
 _installed = False
-_install_lock = threading.Lock()
+install_lock = threading.Lock()
 comm_delay_s = 0.0
 before_issue: Callable[[str], None] | None = None
 """Fault injection: called with the kind before each traced collective is issued (`--inject-hang
@@ -218,11 +124,27 @@ R:STEP:before-collective` hangs in it)."""
 step_annotation: Callable[[], AbstractContextManager[Any]] | None = None
 
 
-def _on_training_thread() -> bool:
+def current_recorder() -> CommRecorder | None:
+    """The recorder `active` set; None outside a recorded step."""
+    return _recorder
+
+
+def inside_traced_call() -> bool:
+    """Inside a traced call (or `untraced`): a collective issued now is not recorded again."""
+    return getattr(_state, "inside", False)
+
+
+def on_training_thread() -> bool:
     return threading.get_ident() == _training_thread
 
 
-def _finish(recorder: CommRecorder, handle: int) -> None:
+def on_compute_stream(stream: Any) -> bool:
+    """On the training thread and `stream` is its compute stream: a stall there is exposed time."""
+    return on_training_thread() and _compute_stream is not None and stream == _compute_stream
+
+
+def finish(recorder: CommRecorder, handle: int) -> None:
+    """Close a host-path collective (after the injected delay, if any)."""
     if comm_delay_s:
         time.sleep(comm_delay_s)
     recorder.end(handle)
@@ -263,9 +185,9 @@ def _wrap(name: str, fn: Callable[..., Any], kind: str, payload: Callable[[tuple
     @functools.wraps(fn)
     def traced(*args: Any, **kwargs: Any) -> Any:
         recorder = _recorder
-        if recorder is None or getattr(_state, "inside", False):
+        if recorder is None or inside_traced_call():
             return fn(*args, **kwargs)
-        group = _arg(args, kwargs, _GROUP_POSITION.get(name, 99), "group")
+        group = argument(args, kwargs, _GROUP_POSITION.get(name, 99), "group")
         try:
             group_size = dist.get_world_size(group)
         except Exception:  # noqa: BLE001 - not a member, or no default group: size unknown
@@ -273,10 +195,10 @@ def _wrap(name: str, fn: Callable[..., Any], kind: str, payload: Callable[[tuple
         tensors = payload(args, kwargs)
         if before_issue is not None:
             before_issue(kind)
-        handle = recorder.begin(kind, _nbytes(tensors), group_size,
+        handle = recorder.begin(kind, nbytes(tensors), group_size,
                                 "p2p" if kind == "p2p" else group_name(group), shapes_digest(tensors))
         if getattr(recorder, "end_device", None) is not None:
-            tensor = _first_tensor(tensors)
+            tensor = first_tensor(tensors)
             if tensor is not None and device_timing.is_device_tensor(tensor):
                 return _traced_on_device(fn, args, kwargs, recorder, handle, kind, group, tensor)
         t0 = time.perf_counter_ns()
@@ -284,12 +206,12 @@ def _wrap(name: str, fn: Callable[..., Any], kind: str, payload: Callable[[tuple
         if works:
             _remember(works, None, kind == "p2p", handle)
             try:
-                works[-1].get_future().then(lambda _f: _finish(recorder, handle))
+                works[-1].get_future().then(lambda _f: finish(recorder, handle))
             except Exception:  # noqa: BLE001 - a backend without futures: count it as done when issued
                 recorder.end(handle)
         else:
-            _finish(recorder, handle)
-            if _on_training_thread():
+            finish(recorder, handle)
+            if on_training_thread():
                 recorder.blocked(t0, time.perf_counter_ns(), handle)
         return result
 
@@ -328,7 +250,7 @@ def _traced_on_device(fn: Callable[..., Any], args: tuple, kwargs: dict, recorde
             recorder.end(handle)
     else:  # blocking: the issuing stream now waits for the collective
         end = device_end(recorder, handle, start, lane, stream)
-        if _on_training_thread() and _compute_stream is not None and stream == _compute_stream:
+        if on_compute_stream(stream):
             recorder.blocked_device(start, end, kind == "p2p", handle)
     return result
 
@@ -341,7 +263,7 @@ def _wrap_wait(wait: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(wait)
     def traced_wait(self: Any, *args: Any, **kwargs: Any) -> Any:
         recorder = _recorder
-        if recorder is None or not _on_training_thread():
+        if recorder is None or not on_training_thread():
             return wait(self, *args, **kwargs)
         issued = _issued.get(id(self)) if _issued else None
         if issued is not None and issued[0]() is not self:
@@ -376,7 +298,7 @@ def _wrap_wait(wait: Callable[..., Any]) -> Callable[..., Any]:
 def install() -> None:
     """Wrap the functions (and `Work.wait`) once per process; idempotent."""
     global _installed
-    with _install_lock:
+    with install_lock:
         if _installed:
             return
         for name, (kind, payload) in _OPS.items():
@@ -402,161 +324,8 @@ def trace_pipeline_p2p() -> None:
     fn = getattr(schedules, "_batch_p2p", None)
     if fn is not None and not getattr(fn, "__ringtop_traced__", False):
         schedules._batch_p2p = _wrap("_batch_p2p", fn, "p2p",
-                                     lambda a, k: [op.tensor for op in (_arg(a, k, 0, "p2p_ops") or [])])
+                                     lambda a, k: [op.tensor for op in (argument(a, k, 0, "p2p_ops") or [])])
 
-
-# name -> (kind, position of its group argument, whether the payload is the gathered output)
-_FUNCTIONAL_OPS: dict[str, tuple[str, int, bool]] = {
-    "all_reduce": ("all_reduce", 2, False),
-    "all_gather_single": ("all_gather", 2, True),
-    "reduce_scatter_single": ("reduce_scatter", 3, False),
-    "all_to_all_single": ("all_to_all", 3, False),
-}
-"""torch.distributed._functional_collectives' functions DTensor calls by attribute (its
-redistributions: a RowwiseParallel output's all-reduce, a ColwiseParallel input gradient's), with
-the payload counted as `_OPS` counts it (an all-gather by its output)."""
-_functional_on = False
-TIME_FUNCTIONAL_WAITS = True
-"""Close a functional collective when its output is waited on (timed) rather than when it is
-issued. Only a test turns it off, to show that its timing checks fail without it."""
-_functional_open: dict[int, tuple[CommRecorder, int, Any]] = {}
-"""Functional collectives issued and not yet waited on: the storage address of the tensor the
-collective writes -> (recorder, handle, device start event or None)."""
-
-
-def _storage_key(t: Any) -> int | None:
-    """What a collective's output and every view of it share (DTensor waits on views too)."""
-    try:
-        return t.untyped_storage().data_ptr()
-    except Exception:  # noqa: BLE001 - a tensor without storage (fake, meta): never matched
-        return None
-
-
-def _functional_group(group: Any) -> Any:
-    """The ProcessGroup a functional collective runs on (DTensor passes a mesh dimension, which
-    resolves to the group's registered name)."""
-    from torch.distributed import _functional_collectives as funcol
-    from torch.distributed import distributed_c10d
-
-    resolved = funcol._resolve_group(group)
-    return distributed_c10d._resolve_process_group(resolved) if isinstance(resolved, str) else resolved
-
-
-def _wrap_functional(fn: Callable[..., Any], kind: str, group_at: int, gathered: bool) -> Callable[..., Any]:
-    """Records each call's kind, bytes and group at its issue, and leaves it open (in flight in
-    the ledger) until `wait_tensor` is called on its output: the call hands back a tensor that
-    waits at its first use (AsyncCollectiveTensor), not a work whose future could say when it
-    completed."""
-    @functools.wraps(fn)
-    def traced(*args: Any, **kwargs: Any) -> Any:
-        recorder = _recorder
-        if recorder is None or not _functional_on or getattr(_state, "inside", False):
-            return fn(*args, **kwargs)
-        try:
-            group = _functional_group(_arg(args, kwargs, group_at, "group"))
-            size, label = dist.get_world_size(group), group_name(group)
-        except Exception:  # noqa: BLE001 - still counted, under a name of its own
-            size, label = 0, "functional"
-        tensor = _arg(args, kwargs, 0, "self")
-        if before_issue is not None:
-            before_issue(kind)
-        handle = recorder.begin(kind, _nbytes(tensor) * (size if gathered else 1), size, label,
-                                shapes_digest(tensor))
-        start = None
-        if getattr(recorder, "end_device", None) is not None and isinstance(tensor, torch.Tensor):
-            start = device_start(tensor)
-        try:
-            out = fn(*args, **kwargs)
-        except BaseException:
-            recorder.end(handle)
-            raise
-        key = _storage_key(getattr(out, "elem", out)) if TIME_FUNCTIONAL_WAITS else None
-        if key is None:
-            _finish(recorder, handle)
-        else:
-            stale = _functional_open.pop(key, None)
-            if stale is not None:  # its storage was freed and reused: it cannot be in flight
-                stale[0].end(stale[1])
-            _functional_open[key] = (recorder, handle, start)
-        return out
-
-    traced.__ringtop_traced__ = True
-    return traced
-
-
-def _wrap_functional_wait(wait: Callable[..., Any]) -> Callable[..., Any]:
-    """`wait_tensor` on a traced collective's output (AsyncCollectiveTensor calls it at first use):
-    the collective is closed when it returns, and the time the training thread spent inside is
-    exposed communication. Host path: gloo has finished the collective when the wait returns, so
-    issue -> return is its busy interval (an upper bound, by the wait's lateness when the result
-    was already there). GPU path: the wait only makes the current stream wait; events around it
-    on that stream give the stall (when it is the compute stream) and the end of the interval."""
-    @functools.wraps(wait)
-    def traced_wait(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-        key = _storage_key(tensor) if _functional_open else None
-        opened = _functional_open.pop(key, None) if key is not None else None
-        if opened is None:
-            return wait(tensor, *args, **kwargs)
-        recorder, handle, start = opened
-        if start is not None:
-            stream = device_timing.current_stream(tensor.device)
-            before = device_timing.event()
-            before.record(stream)
-            try:
-                return wait(tensor, *args, **kwargs)
-            finally:
-                after = device_end(recorder, handle, start, None, stream)
-                if _on_training_thread() and _compute_stream is not None and stream == _compute_stream:
-                    recorder.blocked_device(before, after, handle=handle)
-        t0 = time.perf_counter_ns()
-        try:
-            return wait(tensor, *args, **kwargs)
-        finally:
-            _finish(recorder, handle)
-            if _on_training_thread():
-                recorder.blocked(t0, time.perf_counter_ns(), handle)
-
-    traced_wait.__ringtop_traced__ = True
-    return traced_wait
-
-
-def trace_functional_collectives() -> None:
-    """Wrap the functional collectives and their `wait_tensor` once (idempotent); they record
-    only inside `functional_collectives_traced`. Called by the strategy that imports DTensor
-    (tensor parallelism), so no other rank's start-up pays for the import."""
-    from torch.distributed import _functional_collectives as funcol
-
-    with _install_lock:
-        for name, (kind, group_at, gathered) in _FUNCTIONAL_OPS.items():
-            fn = getattr(funcol, name, None)
-            if fn is not None and not getattr(fn, "__ringtop_traced__", False):
-                setattr(funcol, name, _wrap_functional(fn, kind, group_at, gathered))
-        if not getattr(funcol.wait_tensor, "__ringtop_traced__", False):
-            funcol.wait_tensor = _wrap_functional_wait(funcol.wait_tensor)
-
-
-def close_unwaited_functional() -> None:
-    """Close the functional collectives whose output nobody waited on by the step's end (none in
-    DTensor's eager path, which waits every output it uses): the step did not block on them, so
-    they are not left in flight in the ledger; counted as done now."""
-    while _functional_open:
-        _, (recorder, handle, _) = _functional_open.popitem()
-        recorder.end(handle)
-
-
-@contextlib.contextmanager
-def functional_collectives_traced() -> Iterator[None]:
-    """Count the functional collectives issued inside (a tensor-parallel step), with `active`'s
-    recorder. Elsewhere they stay uncounted: FSDP's gradient norm reduces through them, and its
-    traffic prediction leaves that scalar out."""
-    global _functional_on
-    before, _functional_on = _functional_on, True
-    try:
-        yield
-    finally:
-        _functional_on = before
-        if not before:
-            close_unwaited_functional()
 
 
 @contextlib.contextmanager

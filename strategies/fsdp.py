@@ -11,7 +11,7 @@ from torch import nn
 
 from ringtop.metrics.parallel_dims import ParallelDims
 from ringtop.metrics.strategy_names import strategy_label
-from ringtop.strategies import collective_hooks
+from ringtop.strategies import collective_naming
 from ringtop.strategies.base import (
     DistContext,
     OptimizerFactory,
@@ -92,7 +92,7 @@ class FSDPStrategy(HeadOrderedQkv, TorchNativeStrategy):
             mesh = init_device_mesh(ctx.device.type, (ctx.world_size, 1), mesh_dim_names=("replicate", "shard"))
         else:
             mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
-        collective_hooks.name_mesh_dimensions(mesh_2d if tp > 1 else mesh)
+        collective_naming.name_mesh_dimensions(mesh_2d if tp > 1 else mesh)
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
             if settings.dtype == "bf16" else MixedPrecisionPolicy()
         reshard = sharding != "grad-op"

@@ -62,7 +62,7 @@ from torch import nn
 
 from ringtop.metrics.costs import pipeline_schedule as ps
 from ringtop.metrics.parallel_dims import DIMENSIONS, ParallelDims
-from ringtop.strategies import collective_hooks
+from ringtop.strategies import collective_functional, collective_naming
 from ringtop.strategies.base import (
     CountsOwnTensors,
     DistContext,
@@ -74,12 +74,10 @@ from ringtop.strategies.base import (
     StrategyError,
     TrainSettings,
     refuse_unknown_options,
-    unique_parameters,
 )
-from ringtop.strategies.pipeline_parts import PipelineStateDicts, PipelineTimeline
+from ringtop.strategies.pipeline_parts import PipelineGradients, PipelineStateDicts, PipelineTimeline
 from ringtop.strategies.pipeline_stages import (
     PipelineEvent,
-    _is_split,
     _names_by_param,
     _positive_int,
     _release_other_stages,
@@ -88,31 +86,13 @@ from ringtop.strategies.pipeline_stages import (
     _timed_stage_class,
     _TinyGPTSplit,
 )
-from ringtop.strategies.tensor_parallel import _local, check_splittable, split_tiny_gpt_blocks
+from ringtop.strategies.tensor_parallel import check_splittable, split_tiny_gpt_blocks
 
 OPTIONS = ("stages", "schedule", "micro_batches", "split", "tp")
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 @dataclass
-class PipelineStrategy(PipelineTimeline, PipelineStateDicts, CountsOwnTensors, Strategy):
+class PipelineStrategy(PipelineGradients, PipelineTimeline, PipelineStateDicts, CountsOwnTensors, Strategy):
     """Options: `stages` (default: world size / tp), `schedule` ("gpipe" | "1f1b", default gpipe),
     `micro_batches` (default 4; must divide the per-rank batch), `split` (layers per stage,
     default balanced), `tp` (default 1; > 1: 3D, the built-in model only). The built-in model and
@@ -308,7 +288,7 @@ class PipelineStrategy(PipelineTimeline, PipelineStateDicts, CountsOwnTensors, S
         else:
             mesh = init_device_mesh(ctx.device.type, dims.shape[:2], mesh_dim_names=DIMENSIONS[:2])
         self.mesh = mesh
-        collective_hooks.name_mesh_dimensions(mesh)
+        collective_naming.name_mesh_dimensions(mesh)
         self.pp_group = mesh.get_group("pp")
         self.dp_group = mesh.get_group("dp") if r > 1 else None
         mine = dims.group("pp", ctx.rank)
@@ -394,7 +374,7 @@ class PipelineStrategy(PipelineTimeline, PipelineStateDicts, CountsOwnTensors, S
         """With tp, DTensor's own all-reduces (the split layers' activations) are traced too."""
         if self.tp == 1:
             return super().run_step(batch, call_model, phases)
-        with collective_hooks.functional_collectives_traced():
+        with collective_functional.functional_collectives_traced():
             return super().run_step(batch, call_model, phases)
 
     def _poisoned_forward(self, batch: Any, call_model: ModelCall) -> torch.Tensor:
@@ -406,68 +386,6 @@ class PipelineStrategy(PipelineTimeline, PipelineStateDicts, CountsOwnTensors, S
         finally:
             hook.remove()
 
-    def _backward(self, loss: torch.Tensor) -> None:
-        """The backward ran inside the schedule; here the gradients are completed: the tied weight's
-        two parts summed, then each stage's gradients averaged over its replicas."""
-        if self.tie_group is not None:
-            tied = self.module.get_parameter(self.tied[0] if self.stage_index == 0 else self.tied[1])
-            if tied.grad is None:
-                tied.grad = torch.zeros_like(tied)
-            dist.all_reduce(tied.grad, group=self.tie_group)
-        if self.dp_group is not None:
-            grads = [_local(p.grad) for p in unique_parameters(self.module) if p.grad is not None]
-            if grads:
-                flat = torch.cat([g.reshape(-1) for g in grads])
-                dist.all_reduce(flat, group=self.dp_group)
-                flat.div_(self.replicas)
-                offset = 0
-                for g in grads:
-                    g.copy_(flat[offset:offset + g.numel()].view_as(g))
-                    offset += g.numel()
-
-    def _optimizer_step(self) -> None:
-        params = [p for p in unique_parameters(self.module) if p.grad is not None]
-        norm = self._global_grad_norm(params)
-        self._grad_norm = norm
-        if self._skip_if_not_finite(norm):  # the same norm on every stage and replica: all skip together
-            return
-        if self.settings.grad_clip > 0:
-            if self.tp > 1:  # each rank scales its own part (torch's helper cannot mix DTensors and tensors)
-                scale = torch.clamp(self.settings.grad_clip / (norm + 1e-6), max=1.0)
-                for p in params:
-                    _local(p.grad).mul_(scale)
-            else:
-                torch.nn.utils.clip_grads_with_norm_(params, self.settings.grad_clip, norm)
-        self.optimizer.step()
-
-    def _global_grad_norm(self, params: list[nn.Parameter]) -> torch.Tensor:
-        """The norm over every stage's gradients, the tied weight once (the last stage leaves its
-        copy out), as torch's clip_grad_norm_ would compute it over the whole model."""
-        copy = (self.module.get_parameter(self.tied[1]) if self.tied is not None and self.num_stages > 1
-                and self.stage_index == self.num_stages - 1 else None)
-        counted = [p for p in params if p is not copy]
-        if self.tp > 1:  # a split gradient's part on every tp rank, a replicated one once (tp rank 0's)
-            counted = [p for p in counted if _is_split(p.grad) or self.tp_index == 0]
-        sq = torch.zeros((), dtype=torch.float32, device=self.ctx.device)
-        for p in counted:
-            sq += _local(p.grad).detach().float().pow(2).sum()
-        if self.tp > 1:
-            dist.all_reduce(sq, group=self.tp_group)
-        if self.num_stages > 1:
-            dist.all_reduce(sq, group=self.pp_group)
-        return sq.sqrt()
-
-    # ------------------------------------------------------------------ bubble
-
-
-
-
-
-    # ------------------------------------------------------------------ state
-
-
-
-
     def teardown(self) -> None:
         if self.module is not None:
             for p in self.module.parameters():
@@ -476,11 +394,3 @@ class PipelineStrategy(PipelineTimeline, PipelineStateDicts, CountsOwnTensors, S
         self.optimizer = None
         self._stage = None
         self._schedule = None
-
-
-
-
-
-
-
-

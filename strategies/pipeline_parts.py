@@ -1,5 +1,5 @@
-"""The pipeline strategy's timeline and full-state methods, as mixins of `PipelineStrategy`
-(strategies/pipeline.py), which owns the attributes they read."""
+"""The pipeline strategy's timeline, full-state and gradient methods, as mixins of
+`PipelineStrategy` (strategies/pipeline.py), which owns the attributes they read."""
 
 from __future__ import annotations
 
@@ -7,18 +7,77 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from ringtop.metrics.costs import pipeline_schedule as ps
 from ringtop.strategies.base import (
     StrategyError,
+    unique_parameters,
 )
 from ringtop.strategies.pipeline_stages import (
     PipelineEvent,
     StageBubble,
     _full,
+    _is_split,
 )
 from ringtop.strategies.tensor_parallel import _local, relayout_qkv
 from ringtop.strategies.torch_native import _is_dtensor, _laid_out_like
+
+
+class PipelineGradients:
+    """A stage's gradients completed across the pipeline (the tied weight's two parts, the stage's
+    replicas), the global norm over every stage, clipping and the optimizer step."""
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        """The backward ran inside the schedule; here the gradients are completed: the tied weight's
+        two parts summed, then each stage's gradients averaged over its replicas."""
+        if self.tie_group is not None:
+            tied = self.module.get_parameter(self.tied[0] if self.stage_index == 0 else self.tied[1])
+            if tied.grad is None:
+                tied.grad = torch.zeros_like(tied)
+            dist.all_reduce(tied.grad, group=self.tie_group)
+        if self.dp_group is not None:
+            grads = [_local(p.grad) for p in unique_parameters(self.module) if p.grad is not None]
+            if grads:
+                flat = torch.cat([g.reshape(-1) for g in grads])
+                dist.all_reduce(flat, group=self.dp_group)
+                flat.div_(self.replicas)
+                offset = 0
+                for g in grads:
+                    g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                    offset += g.numel()
+
+    def _optimizer_step(self) -> None:
+        params = [p for p in unique_parameters(self.module) if p.grad is not None]
+        norm = self._global_grad_norm(params)
+        self._grad_norm = norm
+        if self._skip_if_not_finite(norm):  # the same norm on every stage and replica: all skip together
+            return
+        if self.settings.grad_clip > 0:
+            if self.tp > 1:  # each rank scales its own part (torch's helper cannot mix DTensors and tensors)
+                scale = torch.clamp(self.settings.grad_clip / (norm + 1e-6), max=1.0)
+                for p in params:
+                    _local(p.grad).mul_(scale)
+            else:
+                torch.nn.utils.clip_grads_with_norm_(params, self.settings.grad_clip, norm)
+        self.optimizer.step()
+
+    def _global_grad_norm(self, params: list[nn.Parameter]) -> torch.Tensor:
+        """The norm over every stage's gradients, the tied weight once (the last stage leaves its
+        copy out), as torch's clip_grad_norm_ would compute it over the whole model."""
+        copy = (self.module.get_parameter(self.tied[1]) if self.tied is not None and self.num_stages > 1
+                and self.stage_index == self.num_stages - 1 else None)
+        counted = [p for p in params if p is not copy]
+        if self.tp > 1:  # a split gradient's part on every tp rank, a replicated one once (tp rank 0's)
+            counted = [p for p in counted if _is_split(p.grad) or self.tp_index == 0]
+        sq = torch.zeros((), dtype=torch.float32, device=self.ctx.device)
+        for p in counted:
+            sq += _local(p.grad).detach().float().pow(2).sum()
+        if self.tp > 1:
+            dist.all_reduce(sq, group=self.tp_group)
+        if self.num_stages > 1:
+            dist.all_reduce(sq, group=self.pp_group)
+        return sq.sqrt()
 
 
 class PipelineTimeline:

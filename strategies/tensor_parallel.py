@@ -29,7 +29,7 @@ from torch import nn
 
 from ringtop.metrics.parallel_dims import ParallelDims
 from ringtop.metrics.strategy_names import strategy_label
-from ringtop.strategies import collective_hooks
+from ringtop.strategies import collective_functional, collective_naming
 from ringtop.strategies.base import (
     DistContext,
     ModelCall,
@@ -39,6 +39,15 @@ from ringtop.strategies.base import (
     StrategyError,
     TrainSettings,
     refuse_unknown_options,
+)
+from ringtop.strategies.tensor_parallel_plans import (
+    TensorParallelShape,
+    norm_numel,
+    parallelize_gpt2_blocks,
+    parallelize_llama_layers,
+    shard_between,
+    split_numel,
+    unique_tensors,
 )
 from ringtop.strategies.torch_native import TorchNativeStrategy, _is_dtensor
 
@@ -55,36 +64,9 @@ def qkv_rows_by_head(n_head: int, head_dim: int) -> torch.Tensor:
                          for i in range(head_dim)], dtype=torch.long)
 
 
-@dataclass(frozen=True)
-class TensorParallelShape:
-    """What the cost model needs of a tensor-parallel rank, counted in `setup` on the whole model."""
-
-    degree: int
-    params: int
-    """Parameters this rank holds: the split matrices' share plus everything replicated."""
-    tensors: int
-    layers: int
-    hidden: int
-    sequence_parallel: bool = False
-    norm_grad_numel: int = 0
-    """Sequence parallel: elements of the norms' gradients, partial sums all-reduced each step."""
-
-
 SUM_NORM_GRADS = True
 """Sum the sequence-parallel norms' partial gradients before the optimizer step. Only a test turns
 it off, to show that the equivalence check catches norms trained on one rank's tokens."""
-
-
-def _norm_numel(layers: Any, names: tuple[str, ...]) -> int:
-    return sum(p.numel() for layer in layers for name in names for p in layer.get_submodule(name).parameters())
-
-
-LLAMA_PLAN = {"self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise", "self_attn.v_proj": "colwise",
-              "self_attn.o_proj": "rowwise", "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise",
-              "mlp.down_proj": "rowwise"}
-"""A llama-like decoder layer's split: separate q, k, v (each rank whole query and key/value heads,
-in order, so a rank's query heads use its own key/value heads under GQA), the SwiGLU's gate and up
-by rows, the attention's and MLP's output projections by columns."""
 
 
 def check_splittable(model: nn.Module, degree: int, dtype: str) -> None:
@@ -113,13 +95,13 @@ def parallelize_blocks(model: nn.Module, tp_mesh: Any, sequence_parallel: bool =
     """Split every block of a TinyGPT (its qkv rows first reordered by head unless QKV_BY_HEAD is
     off) or of an hf model (a GPT-2's c_attn columns first reordered by rank) over `tp_mesh`;
     returns (the reordering, or None; the rank's shape). `sequence_parallel`: see
-    `_sequence_parallel_plan`, `_llama_sequence_parallel_plan` and `_parallelize_gpt2_blocks`."""
+    `_sequence_parallel_plan`, `llama_sequence_parallel_plan` and `parallelize_gpt2_blocks`."""
     from ringtop.agent.models.model import TinyGPT
 
     if not isinstance(model, TinyGPT):
         if model.spec.dims.model_type == "gpt2":
-            return _parallelize_gpt2_blocks(model, tp_mesh, sequence_parallel)
-        return None, _parallelize_llama_layers(model, tp_mesh, sequence_parallel)
+            return parallelize_gpt2_blocks(model, tp_mesh, sequence_parallel, QKV_BY_HEAD)
+        return None, parallelize_llama_layers(model, tp_mesh, sequence_parallel)
     degree = tp_mesh.size()
     total = sum(p.numel() for p in unique_tensors(model))
     rows, split = split_tiny_gpt_blocks(list(model.blocks), model.cfg.n_head, model.cfg.d_model, tp_mesh,
@@ -129,7 +111,7 @@ def parallelize_blocks(model: nn.Module, tp_mesh: Any, sequence_parallel: bool =
     shape = TensorParallelShape(degree=degree, params=total - split + split // degree,
                                 tensors=len(unique_tensors(model)), layers=len(model.blocks),
                                 hidden=model.cfg.d_model, sequence_parallel=sequence_parallel,
-                                norm_grad_numel=_norm_numel(model.blocks, ("ln1", "ln2")) if sequence_parallel else 0)
+                                norm_grad_numel=norm_numel(model.blocks, ("ln1", "ln2")) if sequence_parallel else 0)
     return rows, shape
 
 
@@ -152,10 +134,10 @@ def split_tiny_gpt_blocks(blocks: list[nn.Module], heads: int, d_model: int, tp_
         if rows is not None:  # a new tensor: the given one may be another wrapping's live state
             block.qkv.weight = nn.Parameter(block.qkv.weight.detach().index_select(0, rows.to(block.qkv.weight.device)))
         block.qkv_by_head = rows is not None
-        split += _split_numel(block, plan)
+        split += split_numel(block, plan)
         parallelize_module(block, tp_mesh, plan)
         block.n_head = heads // degree
-    collective_hooks.trace_functional_collectives()
+    collective_functional.trace_functional_collectives()
     return rows, split
 
 
@@ -176,184 +158,7 @@ def _sequence_parallel_plan() -> dict[str, Any]:
 
 
 def _shard_the_residual_stream(model: nn.Module, tp_mesh: Any) -> None:
-    _shard_between(model.blocks[0], model.blocks[-1], tp_mesh)
-
-
-def _shard_between(first: nn.Module, last: nn.Module, tp_mesh: Any) -> None:
-    """The first block takes its rank's slice of the (replicated) embeddings, a local split; the
-    last block's output is all-gathered for the replicated final norm and head."""
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleOutput, parallelize_module
-
-    parallelize_module(first, tp_mesh, PrepareModuleInput(
-        input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=True))
-    parallelize_module(last, tp_mesh, PrepareModuleOutput(
-        output_layouts=(Shard(1),), desired_output_layouts=(Replicate(),), use_local_output=True))
-
-
-def _split_numel(block: nn.Module, plan: dict[str, Any]) -> int:
-    """Elements the plan splits: Colwise splits weight and bias by rows; Rowwise its weight by
-    columns, its bias stays whole (added once, after the all-reduce)."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
-    return sum(p.numel() for name, style in plan.items() if isinstance(style, (ColwiseParallel, RowwiseParallel))
-               for pname, p in block.get_submodule(name).named_parameters()
-               if isinstance(style, ColwiseParallel) or pname == "weight")
-
-
-LLAMA_NORMS = ("input_layernorm", "post_attention_layernorm")
-
-
-def _parallelize_llama_layers(model: nn.Module, tp_mesh: Any, sequence_parallel: bool = False
-                              ) -> TensorParallelShape:
-    """LLAMA_PLAN on every decoder layer, each sublayer's input declared replicated once
-    (PrepareModuleInput, kept a DTensor), so the input gradients of q, k, v (and of gate, up) are
-    summed as partial sums and all-reduced once: 2 all-reduces per layer each way, as TinyGPT's.
-    transformers' attention infers its local head count (`view(..., -1, head_dim)`) and keeps
-    heads / key-value heads, the GQA group, unchanged; nothing else is set. `sequence_parallel`:
-    `_llama_sequence_parallel_plan`, the residual stream sharded around the layers as TinyGPT's."""
-    from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        RowwiseParallel,
-        parallelize_module,
-    )
-
-    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
-    plan: dict[str, Any] = {
-        # the decoder layer calls self_attn(hidden_states=...), mlp(x)
-        "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": Replicate()},
-                                        desired_input_kwarg_layouts={"hidden_states": Replicate()}),
-        "mlp": PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),)),
-        **{name: styles[style]() for name, style in LLAMA_PLAN.items()},
-    }
-    if sequence_parallel:
-        plan = _llama_sequence_parallel_plan()
-    layers = model._layers()
-    total = sum(p.numel() for p in unique_tensors(model))
-    split = 0
-    for layer in layers:
-        split += _split_numel(layer, plan)
-        parallelize_module(layer, tp_mesh, plan)
-    if sequence_parallel:
-        _shard_between(layers[0], layers[-1], tp_mesh)
-    collective_hooks.trace_functional_collectives()
-    degree = tp_mesh.size()
-    return TensorParallelShape(degree=degree, params=total - split + split // degree,
-                               tensors=len(unique_tensors(model)), layers=len(layers), hidden=model.spec.dims.hidden,
-                               sequence_parallel=sequence_parallel,
-                               norm_grad_numel=_norm_numel(layers, LLAMA_NORMS) if sequence_parallel else 0)
-
-
-def _llama_sequence_parallel_plan() -> dict[str, Any]:
-    """Sequence parallelism in a llama-like decoder layer: the RMSNorms (and residual adds) on
-    each rank's slice of the tokens; each sublayer's input gathered once (PrepareModuleInput from
-    Shard(1), which is q, k, v's and gate, up's `input_layouts=Shard(1)` with one all-gather, one
-    reduce-scatter of its gradient, for all three or two), o and down reduce-scattered back to the
-    slice (`output_layouts=Shard(1)`). Attention runs on the whole gathered sequence, so the
-    rotary embeddings computed for positions 0..S-1 are each token's own."""
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        RowwiseParallel,
-        SequenceParallel,
-    )
-
-    return {
-        "input_layernorm": SequenceParallel(),
-        "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
-                                        desired_input_kwarg_layouts={"hidden_states": Replicate()}),
-        **{f"self_attn.{name}": ColwiseParallel() for name in ("q_proj", "k_proj", "v_proj")},
-        "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1)),
-        "post_attention_layernorm": SequenceParallel(),
-        "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-        "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
-        "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1)),
-    }
-
-
-def qkv_columns_by_rank(d_model: int, degree: int) -> torch.Tensor:
-    """Column index into a q|k|v c_attn (GPT-2's Conv1D, [d, 3d]) for each column of the by-rank
-    layout: column (r, part, i) of the new layout is column part·d + r·(d/degree) + i of the old,
-    so each rank's block is its own heads' q|k|v, which the attention splits in three as before."""
-    share = d_model // degree
-    return torch.tensor([part * d_model + r * share + i for r in range(degree) for part in range(3)
-                         for i in range(share)], dtype=torch.long)
-
-
-def _conv1d_styles() -> tuple[type, type]:
-    """Colwise and Rowwise for transformers' Conv1D (weight [in, out], y = x W + b): torch's
-    styles split nn.Linear ([out, in]) only, so the dims are swapped here."""
-    from torch.distributed.tensor import Replicate, Shard, distribute_module, distribute_tensor
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
-    def split(module: nn.Module, mesh: Any, placements: dict[str, Any]) -> None:
-        for name, param in list(module.named_parameters(recurse=False)):
-            module.register_parameter(name, nn.Parameter(distribute_tensor(param, mesh, [placements[name]]),
-                                                         requires_grad=param.requires_grad))
-
-    class ColwiseConv1D(ColwiseParallel):
-        def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
-            return distribute_module(
-                module, device_mesh, lambda _, m, mesh: split(m, mesh, {"weight": Shard(1), "bias": Shard(0)}),
-                lambda m, inputs, mesh: self._prepare_input_fn(self.input_layouts, self.desired_input_layouts, m,
-                                                               inputs, mesh),
-                lambda m, outputs, mesh: self._prepare_output_fn(self.output_layouts, self.use_local_output, m,
-                                                                 outputs, mesh))
-
-    class RowwiseConv1D(RowwiseParallel):
-        def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
-            desired = (Shard(-1),)
-            return distribute_module(
-                module, device_mesh, lambda _, m, mesh: split(m, mesh, {"weight": Shard(0), "bias": Replicate()}),
-                lambda m, inputs, mesh: self._prepare_input_fn(self.input_layouts, desired, m, inputs, mesh),
-                lambda m, outputs, mesh: self._prepare_output_fn(self.output_layouts, self.use_local_output, m,
-                                                                 outputs, mesh))
-
-    return ColwiseConv1D, RowwiseConv1D
-
-
-def _parallelize_gpt2_blocks(model: nn.Module, tp_mesh: Any, sequence_parallel: bool = False
-                             ) -> tuple[torch.Tensor | None, TensorParallelShape]:
-    """GPT-2: c_attn's columns reordered by rank unless QKV_BY_HEAD is off (the trap: split as
-    q|k|v, rank 0 would get q and part of k), then c_attn and c_fc split by columns, the two
-    c_proj by rows; the attention splits its local block by its local width. `sequence_parallel`:
-    ln_1 and ln_2 on each rank's slice of the tokens, c_attn's and c_fc's inputs gathered from
-    Shard(1), the c_proj outputs reduce-scattered back, as TinyGPT's blocks (GPT-2's learned
-    positions are added to the whole embeddings, before the first block takes its slice)."""
-    from torch.distributed.tensor import Shard
-    from torch.distributed.tensor.parallel import SequenceParallel, parallelize_module
-
-    colwise, rowwise = _conv1d_styles()
-    degree = tp_mesh.size()
-    d = model.spec.dims.hidden
-    cols = qkv_columns_by_rank(d, degree) if QKV_BY_HEAD else torch.arange(3 * d)
-    plan: dict[str, Any] = {"attn.c_attn": colwise(), "attn.c_proj": rowwise(), "mlp.c_fc": colwise(),
-                            "mlp.c_proj": rowwise()}
-    if sequence_parallel:
-        plan = {"ln_1": SequenceParallel(), "attn.c_attn": colwise(input_layouts=Shard(1)),
-                "attn.c_proj": rowwise(output_layouts=Shard(1)), "ln_2": SequenceParallel(),
-                "mlp.c_fc": colwise(input_layouts=Shard(1)), "mlp.c_proj": rowwise(output_layouts=Shard(1))}
-    layers = model._layers()
-    total = sum(p.numel() for p in unique_tensors(model))
-    split = 0
-    for layer in layers:
-        attn = layer.attn
-        index = cols.to(attn.c_attn.weight.device)
-        attn.c_attn.weight = nn.Parameter(attn.c_attn.weight.detach().index_select(1, index))
-        attn.c_attn.bias = nn.Parameter(attn.c_attn.bias.detach().index_select(0, index))
-        split += _split_numel(layer, plan)
-        parallelize_module(layer, tp_mesh, plan)
-        attn.split_size, attn.num_heads = d // degree, attn.num_heads // degree
-    if sequence_parallel:
-        _shard_between(layers[0], layers[-1], tp_mesh)
-    collective_hooks.trace_functional_collectives()
-    return cols if QKV_BY_HEAD else None, TensorParallelShape(
-        degree=degree, params=total - split + split // degree, tensors=len(unique_tensors(model)), layers=len(layers),
-        hidden=d, sequence_parallel=sequence_parallel,
-        norm_grad_numel=_norm_numel(layers, ("ln_1", "ln_2")) if sequence_parallel else 0)
+    shard_between(model.blocks[0], model.blocks[-1], tp_mesh)
 
 
 QKV_DIMS = {".qkv.weight": 0, ".attn.c_attn.weight": 1, ".attn.c_attn.bias": 0}
@@ -429,7 +234,7 @@ class HeadOrderedQkv:
     def run_step(self, batch: Any, call_model: ModelCall, phases: PhaseMarker) -> torch.Tensor:
         if self._tp_shape is None:
             return super().run_step(batch, call_model, phases)
-        with collective_hooks.functional_collectives_traced():
+        with collective_functional.functional_collectives_traced():
             return super().run_step(batch, call_model, phases)
 
     def _optimizer_step(self) -> None:
@@ -498,15 +303,11 @@ class TensorParallelStrategy(HeadOrderedQkv, TorchNativeStrategy):
                                 f"{ctx.world_size}); use --strategy fsdp --tp {degree} for data-parallel replicas")
         self.settings = settings
         mesh = init_device_mesh(ctx.device.type, (degree,), mesh_dim_names=("tp",))
-        collective_hooks.name_mesh_dimensions(mesh)
+        collective_naming.name_mesh_dimensions(mesh)
         self._rows, self._tp_shape = parallelize_blocks(model, mesh, self.options.get("sequence_parallel", False))
         self.work_split = degree
         self.model = model
         self.optimizer = make_optimizer(model.parameters())
-
-
-def unique_tensors(module: nn.Module) -> list[nn.Parameter]:
-    return list({id(p): p for p in module.parameters()}.values())
 
 
 def _copies(t: torch.Tensor, world: int) -> int:

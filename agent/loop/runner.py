@@ -57,7 +57,7 @@ from ringtop.metrics.rules.peaks import Peak
 from ringtop.metrics.timing import StepWindow, status_step_ms
 from ringtop.protocol import Bye, Endpoints, Event, Hello, connection_file, curve, safe_files
 from ringtop.protocol.text_safety import printable
-from ringtop.strategies import collective_hooks
+from ringtop.strategies import collective_hooks, collective_naming
 from ringtop.strategies.base import DistContext, Strategy, TrainSettings, unique_parameters
 from ringtop.strategies.registry import build_strategy
 
@@ -201,7 +201,7 @@ class Runner:
         self.sync = StepSync(rank, self.control, self.control_group)
         gpu_index = self.ctx.device.index if self.ctx.device.type == "cuda" else None
         self.sampler = SystemSampler(self.telemetry.emit, gpu_index=gpu_index)
-        self.tracer = CommTracer(dimension_of=collective_hooks.dimension_of)
+        self.tracer = CommTracer(dimension_of=collective_naming.dimension_of)
         self.watch = StallWatch(self.tracer, self.telemetry.emit, self.peers,
                                 WatchSettings(factor=cfg.stall_factor, floor_s=cfg.stall_floor_s),
                                 training_thread=threading.get_ident(), escape=self.goodbye.escape)

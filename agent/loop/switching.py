@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ringtop.agent.loop.heap import trim_heap
-from ringtop.strategies import collective_hooks
+from ringtop.strategies import collective_naming
 from ringtop.strategies.base import DistContext, OptimizerFactory, Strategy, TrainSettings
 from ringtop.strategies.registry import build_strategy
 
@@ -187,7 +187,7 @@ def switch_strategy(
             raise InjectedFailure(f"injected failure while wrapping for {name}")
         model, weights_loaded = new_model(new, build_model, model_state, ctx.device)
         new.weights_identical = True
-        collective_hooks.name_mesh_dimensions(None)  # the old strategy's groups: the new one names its own
+        collective_naming.name_mesh_dimensions(None)  # the old strategy's groups: the new one names its own
         new.setup(model, make_optimizer, ctx, settings)
         finish_load = new.stage_full_state_dict(model_state, optim_state, weights_loaded=weights_loaded)
     except Exception as exc:

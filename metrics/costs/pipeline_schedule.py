@@ -14,9 +14,9 @@ Three views of the same idle time, from the most ideal to the real one:
 3. **Measured** (`measured_bubble`, `stage_times`): 1 - busy / step time per stage from the
    (stage, micro_batch, "F"|"B", start_ms, end_ms) events a real run records.
 
-`explain_bubble` lines them up: how much idle time the schedule causes, how much stage imbalance
-adds, how much the transfers add, how much the per-op overhead (issuing sends and receives, the
-schedule's Python) adds, and what is left unexplained.
+`explain_bubble` (`pipeline_bubble.py`) lines them up: how much idle time the schedule causes, how
+much stage imbalance adds, how much the transfers add, how much the per-op overhead (issuing sends
+and receives, the schedule's Python) adds, and what is left unexplained.
 
 Op order per stage follows torch.distributed.pipelining: GPipe runs F0..F(M-1) then B0..B(M-1);
 1F1B runs min(M, N-s) warm-up forwards on stage s, then alternates B, F, then the remaining Bs.
@@ -263,7 +263,8 @@ class StageTimes:
     ops: int
 
 
-def _events(events: Iterable) -> list[StageEvent]:
+def stage_events(events: Iterable) -> list[StageEvent]:
+    """The events as checked StageEvents (a tuple each is taken in StageEvent's order)."""
     out = []
     for e in events:
         ev = e if isinstance(e, StageEvent) else StageEvent(*e)
@@ -320,7 +321,7 @@ def stage_times(events: Iterable, window_ms: float | Mapping | tuple | None = No
     every stage (from its first op); a (start_ms, end_ms) pair is the window itself; a mapping gives
     either per stage. `stages` (for wait classification) defaults to the highest stage seen + 1.
     """
-    evs = _events(events)
+    evs = stage_events(events)
     if not evs:
         return {}
     n = stages if stages is not None else max(e.stage for e in evs) + 1
@@ -356,7 +357,7 @@ def measured_bubble(events: Iterable, window_ms: float | Mapping | tuple | None 
 
 def mean_op_ms(events: Iterable, stages: int) -> tuple[list[float], list[float]]:
     """Per stage, the mean forward and the mean backward time of one micro-batch."""
-    evs = _events(events)
+    evs = stage_events(events)
     fwd, bwd = [], []
     for s in range(stages):
         f = [e.end_ms - e.start_ms for e in evs if e.stage == s and e.kind == FORWARD]
@@ -392,7 +393,7 @@ def estimate_p2p_ms(events: Iterable) -> float:
     counted only where the neighbour sat idle waiting (so the gap is transfer + hand-off overhead).
     The mean over such hand-offs (the replay should account for all of their time, not the typical
     one); 0 when there are none. Needs clocks comparable across stages, as on one host."""
-    evs = _events(events)
+    evs = stage_events(events)
     if not evs:
         return 0.0
     gaps = [max(e.start_ms - src.end_ms, 0.0) for e, src, prev_end in _handoffs(evs)
@@ -406,7 +407,7 @@ def estimate_overhead_ms(events: Iterable, p2p_ms: float | None = None) -> float
     did; default `estimate_p2p_ms`): the per-op cost of issuing sends/receives and of the
     schedule's Python (and, for gloo on a busy CPU, transfers that complete late). The mean; 0 when
     there is no such pair."""
-    evs = _events(events)
+    evs = stage_events(events)
     if not evs:
         return 0.0
     p2p = estimate_p2p_ms(evs) if p2p_ms is None else p2p_ms
@@ -417,7 +418,7 @@ def estimate_overhead_ms(events: Iterable, p2p_ms: float | None = None) -> float
 
 def op_ms(events: Iterable, stages: int, micro_batches: int) -> tuple[list[list[float]], list[list[float]]]:
     """Per stage, per micro-batch, the measured forward and backward times (for `replay_schedule`)."""
-    evs = _events(events)
+    evs = stage_events(events)
     fwd = [[math.nan] * micro_batches for _ in range(stages)]
     bwd = [[math.nan] * micro_batches for _ in range(stages)]
     for e in evs:
@@ -427,83 +428,3 @@ def op_ms(events: Iterable, stages: int, micro_batches: int) -> tuple[list[list[
         if any(math.isnan(v) for v in fwd[s] + bwd[s]):
             raise ValueError(f"stage {s} lacks the forward or backward of some of the {micro_batches} micro-batches")
     return fwd, bwd
-
-
-def replay_from_events(events: Iterable, schedule: str, stages: int, micro_batches: int,
-                       p2p_ms: float | None = None, overhead_ms: float | None = None) -> ScheduleReplay:
-    """The replay with each op's measured time and the estimated (or given) transfer time and per-op
-    overhead: what the schedule should have cost given this step's imbalance, transfers and overhead."""
-    evs = _events(events)
-    fwd, bwd = op_ms(evs, stages, micro_batches)
-    p2p = estimate_p2p_ms(evs) if p2p_ms is None else p2p_ms
-    overhead = estimate_overhead_ms(evs, p2p) if overhead_ms is None else overhead_ms
-    return replay_schedule(schedule, stages, micro_batches, fwd, bwd, p2p, overhead)
-
-
-@dataclass(frozen=True)
-class BubbleBreakdown:
-    """Pipeline bubble (1 - sum busy / sum step) seen from theory to measurement, each step adding
-    one cause: equal stages -> each op's measured time (imbalance) -> transfers -> per-op overhead."""
-
-    theory: float
-    """Equal stages, free transfers: (N-1)/(N+M-1)."""
-    replay_balanced: float
-    """Replay with every op at the mean measured time (equals the theory: a check)."""
-    replay_imbalance: float
-    """Replay with each op's measured time, free transfers, no overhead."""
-    replay_transfers: float
-    """... plus the estimated transfer time per hand-off."""
-    replay_overhead: float
-    """... plus the estimated per-op overhead: the full prediction."""
-    measured: float
-    p2p_ms: float
-    overhead_ms: float
-
-    @property
-    def from_schedule(self) -> float:
-        return self.replay_balanced
-
-    @property
-    def from_imbalance(self) -> float:
-        return self.replay_imbalance - self.replay_balanced
-
-    @property
-    def from_transfers(self) -> float:
-        return self.replay_transfers - self.replay_imbalance
-
-    @property
-    def from_overhead(self) -> float:
-        return self.replay_overhead - self.replay_transfers
-
-    @property
-    def unexplained(self) -> float:
-        """Measured minus the full replay: time in the step outside the ops' chain (schedule set-up,
-        the closing sync), jitter, clock effects."""
-        return self.measured - self.replay_overhead
-
-
-def explain_bubble(events: Iterable, schedule: str, stages: int, micro_batches: int,
-                   window_ms: float | Mapping | tuple | None = None, p2p_ms: float | None = None,
-                   overhead_ms: float | None = None) -> BubbleBreakdown:
-    """Theory, the replays and the measurement of one step's events side by side (BubbleBreakdown).
-    `window_ms` as in `stage_times`."""
-    evs = _events(events)
-    fwd, bwd = op_ms(evs, stages, micro_batches)
-    p2p = estimate_p2p_ms(evs) if p2p_ms is None else p2p_ms
-    overhead = estimate_overhead_ms(evs, p2p) if overhead_ms is None else overhead_ms
-    mean_f = sum(map(sum, fwd)) / (stages * micro_batches)
-    mean_b = sum(map(sum, bwd)) / (stages * micro_batches)
-    times = stage_times(evs, window_ms, stages)
-    measured = 1.0 - sum(t.busy_ms for t in times.values()) / max(sum(t.window_ms for t in times.values()), 1e-12)
-
-    def replay(f, b, p, o):
-        return replay_schedule(schedule, stages, micro_batches, f, b, p, o).pipeline_bubble
-
-    return BubbleBreakdown(
-        theory=theoretical_bubble(schedule, stages, micro_batches),
-        replay_balanced=replay(mean_f, mean_b, 0.0, 0.0),
-        replay_imbalance=replay(fwd, bwd, 0.0, 0.0),
-        replay_transfers=replay(fwd, bwd, p2p, 0.0),
-        replay_overhead=replay(fwd, bwd, p2p, overhead),
-        measured=measured, p2p_ms=p2p, overhead_ms=overhead,
-    )

@@ -23,7 +23,7 @@ from ringtop.agent.instruments.comm_tracer import CommTracer
 from ringtop.agent.models.data import batch_from
 from ringtop.agent.models.factories import call_model
 from ringtop.agent.models.model import MODEL_SIZES, build_tiny_gpt
-from ringtop.strategies import collective_hooks, tensor_parallel
+from ringtop.strategies import collective_functional, collective_hooks, collective_naming, tensor_parallel
 from ringtop.strategies.base import TrainSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -54,10 +54,10 @@ def main() -> int:
     strategy = tensor_parallel.TensorParallelStrategy()
     strategy.setup(build_tiny_gpt(SIZE, SEED), lambda p: torch.optim.AdamW(p, lr=1e-3), ctx,
                    TrainSettings(batch_size=BATCH))
-    tracer = CommTracer(dimension_of=collective_hooks.dimension_of)
+    tracer = CommTracer(dimension_of=collective_naming.dimension_of)
     steps, seen = [], {}
     for index, kind in enumerate(PLAN):
-        collective_hooks.TIME_FUNCTIONAL_WAITS = kind != "late-untimed"
+        collective_functional.TIME_FUNCTIONAL_WAITS = kind != "late-untimed"
         batch = batch_from(index * BATCH, BATCH, SEQ, MODEL_SIZES[SIZE].vocab_size, SEED)
         dist.barrier()  # both ranks start the step together (outside the traced step)
         stop, watcher = threading.Event(), None

@@ -17,7 +17,7 @@ from ringtop.protocol import Event, Stall, read_log
 TESTS = Path(__file__).resolve().parents[1]
 SCRIPT = TESTS / "helpers" / "own_loop_hang.py"
 OWN_FILES = re.compile(r"^(diagnosis_exchange|monitor|monitored_run|own_loop|runner|step_report|commands|stall_watch"
-                       r"|collective_hooks)\.py:")
+                       r"|collective_\w+)\.py:")
 
 
 def marks() -> dict[str, int]:

@@ -21,7 +21,7 @@ import pytest
 import torch
 from torch import nn
 
-from ringtop.metrics.costs import pipeline_schedule as ps
+from ringtop.metrics.costs import pipeline_bubble as pb
 from ringtop.strategies.base import DistContext, StrategyError, TrainSettings
 from ringtop.strategies.pipeline import PipelineStrategy
 from ringtop.strategies.registry import build_strategy
@@ -187,7 +187,7 @@ def _scenario_bubble(ctx, out: Path) -> dict:
             if i < BUBBLE_SKIP:
                 continue
             evs = [(e.stage, e.micro_batch, e.kind, e.start_ns / 1e6, e.end_ns / 1e6) for e in events]
-            b = ps.explain_bubble(evs, "gpipe", 2, m, {k: (w[0] / 1e6, w[1] / 1e6) for k, w in enumerate(windows)})
+            b = pb.explain_bubble(evs, "gpipe", 2, m, {k: (w[0] / 1e6, w[1] / 1e6) for k, w in enumerate(windows)})
             rows.append({"measured": b.measured, "own": own.bubble, "own_window_ms": own.window_ms,
                          "replay": b.replay_overhead, "replay_imbalance": b.replay_imbalance,
                          "replay_transfers": b.replay_transfers, "theory": b.theory, "p2p_ms": b.p2p_ms,
@@ -204,7 +204,7 @@ def _scenario_four(ctx, out: Path) -> dict:
     if ctx.rank == 0:
         torch.save(model_state, out / "four.pt")
     result = {"losses": losses, "replica": s.replica, "stage": s.stage_index, "describe": s.describe()}
-    from ringtop.strategies.collective_hooks import dimension_of, group_name
+    from ringtop.strategies.collective_naming import dimension_of, group_name
 
     result["dimensions"] = [dimension_of(group_name(g)) for g in (s.pp_group, s.dp_group)]
     s.teardown()

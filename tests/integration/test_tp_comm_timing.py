@@ -2,7 +2,7 @@
 are timed: exposed and busy time in the same CommStat fields the other strategies fill, and a
 collective not yet complete is in flight in the hang ledger. Checked against a delay injected
 into one of 2 gloo ranks (tp_timing_worker.py); the same step with the timing off
-(collective_hooks.TIME_FUNCTIONAL_WAITS) fails the checks. A further test (RINGTOP_SUITE_ALL=1)
+(collective_functional.TIME_FUNCTIONAL_WAITS) fails the checks. A further test (RINGTOP_SUITE_ALL=1)
 has the agent's stall watch name a tp rank stuck before a collective (with the timing off it
 names none within 60 s: checked by hand). The last test runs the CUDA-event path
 on a GPU, skipped without one."""
@@ -119,17 +119,17 @@ def test_functional_collective_on_a_gpu_is_timed_by_cuda_events(tmp_path):
 import json, os, socket, torch, torch.distributed as dist
 from torch.distributed import _functional_collectives as funcol
 from ringtop.agent.instruments.comm_tracer import CommTracer
-from ringtop.strategies import collective_hooks
+from ringtop.strategies import collective_functional, collective_hooks
 s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
 torch.cuda.set_device(0)
 dist.init_process_group("nccl", rank=0, world_size=1)
-collective_hooks.trace_functional_collectives()
+collective_functional.trace_functional_collectives()
 tracer = CommTracer()
 a = torch.randn(4096, 4096, device="cuda")
 dist.all_reduce(a)  # NCCL's communicator set up outside the traced step
 torch.cuda.synchronize()
-with collective_hooks.active(tracer), collective_hooks.functional_collectives_traced():
+with collective_hooks.active(tracer), collective_functional.functional_collectives_traced():
     b = a @ a
     y = funcol.all_reduce(b, "sum", dist.group.WORLD)
     z = y * 2

@@ -379,6 +379,20 @@ def test_lanes_split_overlaps_and_keep_nested_or_disjoint_spans_together():
     assert [nesting.place(a, b) for a, b in ((0, 10), (2, 5), (8, 12), (12, 13))] == [0, 0, 1, 0]
 
 
+def test_lanes_hold_only_recent_spans_however_long_the_run():
+    """A rank's collectives over 10,000 steps of 100 ms (two overlapping a step): the tracks keep
+    what can still overlap a span to come, and place as before."""
+    lanes = te.Lanes(3)
+    placed = []
+    for step in range(10_000):
+        t = step * 100_000.0
+        placed += [lanes.place(t, t + 40_000), lanes.place(t + 10_000, t + 60_000)]
+    assert placed[-2:] == [0, 1] and set(placed) == {0, 1}
+    horizon_steps = te.LANE_HORIZON_US / 100_000
+    assert lanes.held() <= 2 * (horizon_steps + te.LANE_PRUNE_AT + 2)  # not 20,000
+    assert lanes.place(-5.0, -1.0) == 0  # a span long before the horizon: placed where nothing is held
+
+
 def test_a_folder_without_logs_is_refused(tmp_path):
     result = ringtop("trace", str(tmp_path))
     assert result.returncode == 2 and "no rank-R.jsonl files" in result.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from ringtop.metrics.costs import pipeline_bubble as pb
 from ringtop.metrics.costs import pipeline_schedule as ps
 from ringtop.metrics.costs.cost_model import gpipe_bubble_fraction
 
@@ -117,7 +118,7 @@ def test_measured_bubble_from_hand_made_events():
     assert times[1].wait_recv_ms == 1  # before F0, waiting on stage 0's activations
     assert times[1].idle_ms == 2 and times[1].ops == 2
     # This is the M=1 theory exactly: (2-1)/(2+1-1).
-    assert ps.explain_bubble(events, "gpipe", 2, 1).measured == pytest.approx(ps.theoretical_bubble("gpipe", 2, 1))
+    assert pb.explain_bubble(events, "gpipe", 2, 1).measured == pytest.approx(ps.theoretical_bubble("gpipe", 2, 1))
     with pytest.raises(ValueError, match="kind"):
         ps.measured_bubble([(0, 0, "X", 0, 1)])
 
@@ -131,10 +132,10 @@ def test_estimates_recover_the_transfer_time_and_the_breakdown_adds_up():
     assert ps.estimate_overhead_ms(events) == pytest.approx(0.0)
     fwd, bwd = ps.mean_op_ms(events, 2)
     assert fwd == pytest.approx([1.0, 1.5]) and bwd == pytest.approx([2.0, 3.0])
-    again = ps.replay_from_events(events, "gpipe", 2, 4)
+    again = pb.replay_from_events(events, "gpipe", 2, 4)
     assert again.makespan_ms == pytest.approx(true.makespan_ms)
     window = {s: (0.0, true.makespan_ms) for s in range(2)}
-    b = ps.explain_bubble(events, "gpipe", 2, 4, window)
+    b = pb.explain_bubble(events, "gpipe", 2, 4, window)
     assert b.theory == pytest.approx(1 / 5) and b.replay_balanced == pytest.approx(b.theory)
     assert b.measured == pytest.approx(true.pipeline_bubble)
     assert b.from_imbalance > 0 and b.from_transfers > 0 and b.from_overhead == pytest.approx(0)

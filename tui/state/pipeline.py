@@ -19,11 +19,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from ringtop.metrics.costs.pipeline_bubble import BubbleBreakdown, explain_bubble
 from ringtop.metrics.costs.pipeline_schedule import (
-    BubbleBreakdown,
     ScheduleReplay,
     check_schedule,
-    explain_bubble,
     op_ms,
     replay_schedule,
     stage_times,
@@ -116,7 +115,7 @@ class PipelineStep:
 
     @property
     def breakdown(self) -> BubbleBreakdown | None:
-        """Theory -> replays -> measurement (pipeline_schedule.explain_bubble); None when no replay."""
+        """Theory -> replays -> measurement (pipeline_bubble.explain_bubble); None when no replay."""
         return self._analysis.breakdown
 
     @property
