@@ -8,8 +8,9 @@ import threading
 from typing import Iterator
 
 import zmq
+from conftest import poll_until
 
-from ringtop.protocol import encode, free_tcp_port, free_tcp_ports
+from ringtop.protocol import decode, encode, free_tcp_port, free_tcp_ports
 from ringtop.protocol.curve import secure_client
 
 
@@ -53,6 +54,27 @@ def subscriber(address: str, keys) -> zmq.Socket:
     secure_client(sub, keys)
     sub.connect(address)
     return sub
+
+
+def drain(sock: zmq.Socket, into: list, until) -> None:
+    """Receive what `sock` has into `into` until `until(into)` holds (20 s at most)."""
+    def got() -> bool:
+        while sock.poll(0):
+            into.append(decode(sock.recv_multipart()[1]))
+        return until(into)
+
+    poll_until(got, 20, "the subscriber's messages", interval_s=0.01)
+
+
+def subscribed(sub: zmq.Socket, pub: zmq.Socket, first, into: list) -> None:
+    """Send `first` from `pub` until `sub` has it (PUB/SUB drops what comes before the
+    subscription is up): from then on nothing sent is lost."""
+    def arrived(got: list) -> bool:
+        if not got:
+            pub.send_multipart(framed(first))
+        return bool(got)
+
+    drain(sub, into, arrived)
 
 
 class BackgroundSocket(abc.ABC):

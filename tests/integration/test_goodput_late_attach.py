@@ -6,12 +6,10 @@ the test sent (`goodput_of`), which the relay and the subscribers never see as a
 from __future__ import annotations
 
 import pytest
-import zmq
-from background_socket import framed, relay_with_ranks, subscriber
-from conftest import poll_until
+from background_socket import drain, framed, relay_with_ranks, subscribed, subscriber
 
 from ringtop.metrics.goodput import CAUSES, Goodput, goodput_of
-from ringtop.protocol import Bye, Event, GoodputSoFar, Hello, Stall, Step, decode
+from ringtop.protocol import Bye, Event, GoodputSoFar, Hello, Stall, Step
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -42,14 +40,6 @@ def the_run() -> tuple[list, list]:
     return hellos + first, later
 
 
-def drain(sock: zmq.Socket, into: list, until) -> None:
-    def got() -> bool:
-        while sock.poll(0):
-            into.append(decode(sock.recv_multipart()[1]))
-        return until(into)
-    poll_until(got, 20, "the subscriber's messages", interval_s=0.01)
-
-
 def test_a_ui_attaching_mid_run_gets_the_runs_goodput_from_the_relay(gatekeeper):
     gate, keys = gatekeeper
     before, after = the_run()
@@ -58,12 +48,7 @@ def test_a_ui_attaching_mid_run_gets_the_runs_goodput_from_the_relay(gatekeeper)
         late = None
         try:
             seen_early: list = []
-
-            def probe_arrived(got: list) -> bool:
-                if not got:
-                    pubs[0].send_multipart(framed(before[0]))  # PUB/SUB: resend until the subscription is up
-                return bool(got)
-            drain(early, seen_early, probe_arrived)
+            subscribed(early, pubs[0], before[0], seen_early)
             for msg in before[1:]:
                 pubs[msg.rank].send_multipart(framed(msg))
             drain(early, seen_early, lambda got: any(isinstance(m, Stall) and m.state == "recovered" for m in got)

@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-import zmq
-from background_socket import framed, relay_with_ranks, subscriber
-from conftest import poll_until
+from background_socket import drain, framed, relay_with_ranks, subscribed, subscriber
 from test_tui_app import header_text, make_hello, make_step, wait_until
 from ui_waits import repainted
 
 from ringtop.agent.transport.relay import recent_steps_per_rank
-from ringtop.protocol import RecentSteps, Step, StepBrief, decode
+from ringtop.protocol import RecentSteps, Step, StepBrief
 from ringtop.tui.app import RingtopApp
 from ringtop.tui.state.view_model import RunView
 
@@ -26,15 +24,6 @@ def the_run() -> list:
     msgs = [make_hello(r, 0, 1000.0) for r in (0, 1)]
     msgs += [make_step(r, n, n, 1000.0 + n) for n in range(1, STEPS + 1) for r in (0, 1)]
     return msgs
-
-
-def drain(sock: zmq.Socket, into: list, until) -> None:
-    def got() -> bool:
-        while sock.poll(0):
-            into.append(decode(sock.recv_multipart()[1]))
-        return until(into)
-
-    poll_until(got, 20, "the subscriber's messages", interval_s=0.01)
 
 
 def folded(msgs: list) -> RunView:
@@ -57,13 +46,7 @@ async def test_a_ui_attaching_mid_run_starts_its_charts_from_the_relays_recent_s
         late = None
         try:
             seen_early: list = []
-
-            def probe_arrived(got: list) -> bool:
-                if not got:
-                    pubs[0].send_multipart(framed(run[0]))  # PUB/SUB: resend until the subscription is up
-                return bool(got)
-
-            drain(early, seen_early, probe_arrived)
+            subscribed(early, pubs[0], run[0], seen_early)
             for msg in run[1:]:
                 pubs[msg.rank].send_multipart(framed(msg))
             drain(early, seen_early, lambda got: sum(isinstance(m, Step) for m in got) == 2 * STEPS)
