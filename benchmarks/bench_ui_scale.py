@@ -84,15 +84,19 @@ def worker(args: argparse.Namespace) -> None:
     info = connection_file.read(Path(args.connection))
     cycles: list[dict] = []
     """One per refresh tick: its own time and the screen updates until the next tick."""
-    shown = {"step": -1}
+    shown = {"step": -1, "ts": 0.0}
 
     def newest_step(view) -> int:
         return max((r.step for r in list(view.ranks.values())), default=-1)
+
+    def newest_step_ts(view) -> float:
+        return max((r.latest.ts for r in list(view.ranks.values()) if r.latest is not None), default=0.0)
 
     original_refresh = RingtopApp.refresh_view
 
     def refresh_view(self) -> None:
         shown["step"] = newest_step(self.view)  # what this tick puts on screen (not timed)
+        shown["ts"] = newest_step_ts(self.view)
         t, c = time.perf_counter(), time.thread_time()
         original_refresh(self)
         cycles.append({"at": time.monotonic(), "tick_ms": (time.perf_counter() - t) * 1e3, "paint_ms": 0.0,
@@ -156,7 +160,8 @@ def worker(args: argparse.Namespace) -> None:
         return bool(rows) and all(len(r.step_ms_history) == r.step_ms_history.maxlen
                                   and len(r.comm_history) == r.comm_history.maxlen for r in rows)
 
-    def row_so_far(start: dict, lags: list[int], now_status: dict | None, final: bool) -> dict:
+    def row_so_far(start: dict, lags: list[int], lags_s: list[float], now_status: dict | None,
+                   final: bool) -> dict:
         now = time.monotonic()
         cpu = proc.cpu_times()
         wall = now - start["mono"]
@@ -188,7 +193,9 @@ def worker(args: argparse.Namespace) -> None:
             "segments_cpu_ms_median": round(statistics.median(c["segments_cpu_ms"] for c in window), 2)
             if window else None,
             "paints_per_tick_median": statistics.median(c["paints"] for c in window) if window else None,
-            "lag_s_max": None,  # below: by the step rate the simulator reached (below --hz at scale)
+            "lag_s_max": round(max(lags_s), 2) if lags_s else None,
+            "lag_s_p95": round(_p95(lags_s), 2) if lags_s else None,
+            "lag_s_median": round(statistics.median(lags_s), 2) if lags_s else None,
             "received_msgs_per_s": round((app.client.received - start["received"]) / wall, 1) if app.client else None,
             "gc_pause_ms_max": round(max((ms for _, _, ms in pauses), default=0.0), 1),
             "gc_ms_per_s": round(sum(ms for _, _, ms in pauses) / wall, 1),
@@ -203,8 +210,6 @@ def worker(args: argparse.Namespace) -> None:
                 row["sim_offered_msgs_per_s"] = round((now_status["sent"] - first["sent"]) / dt, 1)
                 row["sim_steps_per_s"] = round((now_status["step"] - first["step"]) / dt, 2)
                 row["relay_dropped"] = now_status["dropped"]
-                if lags and row["sim_steps_per_s"] > 0:
-                    row["lag_s_max"] = round(max(lags) / row["sim_steps_per_s"], 2)
         return row
 
     def write(row: dict) -> None:
@@ -230,6 +235,7 @@ def worker(args: argparse.Namespace) -> None:
                      "received": app.client.received if app.client else 0,
                      "status": _read_status(args.status_file), "full": full}
             lags: list[int] = []
+            lags_s: list[float] = []
             rss_series.clear()
             profile = None
             if args.profile:  # the UI thread's calls over the window (cProfile: this thread only)
@@ -244,14 +250,15 @@ def worker(args: argparse.Namespace) -> None:
                 status = _read_status(args.status_file)
                 if status is not None and shown["step"] >= 0:
                     lags.append(status["step"] - shown["step"])
+                    lags_s.append(max(0.0, status["ts"] - shown["ts"]))
                 if time.monotonic() >= next_write:
                     rss_series.append(round(proc.memory_info().rss / 2**20, 1))
-                    write(row_so_far(start, lags, status, final=False))
+                    write(row_so_far(start, lags, lags_s, status, final=False))
                     next_write += 1.0
             if profile is not None:
                 profile.disable()
                 profile.dump_stats(os.path.join(args.profile, f"ui-{args.ranks}.pstats"))
-            write(row_so_far(start, lags, _read_status(args.status_file), final=True))
+            write(row_so_far(start, lags, lags_s, _read_status(args.status_file), final=True))
 
     asyncio.run(drive())
 
@@ -283,7 +290,8 @@ def one_size(ranks: int, args: argparse.Namespace, workdir: Path) -> dict:
                             status, "--rank-procs", str(min(args.rank_procs, ranks - 1))], stdout=sim_log,
                            stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=exit_with_parent)
     ui = None
-    row: dict = {"ranks": ranks, "hz": args.hz}
+    neighbours: list[subprocess.Popen] = []
+    row: dict = {"ranks": ranks, "hz": args.hz, "neighbours": args.neighbours}
     try:
         path = runtime / f"run-{run_id}.json"
         deadline = time.monotonic() + args.start_timeout
@@ -292,6 +300,8 @@ def one_size(ranks: int, args: argparse.Namespace, workdir: Path) -> dict:
                 raise RuntimeError(f"the simulator did not start within {args.start_timeout:g} s "
                                    f"(exit {sim.poll()})")
             time.sleep(0.2)
+        neighbours = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True,
+                                       preexec_fn=exit_with_parent) for _ in range(args.neighbours)]
         started = time.monotonic()
         ui = subprocess.Popen([sys.executable, __file__, "--worker", "--connection", str(path), "--status-file",
                                status, "--out", out, "--ranks", str(ranks), "--hz", str(args.hz), "--seconds",
@@ -316,9 +326,10 @@ def one_size(ranks: int, args: argparse.Namespace, workdir: Path) -> dict:
     except RuntimeError as exc:
         row["error"] = str(exc)
     finally:
-        if ui is not None and ui.poll() is None:
-            ui.kill()
-            ui.wait(10)
+        for proc in [*neighbours, *([ui] if ui is not None else [])]:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
         _stop(sim, 60)
         sim_log.close()
     final = _read_status(status)
@@ -342,6 +353,8 @@ def main() -> None:
     parser.add_argument("--rank-procs", type=int, default=1, metavar="K",
                         help="the simulator's ranks 1..N-1 in K processes apart from its head relay (default "
                              "%(default)s; 0: every rank in the relay's process, sharing its GIL)")
+    parser.add_argument("--neighbours", type=int, default=0, metavar="K",
+                        help="K busy-loop processes on the same cores while the UI runs (a CPU-bound neighbour)")
     parser.add_argument("--json", action="store_true", help="print the rows as a JSON list")
     parser.add_argument("--profile", metavar="DIR", help="write the UI thread's cProfile stats of each size's "
                         "window to DIR/ui-RANKS.pstats (slows the UI: not for the numbers)")

@@ -328,6 +328,9 @@ class Digest(Envelope, tag="digest", kw_only=True):
     """Older steps the relay left out of this digest (more than a digest holds)."""
     relay_gaps: Count = 0
     """Messages of the ranks that never reached the relay (gaps in their `seq`), so far."""
+    relay_skipped: Count = 0
+    """Steps, samples and heartbeats the relay left out while behind, each for a newer one of the
+    same rank (agent/transport/relay.py), so far: newest wins, the rank's log keeps them."""
 
 
 MAX_RECENT_BRIEFS = 8192

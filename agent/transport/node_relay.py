@@ -33,7 +33,7 @@ import zmq
 
 from ringtop.agent.transport.gatekeeper import Gatekeeper, rank_users
 from ringtop.agent.transport.ports import limit_peers
-from ringtop.agent.transport.relay import real_message
+from ringtop.agent.transport.relay import CONFLATED_TOPICS, real_message, skip_report
 from ringtop.protocol import MAX_FRAME_BYTES, curve
 from ringtop.protocol.batch import BATCH_MESSAGES, encode_batch
 from ringtop.protocol.curve import RELAY_DOMAIN, ClientKeys, close_monitored, secure_client
@@ -148,6 +148,13 @@ class NodeRelay(threading.Thread):
         secure_client(self._up, upstream_keys)
         self._up.connect(upstream)
         self._queue: collections.deque[list[bytes]] = collections.deque(maxlen=capacity)
+        self._queued: dict[bytes, list[bytes]] = {}
+        """Conflatable topic -> its latest message while it waits in the queue: while the head is
+        slow or away, a newer one of the rank replaces it (emptied in place, skipped when sent)."""
+        self.skipped = 0
+        """Readings replaced so, each by a newer one of the same rank (the rank's log keeps them)."""
+        self._skips: dict[int, int] = {}
+        """Rank -> skipped since the head was last told (so it does not count them as lost)."""
         self._sent: collections.deque[tuple[float, list[bytes]]] = collections.deque(maxlen=capacity)
         """The latest messages sent, with when: the ones a lost connection may have swallowed."""
         self.replayed = 0
@@ -228,7 +235,7 @@ class NodeRelay(threading.Thread):
                 except Exception as exc:  # never let the relay die
                     self.faults.record(exc)
                 if self._stop_event.is_set() and not events and not (self.head_up and self._queue):
-                    self.lost += len(self._queue)
+                    self.lost += sum(1 for f in self._queue if f)
                     return
         finally:
             linger = 0 if self._killed.is_set() else None
@@ -246,9 +253,21 @@ class NodeRelay(threading.Thread):
             if msg is None:
                 self.dropped += 1
                 continue
-            if len(self._queue) == self._queue.maxlen:
-                self.lost += 1
-            self._queue.append(frames)
+            queue = self._queue
+            if len(queue) > BATCH_MESSAGES and frames[0].startswith(CONFLATED_TOPICS) and frames[0] != b"step.0":
+                older = self._queued.get(frames[0])  # more than a batch waits: the head is slow or away
+                if older:
+                    older.clear()
+                    self.skipped += 1
+                    self._skips[msg.rank] = self._skips.get(msg.rank, 0) + 1
+                self._queued[frames[0]] = frames
+            if len(queue) == queue.maxlen:
+                oldest = queue.popleft()
+                if oldest:
+                    self.lost += 1
+                    if self._queued.get(oldest[0]) is oldest:
+                        del self._queued[oldest[0]]
+            queue.append(frames)
 
     def _sender(self, frame: zmq.Frame) -> Collection[int]:
         """The ranks of this node the connection may speak for: its own, or all when --insecure."""
@@ -261,26 +280,44 @@ class NodeRelay(threading.Thread):
         return (rank,) if rank in self.ranks else ()
 
     def _flush(self) -> None:
-        """The queue as batches (protocol/batch.py): the head's cost is per ZeroMQ message."""
-        while self._queue:
-            batch = self._next_batch()
+        """The queue as batches (protocol/batch.py): the head's cost is per ZeroMQ message. A batch
+        opens with what was skipped since the last (`skip_report`), before any newer message of
+        those ranks."""
+        queue, queued = self._queue, self._queued
+        while queue:
+            batch, taken = self._next_batch()
+            report = skip_report(self._skips) if self._skips else None
+            if not batch and report is None:
+                for _ in range(taken):
+                    queue.popleft()
+                continue
             try:
-                self._up.send(encode_batch(batch), zmq.NOBLOCK)
+                self._up.send(encode_batch([report, *batch] if report else batch), zmq.NOBLOCK)
             except zmq.Again:
                 return  # the head is slow: the queue holds the rest (and drops its oldest when full)
+            self._skips.clear()
             now = time.monotonic()
-            self._sent.extend((now, self._queue.popleft()) for _ in batch)
+            for _ in range(taken):
+                frames = queue.popleft()
+                if frames:
+                    self._sent.append((now, frames))
+                    if queued.get(frames[0]) is frames:
+                        del queued[frames[0]]
             self.forwarded += len(batch)
 
-    def _next_batch(self) -> list[list[bytes]]:
-        """The oldest queued messages: BATCH_MESSAGES at most, closed once it holds a megabyte."""
-        batch, size = [], 0
+    def _next_batch(self) -> tuple[list[list[bytes]], int]:
+        """The oldest queued messages (BATCH_MESSAGES at most, closed once it holds a megabyte),
+        and how many queue entries they span (replaced ones, empty, are passed over)."""
+        batch, size, taken = [], 0, 0
         for frames in self._queue:
+            taken += 1
+            if not frames:
+                continue
             batch.append(frames)
             size += len(frames[1])
             if len(batch) == BATCH_MESSAGES or size >= MAX_FRAME_BYTES:
                 break
-        return batch
+        return batch, taken
 
     def _read_upstream(self) -> None:
         for _ in range(256):
@@ -307,7 +344,7 @@ class NodeRelay(threading.Thread):
             replay = [frames for sent, frames in self._sent if sent >= self._lost_at - REPLAY_S]
             self._sent.clear()
             self.replayed += len(replay)
-            self._queue = collections.deque((replay + list(self._queue))[-self._queue.maxlen:],
+            self._queue = collections.deque((replay + [f for f in self._queue if f])[-self._queue.maxlen:],
                                             maxlen=self._queue.maxlen)
             down_s = time.monotonic() - self._lost_at
             lost = self.lost - self._lost_then

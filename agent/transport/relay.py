@@ -28,12 +28,14 @@ import threading
 import time
 from typing import Callable, Collection, Mapping
 
+import msgspec
 import zmq
 
 from ringtop.agent.transport.gatekeeper import Gatekeeper
 from ringtop.agent.transport.ports import BindError, bind
 from ringtop.agent.transport.step_digest import StepDigest
 from ringtop.metrics.goodput import Goodput
+from ringtop.metrics.lag import Lag
 from ringtop.protocol import (
     UI_RANK,
     Digest,
@@ -59,6 +61,23 @@ _TAGS = {cls: tag for tag, cls in MESSAGE_TYPES.items()}
 _send = zmq.backend.Socket.send
 """libzmq's send without pyzmq's Python layer (a third of a forward's time, per frame)."""
 _SNDMORE = int(zmq.SNDMORE)
+BURST_MESSAGES = 4096
+"""The relay takes at most this many messages in one go; a burst this full means more wait (about
+a third of a second of a 1024-rank run at 10 Hz), and the newest of each rank wins."""
+CONFLATE_AFTER_S = 0.5
+"""The relay's input this far behind (half the lag at which a UI says it is behind): skip."""
+CONFLATED_TOPICS = (b"step.", b"sample.", b"heartbeat.")
+"""What a newer message of the same rank replaces: latest readings, not events. Rank 0's steps are
+never skipped (the run's goodput is counted from each of them)."""
+INPUT_HWM = 16
+INPUT_BUFFER_BYTES = 64 << 10
+"""Per input connection, what waits on the relay's side (ZeroMQ messages: a node relay's batches;
+the kernel's buffer): small, so what a busy relay has not read waits at the sender, where a rank's
+queue and a node relay's keep the newest, instead of seconds of it here, read stale."""
+SKIPPED_TOPIC = b"skipped.-1"
+"""In a node relay's batch: the readings it skipped per rank since its last batch (`skip_report`),
+so the head counts them as skipped, not lost."""
+_skips_decoder = msgspec.msgpack.Decoder(list[int])
 RECENT_STEPS_PER_RANK = 120
 """Steps of each rank kept for a UI that attaches (half the UI's chart)..."""
 RECENT_STEPS_BUDGET = 32_768
@@ -93,6 +112,8 @@ class Relay(threading.Thread):
         ctx = gate.context if gate is not None else (context or zmq.Context.instance())
         self._backend = ctx.socket(zmq.XSUB)
         self._frontend = ctx.socket(zmq.XPUB)
+        self._backend.setsockopt(zmq.RCVHWM, INPUT_HWM)
+        self._backend.setsockopt(zmq.RCVBUF, INPUT_BUFFER_BYTES)
         self._frontend.setsockopt(zmq.XPUB_VERBOSE, 1)
         self._frontend.setsockopt(zmq.SNDHWM, 10_000)
         for sock in (self._backend, self._frontend):
@@ -123,6 +144,16 @@ class Relay(threading.Thread):
         self._last_seq: dict[int, int] = {}
         """Each rank's latest `seq`: a rank's messages come in order (one connection, or one node relay's)."""
         self.duplicates = 0
+        self.skipped = 0
+        """A rank's steps, samples and heartbeats left out while the relay was behind, each for a
+        newer one of the same rank (`conflatable`): the UIs are told, and a rank's log keeps them."""
+        self.lag = Lag()
+        """How far behind the ranks the relay's input is (metrics/lag.py): from the last message of
+        each burst; at CONFLATE_AFTER_S the newest of each rank wins."""
+        self._last_ts = 0.0
+        self._skipped_since: dict[int, int] = {}
+        """Per rank, skipped messages not yet matched with a gap in its `seq` (a node relay reports
+        its skips before the messages that follow them): such a gap is none."""
         self.observers = list(observers)
         self.goodput = Goodput() if count_goodput else None
         if self.goodput is not None:
@@ -176,11 +207,14 @@ class Relay(threading.Thread):
             close_monitored(self._frontend)
 
     def _forward_all(self) -> None:
-        for _ in range(1024):  # bounded: new subscribers, the downlink and a stop are seen in between
+        """One burst: what is queued, up to BURST_MESSAGES, read before any is decoded."""
+        burst: list[tuple[list[bytes], Collection[int] | None]] = []
+        taken = 0
+        while taken < BURST_MESSAGES:  # bounded: new subscribers, the downlink and a stop are seen in between
             try:
                 parts = self._backend.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                return
+                break
             sender = self._sender(parts[-1])
             if len(parts) == 1:
                 frames = decode_batch(parts[0].bytes)
@@ -188,17 +222,47 @@ class Relay(threading.Thread):
                 frames = [p.bytes for p in parts] if len(parts) == 2 else None
             if frames is None:
                 self.dropped += 1
+                taken += 1
                 continue
-            self._forward(frames, sender)
+            burst.append((frames, sender))
+            taken += max(1, len(frames) // 2)
+        self.forward_burst(burst, full=taken >= BURST_MESSAGES)
 
-    def _forward(self, frames: list[bytes], sender: Collection[int] | None) -> None:
-        """`frames`: topic, message, topic, message... of one sender. One loop, names bound locally:
-        per message this is the relay's whole cost."""
+    def forward_burst(self, burst: list[tuple[list[bytes], Collection[int] | None]], full: bool) -> None:
+        """While the relay is behind (its input CONFLATE_AFTER_S late, or more queued than one
+        burst takes: `full`), the newest wins: a rank's older step, sample or heartbeat in the
+        burst is skipped (`conflatable`), so the relay catches up at the cost of a topic check per
+        skipped message instead of a decode."""
+        behind = full or self.lag.behind_s() >= CONFLATE_AFTER_S
+        newest = conflatable(burst) if behind and burst else None
+        before = self.forwarded
+        for i, (frames, sender) in enumerate(burst):
+            self._forward(frames, sender, newest, i)
+        if self.forwarded > before:  # the burst's last forwarded message: as late as the burst
+            self.lag.observe(time.time() - self._last_ts, time.monotonic())
+
+    def _forward(self, frames: list[bytes], sender: Collection[int] | None,
+                 newest: dict[tuple[bytes, int], tuple[int, int]] | None = None, at: int = 0) -> None:
+        """`frames`: topic, message, topic, message... of one sender, message `at` of a burst whose
+        `newest` (None: not behind) says where each conflatable topic last occurs. One loop, names
+        bound locally: per message this is the relay's whole cost."""
         front, last_seq, observers = self._frontend, self._last_seq, self.observers
         digest = self.digest if self._digest_wanted else None
         run_id, world_size = self.run_id, self.world_size
         for i in range(0, len(frames), 2):
             topic, body = frames[i], frames[i + 1]
+            if topic == SKIPPED_TOPIC:
+                self._take_skips(body, sender)
+                continue
+            if newest is not None:
+                where = newest.get((topic, id(sender)))
+                if where is not None and where != (at, i):
+                    self.skipped += 1  # a newer one of this rank follows in the same burst
+                    rank = _topic_rank(topic)
+                    if rank in last_seq:  # before a rank's first message there is no gap to excuse
+                        skipped = self._skipped_since
+                        skipped[rank] = skipped.get(rank, 0) + 1
+                    continue
             msg = real(topic, body, sender, run_id, world_size)
             if msg is None:
                 self.dropped += 1
@@ -209,9 +273,10 @@ class Relay(threading.Thread):
                     self.duplicates += 1  # sent again by a node relay that lost its connection
                     continue
             else:
-                if last is not None:
-                    self.gaps += msg.seq - last - 1
+                if last is not None and msg.seq > last + 1:
+                    self._count_gap(msg.rank, msg.seq - last - 1)
                 last_seq[msg.rank] = msg.seq
+            self._last_ts = msg.ts
             if topic.startswith(CACHED_TOPICS):
                 self._cache[topic] = [topic, body]  # one per topic, and topics are bounded by the ranks
             _send(front, topic, _SNDMORE)
@@ -226,6 +291,35 @@ class Relay(threading.Thread):
                     observe(msg)
                 except Exception as exc:  # an observer's bug must not stop the forwarding
                     self.faults.record(exc)
+
+    def _count_gap(self, rank: int, missing: int) -> None:
+        """Messages missing from a rank's `seq`: those it was told were skipped are not gaps."""
+        credit = self._skipped_since.get(rank, 0)
+        if credit:
+            used = min(credit, missing)
+            missing -= used
+            if credit > used:
+                self._skipped_since[rank] = credit - used
+            else:
+                del self._skipped_since[rank]
+        self.gaps += missing
+
+    def _take_skips(self, body: bytes, sender: Collection[int] | None) -> None:
+        """A node relay's `skip_report`: for its own ranks only, else dropped."""
+        if sender is not None and not any(sender is carried for carried in self._replaying):
+            self.dropped += 1
+            return
+        try:
+            pairs = _skips_decoder.decode(body) if len(body) <= 64 * 1024 else []
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            pairs = []
+        if not pairs or len(pairs) % 2:
+            self.dropped += 1
+            return
+        for rank, count in zip(pairs[::2], pairs[1::2]):
+            if 0 < count < 1 << 31 and (sender is None or rank in sender):
+                self.skipped += count
+                self._skipped_since[rank] = self._skipped_since.get(rank, 0) + count
 
     def send_down(self, frame: bytes) -> None:
         """Thread-safe: `frame` goes to every rank's telemetry socket (an XSUB passes a message that
@@ -304,7 +398,7 @@ class Relay(threading.Thread):
         if now < self._next_digest:
             return
         self._next_digest = now + self.digest.interval_s
-        for d in self.digest.take(time.time(), self.gaps):
+        for d in self.digest.take(time.time(), self.gaps, self.skipped):
             try:
                 self._frontend.send_multipart([b"digest.-1", encode(d)], zmq.NOBLOCK)
                 self.digests_sent += 1
@@ -322,6 +416,35 @@ class Relay(threading.Thread):
             checkpoint_s=state.checkpoint_s, switch_s=state.switch_s, skipped_s=state.skipped_s,
             stall_closed_s=state.stall_closed_s, startup_s=state.startup_s, open_stalls=list(state.open_stalls),
             recent_steps=list(state.recent_steps), recent_stalls=list(state.recent_stalls))
+
+
+def conflatable(burst: list[tuple[list[bytes], object]]) -> dict[tuple[bytes, int], tuple[int, int]]:
+    """Where each conflatable topic (CONFLATED_TOPICS, but `step.0`) of each sender last occurs in
+    the burst, as (message, frame): its earlier occurrences are the ones to skip. By topic alone,
+    before any decoding, so a skipped message costs no decode; by sender too, so one connection
+    cannot make another's messages skipped (the kept one is checked whole as ever)."""
+    last: dict[tuple[bytes, int], tuple[int, int]] = {}
+    for at, (frames, sender) in enumerate(burst):
+        who = id(sender)
+        for i in range(0, len(frames), 2):
+            topic = frames[i]
+            if topic.startswith(CONFLATED_TOPICS) and topic != b"step.0":
+                last[(topic, who)] = (at, i)
+    return last
+
+
+def skip_report(skips: dict[int, int]) -> list[bytes]:
+    """A node relay's skipped readings per rank, as the [topic, body] pair that opens its batch."""
+    return [SKIPPED_TOPIC, msgspec.msgpack.encode([x for rank_count in skips.items() for x in rank_count])]
+
+
+def _topic_rank(topic: bytes) -> int:
+    """The rank a conflatable topic names (`step.12` -> 12); -1 if it names none (then the skip
+    is not kept apart from gaps: the message it gave way to is dropped anyway)."""
+    try:
+        return int(topic[topic.index(b".") + 1:])
+    except ValueError:
+        return -1
 
 
 def real_message(frames: list[bytes], sender: Collection[int] | None, run_id: str | None,

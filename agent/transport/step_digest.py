@@ -64,7 +64,7 @@ class StepDigest:
         self._older.clear()
         self._dropped = 0
 
-    def take(self, ts: float, relay_gaps: int) -> list[Digest]:
+    def take(self, ts: float, relay_gaps: int, relay_skipped: int = 0) -> list[Digest]:
         """The digests of everything added since the last take (none if nothing was), ranks in
         order; each rank's briefs travel in the digest that carries its latest step."""
         if not self._latest:
@@ -80,7 +80,7 @@ class StepDigest:
             mine = older.get(rank, ())
             if (steps or briefs) and (len(steps) >= MAX_DIGEST_STEPS or len(briefs) + len(mine) > MAX_DIGEST_BRIEFS
                           or body_bytes + size + BRIEF_BYTES * len(mine) > DIGEST_BODY_BYTES):
-                digests.append(self._digest(ts, steps, briefs, dropped, relay_gaps))
+                digests.append(self._digest(ts, steps, briefs, dropped, relay_gaps, relay_skipped))
                 steps, briefs, body_bytes, dropped = [], [], 0, 0
             briefs.extend(mine)
             if size > DIGEST_BODY_BYTES:
@@ -89,13 +89,14 @@ class StepDigest:
             else:
                 steps.append(step)
             body_bytes += size + BRIEF_BYTES * len(mine)
-        digests.append(self._digest(ts, steps, briefs, dropped, relay_gaps))
+        digests.append(self._digest(ts, steps, briefs, dropped, relay_gaps, relay_skipped))
         latest.clear()
         older.clear()
         return digests
 
     def _digest(self, ts: float, steps: list[Step], briefs: list[StepBrief], dropped: int,
-                relay_gaps: int) -> Digest:
+                relay_gaps: int, relay_skipped: int) -> Digest:
         self.seq += 1
         return Digest(rank=UI_RANK, seq=self.seq, ts=ts, interval_s=self.interval_s, steps=steps,
-                      briefs=briefs, briefs_dropped=dropped, relay_gaps=relay_gaps)
+                      briefs=briefs, briefs_dropped=dropped, relay_gaps=relay_gaps,
+                      relay_skipped=relay_skipped)

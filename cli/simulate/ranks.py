@@ -88,7 +88,8 @@ def _connect(ctx: zmq.Context, ranks: list[int], where: Where) -> list[zmq.Socke
     for rank in ranks:
         address, keys = where(rank)
         sock = ctx.socket(zmq.XPUB)
-        sock.setsockopt(zmq.SNDHWM, 4096)
+        sock.setsockopt(zmq.SNDHWM, 64)
+        sock.setsockopt(zmq.SNDBUF, 64 << 10)
         sock.setsockopt(zmq.XPUB_NODROP, 1)  # a full queue refuses the send: counted in the rank's drops
         sock.setsockopt(zmq.LINGER, 0)
         curve.secure_client(sock, keys)

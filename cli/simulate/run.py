@@ -156,7 +156,7 @@ class Simulation(Stepper):
         seen, progress_at = -1, time.monotonic()
         while True:
             counts = self._counts()
-            if self.relay.forwarded + self.relay.dropped >= counts["sent"] - counts["lost"]:
+            if self.relay.forwarded + self.relay.dropped + self.relay.skipped >= counts["sent"] - counts["lost"]:
                 return
             if time.monotonic() >= deadline:
                 return

@@ -1,11 +1,11 @@
-"""The screen's lag (tui/state/lag.py) and the header that says it: a clock offset between hosts
+"""The screen's lag (metrics/lag.py) and the header that says it: a clock offset between hosts
 is no lag; messages folded late are, and then the header says `behind by N s`, not `● live`."""
 
 from __future__ import annotations
 
+from ringtop.metrics.lag import BASELINE_WINDOW_S, BEHIND_AFTER_S, Lag
 from ringtop.protocol import Hello, Step
 from ringtop.tui.header.render import connection_text
-from ringtop.tui.state.lag import BASELINE_WINDOW_S, BEHIND_AFTER_S, Lag
 from ringtop.tui.state.view_model import RunView
 
 
@@ -37,5 +37,7 @@ def test_the_header_says_behind_instead_of_live():
     view.lag.observe(0.1, 100.0)
     view.tick(100.5)
     assert connection_text(view, replay=False, now=100.5).plain.endswith("● live")
-    view.lag.observe(0.1 + BEHIND_AFTER_S + 7, 100.5)
-    assert connection_text(view, replay=False, now=100.5).plain.endswith("◐ behind by 9 s")
+    view.lag.observe(0.1 + 8.0, 100.5)
+    assert connection_text(view, replay=False, now=100.5).plain.endswith("◐ behind by 8 s")
+    view.lag.observe(0.1 + BEHIND_AFTER_S * 0.9, 100.6)
+    assert connection_text(view, replay=False, now=100.6).plain.endswith("● live")

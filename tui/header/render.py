@@ -9,10 +9,10 @@ from rich.text import Text
 
 from ringtop.metrics import fmt
 from ringtop.metrics.costs.flops import missing_reason
+from ringtop.metrics.lag import BEHIND_AFTER_S
 from ringtop.metrics.rules.peaks import implausible
 from ringtop.tui.header.model import HeaderModel
 from ringtop.tui.state.health import stalled_ranks
-from ringtop.tui.state.lag import BEHIND_AFTER_S
 from ringtop.tui.state.view_model import RunView
 from ringtop.tui.styles import PHASE_STYLE
 
@@ -85,6 +85,8 @@ def facts_text(v: RunView, *, replay: bool, source: str, refused: str = "", widt
         item(1, (f"  drops {v.total_drops:,}", "yellow"))
     if v.rejected_total:
         item(1, (f"  rejected {v.rejected_total:,}", "yellow"))
+    if v.stale_skipped:  # newest wins while behind: what the screen never drew
+        item(1, (f"  {v.stale_skipped:,} stale skipped", "yellow"))
     if f.backend:
         # the device type: rank 0's index says little
         device = f"/{f.device.split(':')[0]}" if f.device and f.device != f.backend else ""

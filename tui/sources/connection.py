@@ -13,6 +13,11 @@ ZeroMQ sockets are not thread-safe, so both live and die on this thread. The thr
 short timeout, decodes with `ringtop.protocol.decode` (bad frames are reported, never raised), and
 hands what it got to `on_batch(messages, rejected)` at most every `batch_interval_s`, so a stream of
 thousands of messages a second reaches the UI as a few batches a second.
+
+A batch goes out only once the UI has folded the one before (`ack`): a UI that cannot keep up is
+never fed a queue of old batches. While its batch waits longer than CONFLATE_AFTER_S, the newest
+wins: a rank's step, sample or heartbeat replaces its older one still waiting, and `skipped` counts
+what was replaced (the header shows it; the rank's log keeps every step).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Any, Callable
 
 import zmq
 
-from ringtop.protocol import UI_RANK, Command, ProtocolError, Reply, decode, encode
+from ringtop.protocol import UI_RANK, Command, Heartbeat, ProtocolError, Reply, Sample, Step, decode, encode
 from ringtop.protocol.curve import ClientKeys, HandshakeWatch, secure_client
 from ringtop.protocol.guard import LoopFaults
 from ringtop.protocol.messages import MESSAGE_TYPES
@@ -35,6 +40,11 @@ from ringtop.tui.state.view_model import ControlReply
 OnBatch = Callable[[list[Any], list[str]], None]
 
 DIGEST_TOPIC = b"digest."
+CONFLATE_AFTER_S = 0.25
+"""The UI has not folded its last batch for this long: it is behind, and waiting readings conflate."""
+MAX_WAITING = 200_000
+"""Messages held for a UI that folds nothing (frozen): beyond, the oldest go (counted as skipped)."""
+CONFLATED = (Step, Sample, Heartbeat)
 BUT_STEPS = tuple(f"{tag}.".encode() for tag in MESSAGE_TYPES if tag not in ("step", "digest", "command"))
 """With digests: every telemetry type but the ranks' steps (full names: `b"he"` would match two)."""
 
@@ -57,8 +67,12 @@ class TelemetryClient:
         rcvhwm: int = 20_000,
         max_batch: int = 20_000,
         keys: ClientKeys | None = None,
+        folds_later: bool = False,
     ) -> None:
-        """`keys`: the run's client keys from its connection file (None: a run started with --insecure)."""
+        """`keys`: the run's client keys from its connection file (None: a run started with --insecure).
+        `folds_later`: `on_batch` only hands the batch on (the app posts it to its loop), and the
+        next waits for `ack`; otherwise a batch is folded when `on_batch` returns."""
+        self.folds_later = folds_later
         self.publish_addr = publish_addr
         self.keys = keys
         self.auth_failure = ""
@@ -79,6 +93,13 @@ class TelemetryClient:
         self.rejected = 0
         self.sent = 0
         self.callback_errors = 0
+        self.skipped = 0
+        """Readings replaced by a newer one of the same rank while the UI was behind."""
+        self._folded = threading.Event()
+        self._folded.set()
+        self._posted_at = 0.0
+        self._waiting_at: dict[tuple[type, int], int] = {}
+        """(type, rank) -> where its latest conflatable message waits in the batch."""
         self.faults = LoopFaults("UI receiver")
         self._want_digests = False
         self._digest_subscribed = False
@@ -117,6 +138,10 @@ class TelemetryClient:
         self._outbox.put(Command(rank=UI_RANK, seq=self._seq, ts=time.time(), id=cmd_id, cmd=cmd,
                                  args=dict(args or {})))
         return cmd_id
+
+    def ack(self) -> None:
+        """The UI folded the last batch: the next may go. Thread-safe, never blocks."""
+        self._folded.set()
 
     def want_digests(self, on: bool) -> None:
         """Ask for the relay's digests instead of every rank's steps (or back); never blocks. The
@@ -200,10 +225,10 @@ class TelemetryClient:
                 self.faults.record(exc)
                 rejected.append(f"receiver: ignored an unexpected {type(exc).__name__}")
             now = time.monotonic()
-            if (batch or rejected) and now - last_flush >= self.batch_interval_s:
+            if (batch or rejected) and now - last_flush >= self.batch_interval_s and self._folded.is_set():
                 self._flush(batch, rejected)
                 batch, rejected = [], []
-                last_flush = now
+                last_flush = self._posted_at = now
         if batch or rejected:
             self._flush(batch, rejected)
 
@@ -222,6 +247,8 @@ class TelemetryClient:
         self._digest_subscribed = digests
 
     def _drain(self, sock: zmq.Socket, batch: list[Any], rejected: list[str], channel: str) -> None:
+        behind = not self._folded.is_set() and time.monotonic() - self._posted_at >= CONFLATE_AFTER_S
+        waiting = self._waiting_at
         for _ in range(self.max_batch):
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
@@ -251,8 +278,19 @@ class TelemetryClient:
                     rejected.append(f"control: expected a reply, got a {type(msg).__name__} message")
                     continue
                 msg = ControlReply(msg)
-            batch.append(msg)
             self.received += 1
+            if type(msg) in CONFLATED and (msg.rank != 0 or type(msg) is not Step):
+                key = (type(msg), msg.rank)
+                at = waiting.get(key)
+                if behind and at is not None and at < len(batch) and batch[at] is not None:
+                    batch[at] = None  # the newer one replaces it (rank 0's steps: every one, for goodput)
+                    self.skipped += 1
+                waiting[key] = len(batch)
+            if len(batch) >= MAX_WAITING:
+                self.skipped += len(batch) // 2
+                del batch[:len(batch) // 2]
+                waiting.clear()
+            batch.append(msg)
 
     def _send_pending(self, dealer: zmq.Socket, rejected: list[str]) -> None:
         while True:
@@ -267,10 +305,15 @@ class TelemetryClient:
                 rejected.append(f"control: command {cmd.cmd} [{cmd.id}] not sent: control socket is full")
 
     def _flush(self, batch: list[Any], rejected: list[str]) -> None:
+        self._waiting_at.clear()
+        self._folded.clear()
         try:
-            self.on_batch(batch, rejected)
+            self.on_batch([m for m in batch if m is not None], rejected)
         except Exception:  # the UI may be closing; never let the thread die of it
             self.callback_errors += 1
+            self._folded.set()
+        if not self.folds_later:
+            self._folded.set()
 
 
 def _payload(frames: list[bytes]) -> bytes | None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from textual.message import Message
 
+from ringtop.protocol import UI_RANK, Digest
 from ringtop.tui.sources.connection import TelemetryClient
 
 DIGEST_REFRESH_GAP_S = 0.15
@@ -20,6 +21,22 @@ TIMER_REFRESH_AFTER_S = 0.3
 digest: a run that stopped stepping still sees its stale and hang indicators move on)."""
 
 REPLAY_CHUNK = 5_000
+
+
+def newest_rank_ts(messages: list[Any]) -> float:
+    """The newest `ts` a rank stamped among `messages` (0: none): its steps inside the relay's
+    digests count, the relay's own stamps do not (a digest sent now may hold steps that waited
+    seconds in the relay's queue: the screen is as old as those)."""
+    newest = 0.0
+    for m in messages:
+        if type(m) is Digest:
+            for s in m.steps:
+                newest = max(newest, s.ts)
+            for b in m.briefs:
+                newest = max(newest, b.ts)
+        elif getattr(m, "rank", UI_RANK) >= 0:
+            newest = max(newest, getattr(m, "ts", 0.0))
+    return newest
 
 
 class TelemetryBatch(Message):
@@ -36,7 +53,8 @@ class Feeds:
 
     def _start_client(self) -> None:
         assert self.publish_addr is not None
-        client = TelemetryClient(self.publish_addr, self.control_addr, self._on_batch_from_thread, keys=self.keys)
+        client = TelemetryClient(self.publish_addr, self.control_addr, self._on_batch_from_thread, keys=self.keys,
+                                 folds_later=True)
         try:
             client.start()
         except Exception as exc:  # a bad address: say so, keep the UI up
@@ -67,16 +85,20 @@ class Feeds:
     def on_telemetry_batch(self, batch: TelemetryBatch) -> None:
         now = time.monotonic()
         digests = self.view.digests_folded
-        self.view.apply_batch(batch.messages, now, self._not_shown)
-        if batch.messages:
-            newest = max(getattr(m, "ts", 0.0) for m in batch.messages)
-            if newest > 0:
-                self.view.lag.observe(time.time() - newest, now)
+        client = self.client
+        try:
+            self.view.apply_batch(batch.messages, now, self._not_shown)
+        finally:
+            if client is not None:  # the next batch may come (connection.py: newest wins while it waits)
+                client.ack()
+                self.view.receiver_skipped = client.skipped
+        newest = newest_rank_ts(batch.messages)
+        if newest > 0:
+            self.view.lag.observe(time.time() - newest, now)
         for err in batch.rejected:
             self.view.note_rejected(err, now)
         if self.view.digests_folded != digests and now - self.refreshed_at >= DIGEST_REFRESH_GAP_S:
             self.refresh_view()  # the relay's newest steps on screen now, not at the next tick
-        client = self.client
         if client is not None:
             want = self.view.wants_digests
             if want and not self.view.via_digests:

@@ -197,6 +197,7 @@ class RankFold:
         self.via_digests = True
         self.digests_folded += 1
         self.relay_gaps = max(self.relay_gaps, msg.relay_gaps)
+        self.relay_skipped = max(self.relay_skipped, msg.relay_skipped)
         self.briefs_dropped += msg.briefs_dropped
         rows: dict[int, RankRow] = {}
         for step in msg.steps:

@@ -88,6 +88,12 @@ class RunReadings:
         """Messages that did not reach the UI; with digests, a lost digest counts once."""
         return sum(r.drops for r in self.ranks.values()) + self.relay_gaps + self.digests_lost
     @property
+    def stale_skipped(self) -> int:
+        """Readings left out to stay current (each for a newer one of the same rank): by rank 0's
+        relay while it was behind, and by this UI's receiver while the UI was."""
+        return self.relay_skipped + self.receiver_skipped
+
+    @property
     def wants_digests(self) -> bool:
         return self.facts.world_size >= self.digest_min_ranks
     def _update_slowest(self) -> None:

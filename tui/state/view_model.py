@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from ringtop.metrics.goodput import Goodput
+from ringtop.metrics.lag import Lag
 from ringtop.metrics.rules.hang import HangVerdict
 from ringtop.metrics.rules.outliers import Outlier
 from ringtop.protocol import (
@@ -39,7 +40,6 @@ from ringtop.protocol import (
     Timeline,
 )
 from ringtop.tui.state.facts import RunFacts
-from ringtop.tui.state.lag import Lag
 from ringtop.tui.state.liveness import DEAD_AFTER_S, RunLiveness
 from ringtop.tui.state.parts import PartsAccess
 from ringtop.tui.state.pipeline import PipelineState
@@ -116,6 +116,10 @@ class RunView(RankFold, RunLiveness, RunReadings, PartsAccess):
         self.digests_folded = 0
         self.digests_lost = 0
         self.relay_gaps = 0
+        self.relay_skipped = 0
+        """Readings rank 0's relay skipped while behind (a newer one of the same rank won), from its digests."""
+        self.receiver_skipped = 0
+        """Readings this UI's receiver skipped while the UI was behind (tui/sources/connection.py)."""
         self.briefs_dropped = 0
         self._digest_seq = 0
         self._end_reported = False
@@ -133,7 +137,7 @@ class RunView(RankFold, RunLiveness, RunReadings, PartsAccess):
         self.comm_ledger = CommLedger(self.history_points)
         self.goodput = Goodput()
         self.lag = Lag()
-        """How far behind the run the screen is (tui/state/lag.py): fed by the live feed."""
+        """How far behind the run the screen is (metrics/lag.py): fed by the live feed."""
         """The run's goodput (metrics/goodput.py), as the header shows it."""
         self.versions: Counter[str] = getattr(self, "versions", Counter())
         self.versions.update(PARTS)  # a new run: every snapshot version moves on

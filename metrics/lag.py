@@ -1,14 +1,15 @@
-"""How far behind the run the screen is: the delay of the newest message of each batch the UI folds
-(its wall clock less the message's `ts`), less the smallest such delay seen lately. The smallest
-delay is the clocks' offset (a rank on another host) plus the quickest the path has been, so what
-is left is the time the messages spent queued (in the relay, the socket, the UI's receiver) beyond
-that: the screen's lag, with no clock assumed in step with another."""
+"""How far behind the run a reader of its messages is: the delay of the newest rank message of each
+batch it takes (its wall clock less the message's `ts`), less the smallest such delay seen lately.
+The smallest delay is the clocks' offset (a rank on another host) plus the quickest the path has
+been, so what is left is the time the messages spent queued (in the relay, the socket, the UI's
+receiver) beyond that, with no clock assumed in step with another. The UI's header says it; rank
+0's relay skips superseded readings while it is (agent/transport/relay.py)."""
 
 from __future__ import annotations
 
 from collections import deque
 
-BEHIND_AFTER_S = 2.0
+BEHIND_AFTER_S = 1.0
 """At this lag or more the header says `behind by N s` instead of `● live`."""
 BASELINE_WINDOW_S = 600.0
 """The smallest delay is taken over this long: a lag that lasts longer still shows (a clock that
