@@ -60,6 +60,29 @@ def _p95(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
 
 
+def _slope_per_min(series: list[float]) -> float | None:
+    """The least-squares slope of a once-a-second series, per minute (None under 10 samples): a
+    memory that keeps growing, told apart from one that steps up once and stays."""
+    n = len(series)
+    if n < 10:
+        return None
+    mean_x, mean_y = (n - 1) / 2, sum(series) / n
+    sxx = sum((x - mean_x) ** 2 for x in range(n))
+    return round(60 * sum((x - mean_x) * (y - mean_y) for x, y in enumerate(series)) / sxx, 3)
+
+
+def _parts_medians(window: list[dict]) -> dict[str, list[float]]:
+    """Each part's [median, p95] ms per repaint (0 in a repaint without it), and the compositor's
+    own: the paint less its layout and widget renders."""
+    done = [c for c in window if "parts" in c]
+    if not done:
+        return {}
+    series = {k: [c["parts"].get(k, 0.0) for c in done] for k in sorted({k for c in done for k in c["parts"]})}
+    series["paint: compositor (rest)"] = [
+        c["paint_ms"] - sum(v for k, v in c["parts"].items() if k.startswith("paint:")) for c in done]
+    return {k: [round(statistics.median(v), 2), round(_p95(v), 2)] for k, v in series.items()}
+
+
 def _read_status(path: str) -> dict | None:
     try:
         with open(path) as f:
@@ -69,6 +92,57 @@ def _read_status(path: str) -> dict | None:
 
 
 # ---------------------------------------------------------------------- the UI worker
+
+
+PART_TIMES: dict[str, float] = {}
+"""Wall ms per part since the last refresh tick: where a repaint's time goes (`_time_parts`)."""
+
+
+def _time_parts() -> None:
+    """Wrap, from outside tui/, what a repaint is made of, each into PART_TIMES by name. In the
+    tick (the models): the header's model, the Overview's model and, inside it, its node
+    aggregates, rank rows, the run's step parts and charts. In the paint (Textual): `layout` (the
+    compositor's reflow), `render <Widget>` (each widget class's lines), the rest the compositor's
+    own (chops, segments). Nested names are inside their parent's time."""
+    import functools
+
+    from textual._compositor import Compositor
+    from textual.widget import Widget
+
+    from ringtop.tui.app import RingtopApp
+    from ringtop.tui.state.view_model import RunView
+    from ringtop.tui.tabs.overview import panel, parts
+
+    def timed(owner, attr: str, name) -> None:
+        original = getattr(owner, attr, None)
+        if original is None:  # another version of the UI (a `before` run)
+            return
+
+        @functools.wraps(original)
+        def wrapper(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return original(*a, **kw)
+            finally:
+                key = name(a) if callable(name) else name
+                PART_TIMES[key] = PART_TIMES.get(key, 0.0) + (time.perf_counter() - t) * 1e3
+
+        setattr(owner, attr, wrapper)
+
+    timed(RingtopApp, "_header_model", "tick: header")
+    timed(panel.OverviewTab, "model", "tick: overview")
+    timed(panel.OverviewTab, "_aggregates", "tick: overview > node aggregates")
+    timed(panel.OverviewTab, "_rank_rows", "tick: overview > rank rows")
+    timed(panel.OverviewTab, "_charts", "tick: overview > charts")
+    timed(getattr(parts, "RunParts", None), "get", "tick: overview > run step parts")
+    timed(panel, "run_parts", "tick: overview > run step parts")
+    timed(panel, "health_line", "tick: overview > health line")
+    timed(panel, "sort_nodes", "tick: overview > node rows sorted")
+    timed(RunView, "rows", "tick: overview > ranks ordered (slowest)")
+    timed(RunView, "tick", "tick: view tick (liveness, verdicts)")
+    timed(Compositor, "reflow", "paint: layout")
+    timed(Compositor, "reflow_visible", "paint: layout")
+    timed(Widget, "render_lines", lambda a: f"paint: render {type(a[0]).__name__}")
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -97,6 +171,9 @@ def worker(args: argparse.Namespace) -> None:
     def refresh_view(self) -> None:
         shown["step"] = newest_step(self.view)  # what this tick puts on screen (not timed)
         shown["ts"] = newest_step_ts(self.view)
+        if cycles:
+            cycles[-1]["parts"] = dict(PART_TIMES)
+        PART_TIMES.clear()
         t, c = time.perf_counter(), time.thread_time()
         original_refresh(self)
         cycles.append({"at": time.monotonic(), "tick_ms": (time.perf_counter() - t) * 1e3, "paint_ms": 0.0,
@@ -131,6 +208,7 @@ def worker(args: argparse.Namespace) -> None:
         original_fold_step(self, *a, **kw)
 
     RunView._fold_step = fold_step
+    _time_parts()
     RingtopApp.refresh_view = refresh_view
     Screen._on_timer_update = on_timer_update
     RingtopApp._display = display
@@ -201,6 +279,8 @@ def worker(args: argparse.Namespace) -> None:
             "gc_ms_per_s": round(sum(ms for _, _, ms in pauses) / wall, 1),
             "gc_full_passes": sum(1 for _, gen, _ in pauses if gen == 2),
             "window_s": round(wall, 2), "final": final, "rss_mb_each_s": list(rss_series),
+            "parts_ms_median": _parts_medians(window),
+            "rss_growth_mb_per_min": _slope_per_min(rss_series),
         }
         if now_status and start["status"]:
             first = start["status"]

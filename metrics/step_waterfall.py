@@ -47,36 +47,44 @@ def step_parts(step_ms: float, data_ms: float, forward_ms: float, backward_ms: f
 
     `idle_ms` is the step's idle time as the agent sent it (Step.idle_ms): in a pipeline (`pipeline`)
     it is data wait + bubble. `mfu_ratio` (0..1) is the step's MFU where the peak is known."""
-    step = _ms(step_ms)
-    data = min(_ms(data_ms), step)
-    phases = [min(_ms(forward_ms) + _ms(backward_ms), step - data)]
-    phases.append(min(_ms(optimizer_ms), step - data - phases[0]))
-    rest = step - data - phases[0] - phases[1]
-    bubble = _ms(idle_ms - _ms(data_ms)) if pipeline else 0.0
-    waits = {}
-    for name, wait in ((BUBBLE, bubble), (EXPOSED_COMM, _ms(exposed_comm_ms))):
-        taken = 0.0
-        for i in (0, 1):  # forward/backward first, then the optimizer
-            t = min(wait - taken, phases[i])
-            phases[i] -= t
-            taken += t
-        t = min(wait - taken, rest)  # a wait past the phase marks
-        rest -= t
-        waits[name] = taken + t
-    compute, optimizer = phases
-    parts: dict[str, float] = {}
-    if mfu_ratio is not None and math.isfinite(mfu_ratio) and mfu_ratio > 0:
-        ideal = min(mfu_ratio * step, compute)
-        parts[IDEAL] = ideal
-        parts[COMPUTE_BELOW_PEAK] = compute - ideal
-    else:
-        parts[COMPUTE] = compute
-    parts[EXPOSED_COMM] = waits[EXPOSED_COMM]
-    parts[BUBBLE] = waits[BUBBLE]
-    parts[DATA] = data
-    parts[OPTIMIZER] = optimizer
-    parts[REST] = max(0.0, rest)
+    row = step_parts_row(step_ms, data_ms, forward_ms, backward_ms, optimizer_ms, exposed_comm_ms, idle_ms,
+                         pipeline, mfu_ratio)
+    parts = {IDEAL: row[0], COMPUTE_BELOW_PEAK: row[1]} if _known(mfu_ratio) else {COMPUTE: row[2]}
+    parts.update(zip(PARTS[3:], row[3:]))
     return parts
+
+
+def _known(mfu_ratio: float | None) -> bool:
+    return mfu_ratio is not None and math.isfinite(mfu_ratio) and mfu_ratio > 0
+
+
+def step_parts_row(step_ms: float, data_ms: float, forward_ms: float, backward_ms: float, optimizer_ms: float,
+                   exposed_comm_ms: float, idle_ms: float = 0.0, pipeline: bool = False,
+                   mfu_ratio: float | None = None) -> tuple[float, ...]:
+    """`step_parts` as a tuple in PARTS order (0 for a part it lacks), straight-line: the live UI
+    splits every rank's steps (a few µs each at 1024 ranks counts)."""
+    step = _ms(step_ms)
+    data_raw = _ms(data_ms)
+    data = min(data_raw, step)
+    compute = min(_ms(forward_ms) + _ms(backward_ms), step - data)
+    optimizer = min(_ms(optimizer_ms), step - data - compute)
+    rest = step - data - compute - optimizer
+    waited = []
+    for wait in (_ms(idle_ms - data_raw) if pipeline else 0.0, _ms(exposed_comm_ms)):  # bubble first
+        t = min(wait, compute)  # forward/backward first, then the optimizer, then past the phase marks
+        compute -= t
+        taken = t
+        t = min(wait - taken, optimizer)
+        optimizer -= t
+        taken += t
+        t = min(wait - taken, rest)
+        rest -= t
+        waited.append(taken + t)
+    bubble, exposed = waited
+    if _known(mfu_ratio):
+        ideal = min(mfu_ratio * step, compute)
+        return (ideal, compute - ideal, 0.0, exposed, bubble, data, optimizer, max(0.0, rest))
+    return (0.0, 0.0, compute, exposed, bubble, data, optimizer, max(0.0, rest))
 
 
 def mean_parts(steps: Iterable[Mapping[str, float]]) -> dict[str, float]:

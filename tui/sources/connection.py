@@ -30,7 +30,18 @@ from typing import Any, Callable
 
 import zmq
 
-from ringtop.protocol import UI_RANK, Command, Heartbeat, ProtocolError, Reply, Sample, Step, decode, encode
+from ringtop.protocol import (
+    UI_RANK,
+    Command,
+    Digest,
+    Heartbeat,
+    ProtocolError,
+    Reply,
+    Sample,
+    Step,
+    decode,
+    encode,
+)
 from ringtop.protocol.curve import ClientKeys, HandshakeWatch, secure_client
 from ringtop.protocol.guard import LoopFaults
 from ringtop.protocol.messages import MESSAGE_TYPES
@@ -42,8 +53,11 @@ OnBatch = Callable[[list[Any], list[str]], None]
 DIGEST_TOPIC = b"digest."
 CONFLATE_AFTER_S = 0.25
 """The UI has not folded its last batch for this long: it is behind, and waiting readings conflate."""
-MAX_WAITING = 200_000
+MAX_WAITING = 20_000
 """Messages held for a UI that folds nothing (frozen): beyond, the oldest go (counted as skipped)."""
+MAX_WAITING_DIGESTS = 25
+"""The relay's digests held for a UI that is behind (5 s of them): a newer one takes the oldest's
+place (the UI counts the gap in their `seq` as digests lost)."""
 CONFLATED = (Step, Sample, Heartbeat)
 BUT_STEPS = tuple(f"{tag}.".encode() for tag in MESSAGE_TYPES if tag not in ("step", "digest", "command"))
 """With digests: every telemetry type but the ranks' steps (full names: `b"he"` would match two)."""
@@ -98,6 +112,7 @@ class TelemetryClient:
         self._folded = threading.Event()
         self._folded.set()
         self._posted_at = 0.0
+        self._digest_slot = 0
         self._waiting_at: dict[tuple[type, int], int] = {}
         """(type, rank) -> where its latest conflatable message waits in the batch."""
         self.faults = LoopFaults("UI receiver")
@@ -279,18 +294,27 @@ class TelemetryClient:
                     continue
                 msg = ControlReply(msg)
             self.received += 1
-            if type(msg) in CONFLATED and (msg.rank != 0 or type(msg) is not Step):
-                key = (type(msg), msg.rank)
-                at = waiting.get(key)
-                if behind and at is not None and at < len(batch) and batch[at] is not None:
-                    batch[at] = None  # the newer one replaces it (rank 0's steps: every one, for goodput)
-                    self.skipped += 1
-                waiting[key] = len(batch)
+            kind = type(msg)
+            if kind in CONFLATED and (msg.rank != 0 or kind is not Step):
+                self._conflate(batch, (kind, msg.rank), behind)
+            elif kind is Digest:
+                self._digest_slot = (self._digest_slot + 1) % MAX_WAITING_DIGESTS
+                self._conflate(batch, (kind, self._digest_slot), behind)
             if len(batch) >= MAX_WAITING:
-                self.skipped += len(batch) // 2
-                del batch[:len(batch) // 2]
+                half = len(batch) // 2
+                self.skipped += sum(1 for m in batch[:half] if m is not None)
+                del batch[:half]
                 waiting.clear()
             batch.append(msg)
+
+    def _conflate(self, batch: list[Any], key: tuple, behind: bool) -> None:
+        """The message about to be appended replaces the waiting one under `key`, if behind."""
+        waiting = self._waiting_at
+        at = waiting.get(key)
+        if behind and at is not None and at < len(batch) and batch[at] is not None:
+            batch[at] = None
+            self.skipped += 1
+        waiting[key] = len(batch)
 
     def _send_pending(self, dealer: zmq.Socket, rejected: list[str]) -> None:
         while True:

@@ -27,6 +27,7 @@ from ringtop.tui.state.rank_row import NonFinite, RankRow
 from ringtop.tui.state.reducers import VERDICT_KINDS
 from ringtop.tui.state.reducers.comm import COMM_WINDOW
 from ringtop.tui.state.reducers.steps import spike_of_event
+from ringtop.tui.state.step_parts import take_new_steps
 from ringtop.tui.words import words
 
 COMM_HISTORY_BUDGET = 64 * 1024
@@ -161,6 +162,7 @@ class RankFold:
         own = self.comm_ledger.collect(msg)
         if own is not None:
             row.comm_history.append(own)
+            take_new_steps(row, self.facts.strategy == "pp")  # split once, here, not at every repaint
         if not folded:
             self._fold_step(row, msg.step, msg.ts, msg.step_ms, loss, msg.grad_norm, msg.skipped)
     def _fold_step(self, row: RankRow, step: int, ts: float, step_ms: float, loss: float,
