@@ -223,10 +223,11 @@ REPLY_WIRE = {**ENV, "type": "reply", "id": "ui-1", "status": "error", "cmd": "c
               "result": {"step": 1205}, "error": "disk full", "code": "checkpoint_failed"}
 
 DIGEST = Digest(rank=-1, seq=7, ts=1767225600.25, interval_s=0.25, steps=[STEP],
-                briefs=[StepBrief(3, 1203, 1767225599.9, 214.0, None, 0.5, True)], briefs_dropped=1, relay_gaps=2)
+                briefs=[StepBrief(3, 1203, 1767225599.9, 214.0, None, 0.5, True)], briefs_dropped=1, relay_gaps=2,
+                relay_skipped=7)
 DIGEST_WIRE = {**ENV, "rank": -1, "seq": 7, "ts": 1767225600.25, "type": "digest", "interval_s": 0.25,
                "steps": [STEP_WIRE], "briefs": [[3, 1203, 1767225599.9, 214.0, None, 0.5, True]],
-               "briefs_dropped": 1, "relay_gaps": 2}
+               "briefs_dropped": 1, "relay_gaps": 2, "relay_skipped": 7}
 
 RECENT = RecentSteps(rank=-1, seq=2, ts=1767225600.5, briefs=[StepBrief(3, 1203, 1767225599.9, 214.0, 2.5, None)])
 RECENT_WIRE = {**ENV, "rank": -1, "seq": 2, "ts": 1767225600.5, "type": "recent",
