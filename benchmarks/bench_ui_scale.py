@@ -317,6 +317,12 @@ def worker(args: argparse.Namespace) -> None:
             lags: list[int] = []
             lags_s: list[float] = []
             rss_series.clear()
+            traced = None
+            if args.tracemalloc:  # where memory that stays is allocated (slows the UI: not for the numbers)
+                import tracemalloc
+
+                tracemalloc.start(1)
+                traced = tracemalloc.take_snapshot()
             profile = None
             if args.profile:  # the UI thread's calls over the window (cProfile: this thread only)
                 import cProfile
@@ -338,7 +344,16 @@ def worker(args: argparse.Namespace) -> None:
             if profile is not None:
                 profile.disable()
                 profile.dump_stats(os.path.join(args.profile, f"ui-{args.ranks}.pstats"))
-            write(row_so_far(start, lags, lags_s, _read_status(args.status_file), final=True))
+            row = row_so_far(start, lags, lags_s, _read_status(args.status_file), final=True)
+            if traced is not None:
+                import tracemalloc
+
+                grown = tracemalloc.take_snapshot().compare_to(traced, "lineno")
+                row["tracemalloc_growth"] = [
+                    {"kb": round(d.size_diff / 1024, 1), "blocks": d.count_diff,
+                     "where": [f"{f.filename.split('site-packages/')[-1]}:{f.lineno}" for f in d.traceback][-4:]}
+                    for d in grown[:15]]
+            write(row)
 
     asyncio.run(drive())
 
@@ -388,6 +403,7 @@ def one_size(ranks: int, args: argparse.Namespace, workdir: Path) -> dict:
                                str(args.seconds), "--warmup", str(args.warmup), "--fill-timeout",
                                str(args.fill_timeout), "--attach-timeout", str(args.attach_timeout),
                                *(["--profile", args.profile] if args.profile else []),
+                               *(["--tracemalloc"] if args.tracemalloc else []),
                                *([] if args.digests_from is None else ["--digests-from", str(args.digests_from)])],
                               stdout=subprocess.DEVNULL, stderr=open(workdir / f"ui-{ranks}.txt", "wb"), env=env,
                               start_new_session=True, preexec_fn=exit_with_parent)
@@ -436,6 +452,8 @@ def main() -> None:
     parser.add_argument("--neighbours", type=int, default=0, metavar="K",
                         help="K busy-loop processes on the same cores while the UI runs (a CPU-bound neighbour)")
     parser.add_argument("--json", action="store_true", help="print the rows as a JSON list")
+    parser.add_argument("--tracemalloc", action="store_true", help="add the 15 allocation sites whose memory grew "
+                        "most over the window (tracemalloc; slows the UI: not for the numbers)")
     parser.add_argument("--profile", metavar="DIR", help="write the UI thread's cProfile stats of each size's "
                         "window to DIR/ui-RANKS.pstats (slows the UI: not for the numbers)")
     parser.add_argument("--digests-from", type=int, default=None, metavar="N",
