@@ -68,11 +68,14 @@ def drain(sock: zmq.Socket, into: list, until) -> None:
 
 def subscribed(sub: zmq.Socket, pub: zmq.Socket, first, into: list) -> None:
     """Send `first` from `pub` until `sub` has it (PUB/SUB drops what comes before the
-    subscription is up): from then on nothing sent is lost."""
+    subscription is up, and a rank's frames wait until its CURVE handshake is done): from then
+    on nothing that `pub` sends is lost or held back. Call it once per rank, or one rank's
+    whole run may reach the relay before another's first step."""
     def arrived(got: list) -> bool:
-        if not got:
+        if first not in got:
             pub.send_multipart(framed(first))
-        return bool(got)
+            return False
+        return True
 
     drain(sub, into, arrived)
 

@@ -48,8 +48,9 @@ def test_a_ui_attaching_mid_run_gets_the_runs_goodput_from_the_relay(gatekeeper)
         late = None
         try:
             seen_early: list = []
-            subscribed(early, pubs[0], before[0], seen_early)
-            for msg in before[1:]:
+            for rank in (0, 1):
+                subscribed(early, pubs[rank], before[rank], seen_early)
+            for msg in before[2:]:
                 pubs[msg.rank].send_multipart(framed(msg))
             drain(early, seen_early, lambda got: any(isinstance(m, Stall) and m.state == "recovered" for m in got)
                   and any(isinstance(m, Step) and m.step == 300 for m in got))

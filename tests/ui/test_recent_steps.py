@@ -46,10 +46,14 @@ async def test_a_ui_attaching_mid_run_starts_its_charts_from_the_relays_recent_s
         late = None
         try:
             seen_early: list = []
-            subscribed(early, pubs[0], run[0], seen_early)
-            for msg in run[1:]:
-                pubs[msg.rank].send_multipart(framed(msg))
-            drain(early, seen_early, lambda got: sum(isinstance(m, Step) for m in got) == 2 * STEPS)
+            for rank in (0, 1):
+                subscribed(early, pubs[rank], run[rank], seen_early)
+            # step by step: two sockets' frames reach the relay in no set order, and a rank more
+            # than STEP_LAG steps ahead closes the chart's points without the other
+            for n, pair in enumerate(zip(run[2::2], run[3::2]), start=1):
+                for msg in pair:
+                    pubs[msg.rank].send_multipart(framed(msg))
+                drain(early, seen_early, lambda got, n=n: sum(isinstance(m, Step) for m in got) == 2 * n)
 
             late = subscriber(publish_addr, keys.client)
             seen_late: list = []
