@@ -12,6 +12,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+from ringtop.agent.restarts import restart_count
 from ringtop.protocol import free_tcp_port
 from ringtop.strategies.base import DistContext
 
@@ -61,6 +62,20 @@ def first_host(nodelist: str) -> str:
     return prefix + (ranges.split(",")[0].split("-")[0] if ranges else "")
 
 
+def attempt_store(env: dict[str, str] | os._Environ, rank: int, world_size: int,
+                  timeout: datetime.timedelta) -> dist.Store | None:
+    """The store a restarted attempt's process group meets in, or None: torch's own (env://).
+
+    torchrun --standalone keeps its store across restarts, and the ranks of a new attempt read the
+    addresses the dead attempt's ranks left there (gloo: "connection refused" to a rank of the
+    last attempt, so every restart failed at set-up). Each attempt gets keys of its own."""
+    attempt = restart_count(env)
+    if attempt == 0 or env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world_size, is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"ringtop/attempt_{attempt}", store)
+
+
 def init_distributed(device_choice: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> DistContext:
     os.environ.update(slurm_environment(dict(os.environ)))
     rank = int(os.environ.get("RANK", 0))
@@ -73,7 +88,8 @@ def init_distributed(device_choice: str, timeout_s: float = DEFAULT_TIMEOUT_S) -
     timeout = datetime.timedelta(seconds=timeout_s)
     if not dist.is_initialized():
         if "MASTER_ADDR" in os.environ:
-            dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout)
+            store = attempt_store(os.environ, rank, world_size, timeout)
+            dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout, store=store)
         else:
             init_method = f"tcp://127.0.0.1:{free_tcp_port()}"
             dist.init_process_group(backend, init_method=init_method, rank=0, world_size=1, timeout=timeout)

@@ -14,7 +14,8 @@ from ringtop.cli.progress import ProgressPrinter
 from ringtop.cli.summary import report_end
 
 
-def run_headless(nproc: int, agent_args: list[str], cfg, logs: bool = True, progress_every_s: float = 5.0) -> int:
+def run_headless(nproc: int, agent_args: list[str], cfg, logs: bool = True, progress_every_s: float = 5.0,
+                 max_restarts: int = 0) -> int:
     """The run's exit code (cli/summary.py report_end: the launcher's; a stop by a command 0). `cfg`:
     the agent's config of `agent_args` (its --log-dir and --run-id are kept; without them they are
     added); `logs=False`: none
@@ -28,7 +29,7 @@ def run_headless(nproc: int, agent_args: list[str], cfg, logs: bool = True, prog
         agent_args = [*agent_args, "--log-dir", str(log_dir)]
     where = f"logs in {log_dir}/" if log_dir is not None else "no logs"
     print(f"ringtop: run {run_id} on {nproc} rank{'s' if nproc != 1 else ''}, {where}", file=sys.stderr, flush=True)
-    proc = start_ranks(nproc, agent_args, capture_stderr=True)
+    proc = start_ranks(nproc, agent_args, capture_stderr=True, max_restarts=max_restarts)
     output = LauncherOutput(proc.stderr, log_dir / LAUNCHER_OUTPUT) if log_dir is not None else StderrTail(proc)
     progress = None
     if log_dir is not None and progress_every_s > 0:

@@ -18,18 +18,20 @@ from ringtop.agent.lifecycle import EXIT_WITH_PARENT_ENV, exit_with_parent
 from ringtop.protocol import safe_files
 
 
-def launcher_command(nproc: int, agent_args: list[str]) -> list[str]:
+def launcher_command(nproc: int, agent_args: list[str], max_restarts: int = 0) -> list[str]:
+    restarts = [f"--max-restarts={max_restarts}"] if max_restarts else []
     return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *restarts,
         "-m", "ringtop.agent", *agent_args,
     ]
 
 
 def start_ranks(nproc: int, agent_args: list[str], output_file: Path | None = None,
-                capture_stderr: bool = False) -> subprocess.Popen:
+                capture_stderr: bool = False, max_restarts: int = 0) -> subprocess.Popen:
     """In a new session so one signal reaches the launcher and every rank it started; the launcher
     gets SIGTERM from the kernel if this process dies without stopping it (even by SIGKILL).
-    `capture_stderr`: a pipe, for a StderrTail to pass on and keep."""
+    `capture_stderr`: a pipe, for a StderrTail to pass on and keep. `max_restarts`: how many times
+    the launcher starts every rank again after one fails (the run keeps its id)."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("PYTHONWARNINGS", "ignore")
@@ -43,7 +45,7 @@ def start_ranks(nproc: int, agent_args: list[str], output_file: Path | None = No
             os.close(folder)
     try:
         stderr = subprocess.STDOUT if out else (subprocess.PIPE if capture_stderr else None)
-        return subprocess.Popen(launcher_command(nproc, agent_args), env=env, stdout=out, stderr=stderr,
+        return subprocess.Popen(launcher_command(nproc, agent_args, max_restarts), env=env, stdout=out, stderr=stderr,
                                 start_new_session=True, preexec_fn=exit_with_parent)
     finally:
         if out is not None:

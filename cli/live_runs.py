@@ -11,7 +11,14 @@ from pathlib import Path
 
 
 def client_target(args: argparse.Namespace, publish_flag: bool):
-    """(publish, control, keys) for `ui` and `ctl`, or None after saying why there is none.
+    """(publish, control, keys) for `ui` and `ctl`, or None after saying why there is none."""
+    found = client_connection(args, publish_flag)
+    return None if found is None else found[0]
+
+
+def client_connection(args: argparse.Namespace, publish_flag: bool):
+    """((publish, control, keys), the run's connection file when the run was found by it, to
+    follow across restarts, else None), or None after saying why there is none.
 
     A run of this user on this node is found by its connection file (`args.run`, or the only
     live one); `--keys FILE` names a connection file (copied from the node, for `ssh -L`);
@@ -29,7 +36,7 @@ def client_target(args: argparse.Namespace, publish_flag: bool):
         if connect is None:
             print("ringtop: --insecure needs --connect ADDRESS (a run started with --insecure)", file=sys.stderr)
             return None
-        return (connect if publish_flag else "", control, None)
+        return (connect if publish_flag else "", control, None), None
     try:
         if args.keys:
             info = read(Path(args.keys))
@@ -48,7 +55,8 @@ def client_target(args: argparse.Namespace, publish_flag: bool):
         print(f"ringtop: {exc}", file=sys.stderr)
         return None
     publish = (connect if publish_flag and connect else info.publish)
-    return publish, (control or info.control), info.keys
+    by_file = not args.keys and connect is None
+    return (publish, (control or info.control), info.keys), (info if by_file else None)
 
 
 def find_run(spec: str | None):

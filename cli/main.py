@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ringtop.cli.live_runs import client_target, connect_info, find_run, ls
+from ringtop.cli.live_runs import client_connection, client_target, connect_info, find_run, ls
 from ringtop.cli.parser import build_parser
 from ringtop.cli.terminal import one_line_error
 from ringtop.cli.training import demo, run
@@ -19,13 +19,13 @@ from ringtop.cli.training import demo, run
 def _ui(args: argparse.Namespace) -> int:
     from ringtop.tui.app import run_live
 
-    target = client_target(args, publish_flag=True)
-    if target is None:
+    found = client_connection(args, publish_flag=True)
+    if found is None:
         return 2
-    publish, control, keys = target
+    (publish, control, keys), follow = found
     if args.digests_from is None:
-        return run_live(publish, control, keys=keys) or 0
-    return run_live(publish, control, keys=keys, digest_min_ranks=args.digests_from) or 0
+        return run_live(publish, control, keys=keys, follow=follow) or 0
+    return run_live(publish, control, keys=keys, digest_min_ranks=args.digests_from, follow=follow) or 0
 
 
 def _replay(args: argparse.Namespace) -> int:

@@ -21,6 +21,16 @@ def digest_ranks(text: str) -> int:
     return n or (1 << 21)
 
 
+def restarts(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of restarts: {text!r}") from None
+    if not 0 <= n <= 1000:
+        raise argparse.ArgumentTypeError(f"{n} is not between 0 and 1000")
+    return n
+
+
 RUN_DESCRIPTION = ("Launch N ranks on this node (as torchrun does). Every option that is not one of run's own "
                    "goes to each rank's agent.")
 
@@ -28,6 +38,9 @@ RUN_DESCRIPTION = ("Launch N ranks on this node (as torchrun does). Every option
 def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nproc", type=int, default=2, help="ranks on this node (default: %(default)s)")
     parser.add_argument("--ui", action="store_true", help="open the UI while the ranks train")
+    parser.add_argument("--max-restarts", type=restarts, default=0, metavar="N",
+                        help="start every rank again, up to N times, after one fails (torchrun's --max-restarts); "
+                        "the run keeps its id, its logs and its goodput (default: %(default)s)")
     parser.add_argument("--no-logs", action="store_true",
                         help="write no logs, so no progress lines either (default without --ui: logs in runs/RUN_ID/, "
                         "or the agent's --log-dir)")
@@ -47,7 +60,8 @@ class RunHelp(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
         from ringtop.agent.config import add_agent_arguments
 
-        usage = f"{parser.prog} [-h] [--nproc NPROC] [--ui] [--no-logs] [--quiet] [--progress-every S] [agent options]"
+        usage = (f"{parser.prog} [-h] [--nproc NPROC] [--ui] [--max-restarts N] [--no-logs] [--quiet] "
+                 "[--progress-every S] [agent options]")
         full = argparse.ArgumentParser(prog=parser.prog, description=RUN_DESCRIPTION, usage=usage)
         add_run_options(full)
         add_agent_arguments(full)

@@ -323,6 +323,9 @@ def print_summary(log_dir: Path) -> None:
     if any(r["implausible"] for r in rows):
         print("  ? above the most the device can do: the tokens or FLOPs it is computed from are wrong")
     print("\n" + lifecycle_line(lifecycle_of_logs(log_dir)))
+    restarts = restart_lines(log_dir)
+    if restarts:
+        print("\n".join(restarts))
     good = goodput(log_dir)
     if good.known:
         print("\n" + goodput_line(good))
@@ -343,23 +346,69 @@ def print_summary(log_dir: Path) -> None:
         print("\n" + "\n".join(hangs))
 
 
+def attempts(messages: list) -> list[list]:
+    """A rank's log cut where its launcher started it again (a Hello with another restart count):
+    the messages of each attempt of the run, in order."""
+    cut: list[list] = [[]]
+    count = None
+    for m in messages:
+        if isinstance(m, Hello):
+            if count is not None and m.restart_count != count and cut[-1]:
+                cut.append([])
+            count = m.restart_count
+        cut[-1].append(m)
+    return cut
+
+
+def _rank_end(rank: int, messages: list, how_silent: str) -> RankEnd:
+    last_step = max((m.step for m in messages if isinstance(m, Step)), default=-1)
+    last = messages[-1] if messages else None
+    if isinstance(last, Bye):
+        return RankEnd(rank, max(last.step, last_step), last.ok, last.reason, at=last.ts)
+    return RankEnd(rank, last_step, None, how=how_silent, at=last.ts if last is not None else 0.0)
+
+
+def _rank_logs(log_dir: Path) -> list[tuple[int, list]]:
+    return [(int(path.stem.split("-")[1]), read_log(path))
+            for path in sorted(log_dir.glob("rank-*.jsonl"), key=lambda p: int(p.stem.split("-")[1]))]
+
+
 def rank_ends(log_dir: Path, signals: dict[int, str] | None = None) -> tuple[list[RankEnd], int]:
-    """Each rank's end as its log tells it (its last message a Bye, or not: then ended without one,
-    killed by the signal the launcher saw where it says so), and the world size."""
+    """Each rank's end as its log tells it, of the run's last attempt (its last message a Bye, or
+    not: then ended without one, killed by the signal the launcher saw where it says so), and the
+    world size."""
     signals = signals or {}
     ends, world = [], 0
-    for path in sorted(log_dir.glob("rank-*.jsonl"), key=lambda p: int(p.stem.split("-")[1])):
-        messages = read_log(path)
-        rank = int(path.stem.split("-")[1])
+    for rank, messages in _rank_logs(log_dir):
         world = max([world, rank + 1, *(m.world_size for m in messages if isinstance(m, Hello))])
-        last_step = max((m.step for m in messages if isinstance(m, Step)), default=-1)
-        last = messages[-1] if messages else None
-        if isinstance(last, Bye):
-            ends.append(RankEnd(rank, max(last.step, last_step), last.ok, last.reason, at=last.ts))
-        else:
-            how = f"killed by {signals[rank]}" if rank in signals else "ended without a Bye"
-            ends.append(RankEnd(rank, last_step, None, how=how, at=last.ts if last is not None else 0.0))
+        how = f"killed by {signals[rank]}" if rank in signals else "ended without a Bye"
+        ends.append(_rank_end(rank, attempts(messages)[-1], how))
     return ends, world
+
+
+def restart_lines(log_dir: Path) -> list[str]:
+    """`restarts: 1` and, for each, how the attempt before it ended (the same fold as the run's end)."""
+    by_attempt: dict[int, list[RankEnd]] = {}
+    started: dict[int, float] = {}
+    world = 0
+    for rank, messages in _rank_logs(log_dir):
+        for part in attempts(messages):
+            hello = next((m for m in part if isinstance(m, Hello)), None)
+            count = hello.restart_count if hello is not None else 0
+            if hello is not None:
+                world = max(world, hello.world_size)
+                started[count] = min(started.get(count, hello.ts), hello.ts)
+            by_attempt.setdefault(count, []).append(_rank_end(rank, part, "ended without a Bye"))
+    restarts = sorted(c for c in by_attempt if c > 0)
+    if not restarts:
+        return []
+    lines = [f"restarts: {len(restarts)}"]
+    for count in restarts:
+        before = max((c for c in by_attempt if c < count), default=None)
+        life = fold(by_attempt[before], world_size=world) if before is not None else None
+        after = f" after {life.words}" if life is not None and life.state != "ended" else ""
+        lines.append(f"  restart {count} at {fmt.clock(started[count])}{after}")
+    return lines
 
 
 def lifecycle_of_logs(log_dir: Path | None, signals: dict[int, str] | None = None) -> Lifecycle | None:

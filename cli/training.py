@@ -43,14 +43,14 @@ def run(args: argparse.Namespace, agent_args: list[str]) -> int:
         from ringtop.cli.headless import run_headless
 
         return run_headless(args.nproc, agent_args, cfg, logs=not args.no_logs,
-                            progress_every_s=0.0 if args.quiet else args.progress_every)
+                            progress_every_s=0.0 if args.quiet else args.progress_every, max_restarts=args.max_restarts)
     run_id = cfg.run_id or uuid.uuid4().hex[:8]
     if cfg.run_id is None:
         agent_args = [*agent_args, "--run-id", run_id]
     log_dir = Path(cfg.log_dir or Path("runs") / run_id)
     if cfg.log_dir is None:
         agent_args = [*agent_args, "--log-dir", str(log_dir)]
-    return run_with_ui(args.nproc, agent_args, log_dir, run_id)
+    return run_with_ui(args.nproc, agent_args, log_dir, run_id, max_restarts=args.max_restarts)
 
 
 def modes_as_the_ranks(group_readable: bool) -> None:
@@ -76,7 +76,8 @@ def has_torch() -> bool:
     return False
 
 
-def run_with_ui(nproc: int, agent_args: list[str], log_dir: Path, run_id: str | None = None) -> int:
+def run_with_ui(nproc: int, agent_args: list[str], log_dir: Path, run_id: str | None = None,
+                max_restarts: int = 0) -> int:
     """Start the ranks, wait for rank 0's connection file (its addresses and keys), open the UI.
     `run_id`: the one the agent options name; None: a new one, added to them."""
     from ringtop.cli.launch import forward_stop_signals, start_ranks, stop_ranks, wait_ranks
@@ -92,7 +93,7 @@ def run_with_ui(nproc: int, agent_args: list[str], log_dir: Path, run_id: str | 
         run_id = uuid.uuid4().hex[:8]
         agent_args = [*agent_args, "--run-id", run_id]
     output = log_dir / "agents.log"
-    proc = start_ranks(nproc, agent_args, output_file=output)
+    proc = start_ranks(nproc, agent_args, output_file=output, max_restarts=max_restarts)
     forward_stop_signals(proc)
     print(f"ringtop: starting run {run_id} on {nproc} ranks (output: {output}) ...", file=sys.stderr, flush=True)
     try:
@@ -107,7 +108,8 @@ def run_with_ui(nproc: int, agent_args: list[str], log_dir: Path, run_id: str | 
         print("ringtop: the ranks ended before rank 0 was up", file=sys.stderr)
         report_failure(code or 1, str(log_dir), _tail_of(output), output)
         return code or 1
-    run_live(info.publish, info.control, keys=info.keys, launcher_exits=launcher_exits_for_ui(proc, output))
+    run_live(info.publish, info.control, keys=info.keys, launcher_exits=launcher_exits_for_ui(proc, output),
+             follow=info)
     if proc.poll() is None:
         print(f"ringtop: the UI is closed; the {nproc} ranks keep training (output: {output}).\n"
               f"  re-attach:  ringtop ui {run_id}\n"

@@ -18,19 +18,32 @@ one thing, so that the lost seconds by cause and the productive seconds add up t
   and only what it did not overlap was lost.
 - `startup`: from the first Hello — or, when it says so, the start of its rank's process — to the
   start of the first step (the whole wall before it).
+- `restart`: the launcher started the run again after a failure (torchrun --max-restarts: every
+  attempt keeps the run id, and its Hellos carry `restart_count`, 0 the first attempt; one
+  without it counts as 0). A Hello of any rank whose `restart_count` is higher than any seen yet
+  begins a restart, once per attempt. It loses the time from the end of rank 0's last step before
+  it to the start of rank 0's first step after it (counted while it lasts), less the stalls the
+  new attempt's ranks report meanwhile; then rank 0's steps that redo work: those numbered no
+  higher than the highest step it reached before the restart (the run resumed from an older
+  checkpoint, or from scratch), their time less the stalls in them. A restart before the run's
+  first step loses nothing of its own: start-up covers it. A stall in progress when a restart
+  begins ends at the end of rank 0's last step, and never later than the restart's Hello (one of
+  an attempt that made no step ends at the next attempt's Hello): what follows is the restart's.
 - `other`: the rest (step boundaries, commands, the diagnosis, the end of the run).
 
 How ranks are combined: rank 0's view. Steps, checkpoints and switches are rank 0's (every rank
 steps in lockstep; switch events are repeated by every rank); the wall spans every rank's
-messages; stalls of any rank count.
+messages; stalls of any rank count, and so does a Hello that begins a restart.
 
 A UI that attaches mid-run has missed the run's earlier steps; the wall its replayed Hello gives it
 reaches back to the start all the same. Rank 0's relay therefore folds every message it forwards
 into a Goodput of its own and sends its `state()` (a `goodput` message) to each new subscriber
-right after the replayed Hellos; `add` takes such a message as the whole count up to its `ts`,
-and the messages that follow it go on from there. The state carries rank 0's latest 256 steps and
-64 ended stalls, for what a later checkpoint or long step overlapped; a checkpoint reported after
-the hand-over that reaches back past them is clipped at the earliest step carried.
+right after the replayed Hellos; `add` takes such a message as the whole count up to its `ts`
+(where it adds up: metrics/goodput_state.py), and the messages that follow it go on from there.
+The state carries rank 0's latest 256 steps and 64 ended stalls, for what a later checkpoint or
+long step overlapped; a checkpoint reported after the hand-over that reaches back past them is
+clipped at the earliest step carried. It carries the restarts too: their seconds so far, their
+number, the start of one in progress, and the step numbers a resumed run redoes.
 
 Stdlib only, like the rest of `ringtop.metrics`: messages are recognised by their protocol type
 tag (`hello`, `step`, ...), duck-typed, so this module imports neither msgspec nor the protocol.
@@ -43,9 +56,18 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-MAX_STARTUP_S = 86400.0
-"""A process start further back than this before its Hello is not believed (a clock jump)."""
-CAUSES = ("startup", "checkpoint", "switch", "stall", "skipped", "other")
+from ringtop.metrics.goodput_state import (
+    HANDED_STALLS,
+    HANDED_STEPS,
+    MAX_OPEN_STALLS,
+    MAX_STARTUP_S,
+    GoodputState,
+    checked_state,
+)
+from ringtop.metrics.goodput_state import count as _count
+from ringtop.metrics.goodput_state import real as _real
+
+CAUSES = ("startup", "restart", "checkpoint", "switch", "stall", "skipped", "other")
 """Lost time's causes, in the order they are shown."""
 STEP_HISTORY = 4096
 """Rank 0's recent steps kept to tell how much of a checkpoint overlapped training."""
@@ -55,47 +77,15 @@ to them)."""
 
 
 @dataclass(frozen=True)
-class GoodputState:
-    """Everything `Goodput` needs to go on counting from `as_of_ts` (protocol: GoodputSoFar)."""
-
-    run_id: str
-    world_size: int
-    started_ts: float
-    as_of_ts: float
-    first_step_start_ts: float | None
-    step_end_ts: float | None
-    steps: int
-    productive_s: float
-    checkpoint_s: float
-    switch_s: float
-    skipped_s: float
-    stall_closed_s: float
-    """Seconds of stalls that had ended, merged across ranks."""
-    startup_s: float | None
-    """Start-up's lost seconds, once the first step has begun (fixed from then on)."""
-    open_stalls: tuple[tuple[int, float], ...]
-    """(rank, start) of each stall in progress."""
-    recent_steps: tuple[tuple[float, float], ...] = ()
-    """Rank 0's latest steps, (start, end): what a later checkpoint overlapped."""
-    recent_stalls: tuple[tuple[float, float], ...] = ()
-    """The latest ended stalls (within stall_closed_s): what a later, long step overlapped."""
-
-
-MAX_OPEN_STALLS = 1 << 16
-"""A state reporting more stalls in progress than this is not believed."""
-HANDED_STEPS = 256
-HANDED_STALLS = 64
-"""How many of the latest steps and ended stalls a state carries."""
-
-
-@dataclass(frozen=True)
 class GoodputResult:
     productive_s: float = 0.0
     wall_s: float = 0.0
     lost_s: dict[str, float] = field(default_factory=dict)
     """Seconds lost by cause (CAUSES); with productive_s they add up to wall_s."""
     steps: int = 0
-    """Rank 0's steps counted (productive or skipped)."""
+    """Rank 0's steps counted (productive, skipped or redone)."""
+    restarts: int = 0
+    """How many times the launcher restarted the run (the highest `restart_count` seen)."""
 
     @property
     def goodput(self) -> float:
@@ -117,28 +107,6 @@ _TAGS: dict[type, str] = {}
 def _tag(msg: Any) -> str:
     config = getattr(type(msg), "__struct_config__", None)
     return getattr(config, "tag", "") or ""
-
-
-def _real(x: Any) -> float | None:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    x = float(x)
-    return x if math.isfinite(x) else None
-
-
-def _intervals(items: Any, lo: float, hi: float, most: int) -> list[tuple[float, float]] | None:
-    """(start, end) pairs inside [lo, hi], in time order and not overlapping; None if they are not."""
-    if not isinstance(items, (list, tuple)) or len(items) > most:
-        return None
-    found: list[tuple[float, float]] = []
-    for item in items:
-        if not isinstance(item, (list, tuple)) or len(item) != 2:
-            return None
-        s, e = _real(item[0]), _real(item[1])
-        if s is None or e is None or not lo <= s <= e <= hi or (found and s < found[-1][1]):
-            return None
-        found.append((s, e))
-    return found
 
 
 def _covered(a: float, b: float, pieces: Iterable[tuple[float, float]]) -> float:
@@ -184,6 +152,13 @@ class Goodput:
         self._startup_stalled_s = 0.0
         """Of the handed-over startup window, what the handed-over stalls covered (already taken
         out of `_startup_s`): a stall reported later takes out only what it adds."""
+        self._restarts = 0
+        self._restart_from: float | None = None
+        """Start of the restart in progress: the end of rank 0's last step before it."""
+        self._redo_through: int | None = None
+        """After a restart, rank 0's steps numbered up to this redo work."""
+        self._top_step: int | None = None
+        """The highest step number rank 0 reached."""
 
     # ------------------------------------------------------------------ input
 
@@ -215,7 +190,8 @@ class Goodput:
         if ts > self.last_ts:
             self.last_ts = ts
         if tag == "step" and rank == 0:
-            self._step(_real(getattr(msg, "step_ms", None)), getattr(msg, "skipped", False) is True, ts)
+            self._step(_real(getattr(msg, "step_ms", None)), getattr(msg, "skipped", False) is True, ts,
+                       _count(getattr(msg, "step", None)))
         elif tag == "event" and rank == 0:
             self._event(msg, ts)
         elif tag == "stall":
@@ -236,6 +212,9 @@ class Goodput:
             self.world_size = world
         if ts is None:
             return
+        attempt = _count(getattr(msg, "restart_count", 0))
+        if attempt is not None and attempt > self._restarts:
+            self._restart(attempt, ts)
         started = _real(getattr(msg, "process_started_ts", None))
         if started is not None and 0 < started < ts and ts - started < MAX_STARTUP_S:
             ts = started  # the wall begins when the rank's process did, not at its Hello
@@ -244,7 +223,18 @@ class Goodput:
         if self.last_ts is None or ts > self.last_ts:
             self.last_ts = ts
 
-    def add_step(self, rank: int, ts: float, step_ms: float, skipped: bool) -> None:
+    def _restart(self, attempt: int, ts: float) -> None:
+        """The first Hello of a new attempt of the run."""
+        self._restarts = attempt
+        gap = self._restart_from is not None  # the last attempt made no step
+        end = ts if self._step_end is None or gap else min(ts, self._step_end)
+        for rank in list(self._open):
+            self._end_stall(rank, end)
+        if self._step_end is not None and not gap:
+            self._restart_from = self._step_end
+        self._redo_through = self._top_step
+
+    def add_step(self, rank: int, ts: float, step_ms: float, skipped: bool, step: int) -> None:
         """A step known by its numbers only (a digest's brief of it): as `add` of its Step."""
         ts_real = _real(ts)
         if self.first_ts is None or ts_real is None or type(rank) is not int or rank < 0:
@@ -254,9 +244,9 @@ class Goodput:
         if ts_real > self.last_ts:
             self.last_ts = ts_real
         if rank == 0:
-            self._step(_real(step_ms), skipped is True, ts_real)
+            self._step(_real(step_ms), skipped is True, ts_real, _count(step))
 
-    def _step(self, step_ms: float | None, skipped: bool, ts: float) -> None:
+    def _step(self, step_ms: float | None, skipped: bool, ts: float, n: int | None) -> None:
         if step_ms is None:
             return
         start = max(ts - max(step_ms, 0.0) / 1e3, self.first_ts)
@@ -267,13 +257,20 @@ class Goodput:
         self._step_end = ts
         if self.first_step_start is None:
             self.first_step_start = start
+        if self._restart_from is not None:  # the first step after a restart ends it
+            a, self._restart_from = self._restart_from, None
+            self._lost["restart"] += max(0.0, (start - a) - self._stalled(a, start))
         self._steps.append((start, ts))
         self._step_count += 1
         useful = (ts - start) - self._stalled(start, ts)
-        if skipped:
+        if n is not None and self._redo_through is not None and n <= self._redo_through:
+            self._lost["restart"] += useful
+        elif skipped:
             self._lost["skipped"] += useful
         else:
             self.productive_s += useful
+        if n is not None and (self._top_step is None or n > self._top_step):
+            self._top_step = n
 
     def _event(self, msg: Any, ts: float) -> None:
         kind = getattr(msg, "kind", "")
@@ -334,67 +331,37 @@ class Goodput:
             productive_s=self.productive_s, checkpoint_s=self._lost["checkpoint"], switch_s=self._lost["switch"],
             skipped_s=self._lost["skipped"], stall_closed_s=closed, startup_s=startup,
             open_stalls=tuple(sorted(self._open.items()))[:MAX_OPEN_STALLS],
-            recent_steps=tuple(self._steps)[-HANDED_STEPS:], recent_stalls=tuple(self._stalls[-HANDED_STALLS:]))
+            recent_steps=tuple(self._steps)[-HANDED_STEPS:], recent_stalls=tuple(self._stalls[-HANDED_STALLS:]),
+            restart_s=self._lost["restart"], restarts=self._restarts, restart_from_ts=self._restart_from,
+            redo_through_step=self._redo_through, top_step=self._top_step)
 
     def _restore(self, msg: Any) -> None:
         """Take a `goodput` message (fields as GoodputState) as the count up to its `as_of_ts`,
-        if it is of this run and adds up; otherwise ignore it."""
-        run_id = getattr(msg, "run_id", "")
-        if self.run_id and run_id != self.run_id:
+        if it is of this run and adds up (goodput_state.checked_state); otherwise ignore it."""
+        st = checked_state(msg)
+        if st is None or (self.run_id and st.run_id != self.run_id):
             return
-        started, as_of = _real(getattr(msg, "started_ts", None)), _real(getattr(msg, "as_of_ts", None))
-        seconds = [_real(getattr(msg, k, None)) for k in
-                   ("productive_s", "checkpoint_s", "switch_s", "skipped_s", "stall_closed_s")]
-        steps, world = getattr(msg, "steps", None), getattr(msg, "world_size", 0)
-        if started is None or as_of is None or not 0 <= as_of - started < 10 * MAX_STARTUP_S:
-            return
-        if any(v is None or v < 0 for v in seconds) or type(steps) is not int or steps < 0:
-            return
-        productive, checkpoint, switch, skipped, stalled = seconds
-        wall = as_of - started
-        if productive + skipped > wall * (1 + 1e-9) + 1e-6 or stalled > wall * (1 + 1e-9) + 1e-6:
-            return
-        first_step = _real(getattr(msg, "first_step_start_ts", None))
-        startup = _real(getattr(msg, "startup_s", None))
-        if startup is not None and not 0 <= startup <= wall * (1 + 1e-9) + 1e-6:
-            return
-        step_end = _real(getattr(msg, "step_end_ts", None))
-        if first_step is not None and not started <= first_step <= as_of:
-            return
-        if step_end is not None and not started <= step_end <= as_of:
-            return
-        open_stalls = getattr(msg, "open_stalls", ())
-        if not isinstance(open_stalls, (list, tuple)) or len(open_stalls) > MAX_OPEN_STALLS:
-            return
-        opened: dict[int, float] = {}
-        for item in open_stalls:
-            if not isinstance(item, (list, tuple)) or len(item) != 2:
-                return
-            rank, start = item[0], _real(item[1])
-            if type(rank) is not int or rank < 0 or start is None or not started <= start <= as_of:
-                return
-            opened[rank] = start
-        steps_kept = _intervals(getattr(msg, "recent_steps", ()), started, as_of, HANDED_STEPS)
-        stalls_kept = _intervals(getattr(msg, "recent_stalls", ()), started, as_of, HANDED_STALLS)
-        if steps_kept is None or stalls_kept is None or sum(e - s for s, e in stalls_kept) > stalled + 1e-6:
-            return
-        self._reset(run_id or self.run_id)
-        if type(world) is int and world > 0:
-            self.world_size = world
-        self.first_ts, self.last_ts = started, as_of
-        self.first_step_start, self._step_end, self._step_count = first_step, step_end, steps
-        self.productive_s = productive
-        self._lost.update(checkpoint=checkpoint, switch=switch, skipped=skipped)
-        self._steps.extend(steps_kept)
-        self._stalls = stalls_kept
-        self._folded_stall_s = stalled - sum(e - s for s, e in stalls_kept)
-        self._open = opened
-        self._handed_over_ts = steps_kept[0][0] if steps_kept else as_of
-        self._startup_s = startup if first_step is not None else None
+        if self.first_ts is not None and st.started_ts > self.first_ts + 1e-6:
+            return  # it knows less: a restarted attempt's relay, and this count saw the attempts before
+        self._reset(st.run_id or self.run_id)
+        if st.world_size:
+            self.world_size = st.world_size
+        self.first_ts, self.last_ts, first_step = st.started_ts, st.as_of_ts, st.first_step_start_ts
+        self.first_step_start, self._step_end, self._step_count = first_step, st.step_end_ts, st.steps
+        self.productive_s = st.productive_s
+        self._lost.update(checkpoint=st.checkpoint_s, switch=st.switch_s, skipped=st.skipped_s, restart=st.restart_s)
+        self._restarts, self._restart_from = st.restarts, st.restart_from_ts
+        self._redo_through, self._top_step = st.redo_through_step, st.top_step
+        self._steps.extend(st.recent_steps)
+        self._stalls = list(st.recent_stalls)
+        self._folded_stall_s = st.stall_closed_s - sum(e - s for s, e in st.recent_stalls)
+        self._open = dict(st.open_stalls)
+        self._handed_over_ts = st.recent_steps[0][0] if st.recent_steps else st.as_of_ts
+        self._startup_s = st.startup_s if first_step is not None else None
         self._restored_stall_s = self._folded_stall_s if first_step is None else 0.0
         if first_step is not None:
-            self._startup_stalled_s = _covered(started, first_step,
-                                               [*stalls_kept, *((s, as_of) for s in opened.values())])
+            self._startup_stalled_s = _covered(st.started_ts, first_step,
+                                               [*st.recent_stalls, *((s, st.as_of_ts) for s in self._open.values())])
 
     # ------------------------------------------------------------------ queries
 
@@ -434,9 +401,13 @@ class Goodput:
             lost["startup"] = max(0.0, self._startup_s - max(0.0, stalled_since))
         else:
             lost["startup"] = max(0.0, (startup_end - t0) - _covered(t0, startup_end, stalls) - self._restored_stall_s)
+        if self._restart_from is not None:  # in progress: until the latest message
+            a = self._restart_from
+            lost["restart"] += max(0.0, (t1 - a) - _covered(a, t1, stalls))
         accounted = self.productive_s + sum(v for k, v in lost.items() if k != "other")
         lost["other"] = max(0.0, wall - accounted)
-        return GoodputResult(productive_s=self.productive_s, wall_s=wall, lost_s=lost, steps=self._step_count)
+        return GoodputResult(productive_s=self.productive_s, wall_s=wall, lost_s=lost, steps=self._step_count,
+                             restarts=self._restarts)
 
 
 def goodput_of(messages: Iterable[Any]) -> GoodputResult:

@@ -134,7 +134,7 @@ def remove(path: Path) -> None:
     path.unlink(missing_ok=True)
 
 
-def _alive(pid: int) -> bool:
+def is_alive(pid: int) -> bool:
     """Rank 0 still runs: not gone, not a zombie (killed, not yet reaped by its launcher), and not
     another user's process that has our pid's number now."""
     return not process_gone(pid, others_count_as_gone=True)
@@ -158,7 +158,7 @@ def live_runs() -> list[ConnectionInfo]:
             continue
         if info.host != here:
             continue
-        if _alive(info.pid):
+        if is_alive(info.pid):
             runs.append(info)
         else:
             remove(path)  # its rank 0 is gone (killed before it could remove the file)

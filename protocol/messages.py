@@ -143,6 +143,10 @@ class Hello(Envelope, tag="hello", kw_only=True):
     process_started_ts: Real = 0.0
     """When this rank's process started (Unix s): start-up before the Hello (imports, process
     group, model build, wrapping) counts against goodput too. 0 = not known."""
+    restart_count: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] = 0
+    """Which attempt of the run this is: the launcher started every rank again this many times
+    after one failed (torchrun --max-restarts, a requeued Slurm job). Every attempt keeps the run
+    id; goodput counts the time between them as `restart`."""
     publish: str = ""
     control: str = ""
 
@@ -287,7 +291,7 @@ MAX_OPEN_STALLS = 1 << 16
 
 
 class GoodputSoFar(Envelope, tag="goodput", kw_only=True):
-    """Rank 0's relay's goodput count up to `as_of_ts` (metrics/goodput.GoodputState), sent to each
+    """Rank 0's relay's goodput count up to `as_of_ts` (metrics/goodput_state.GoodputState), sent to each
     new subscriber after the replayed Hellos: a UI that attaches mid-run goes on from the run's
     count instead of from the steps it happened to see. `rank` is UI_RANK: no rank sends it, and
     the relay drops one that comes from a rank."""
@@ -308,6 +312,16 @@ class GoodputSoFar(Envelope, tag="goodput", kw_only=True):
     open_stalls: Annotated[list[tuple[Rank, Real]], msgspec.Meta(max_length=MAX_OPEN_STALLS)] = []
     recent_steps: Annotated[list[tuple[Real, Real]], msgspec.Meta(max_length=1024)] = []
     recent_stalls: Annotated[list[tuple[Real, Real]], msgspec.Meta(max_length=1024)] = []
+    restart_s: NonNegative = 0.0
+    """Seconds lost to the launcher's restarts of the run, but for one in progress."""
+    restarts: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] = 0
+    """The highest `Hello.restart_count` seen."""
+    restart_from_ts: Real | None = None
+    """Start of a restart in progress (the end of rank 0's last step before it); None: none."""
+    redo_through_step: Count | None = None
+    """After the latest restart, rank 0's steps numbered up to this redo work; None: none."""
+    top_step: Count | None = None
+    """The highest step number rank 0 reached; None: no step yet."""
 
 
 MAX_DIGEST_STEPS = 1024

@@ -25,6 +25,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, TabbedContent, TabPane
 
+from ringtop.protocol.connection_file import ConnectionInfo
 from ringtop.protocol.curve import ClientKeys
 from ringtop.tui.header.model import HeaderModel
 from ringtop.tui.header.render import header_model
@@ -38,6 +39,7 @@ from ringtop.tui.run_commands import RUN_COMMANDS, RunCommands
 from ringtop.tui.sources.connection import TelemetryClient
 from ringtop.tui.sources.exit_probe import ExitProbe, LauncherExits
 from ringtop.tui.sources.feeds import TIMER_REFRESH_AFTER_S, Feeds
+from ringtop.tui.sources.follow import RunFollower
 from ringtop.tui.sources.replay import ReplayError, load_replay
 from ringtop.tui.state.view_model import DIGEST_MIN_RANKS, RunView
 from ringtop.tui.tabs.comm.panel import CommFigures, CommTab
@@ -108,11 +110,14 @@ class RingtopApp(Feeds, RunCommands, OverviewKeys, App):
     def __init__(self, publish_addr: str | None = None, control_addr: str | None = None, *,
                  messages: Iterable[Any] | None = None, problems: Iterable[str] = (), source: str = "",
                  stale_after_s: float = 3.0, link_peak_gbps: float = 0.0, keys: ClientKeys | None = None,
-                 digest_min_ranks: int = DIGEST_MIN_RANKS, launcher_exits: LauncherExits | None = None) -> None:
+                 digest_min_ranks: int = DIGEST_MIN_RANKS, launcher_exits: LauncherExits | None = None,
+                 follow: ConnectionInfo | None = None) -> None:
         """`keys`: the run's client keys (its connection file); None for a run started --insecure.
         `launcher_exits`: what the launcher of the ranks saw end them (tui/sources/exit_probe.py), when known.
         `link_peak_gbps`: the link's peak per direction for the busbw reference (e.g. `--link`).
-        `digest_min_ranks`: from this world size on, steps come in the relay's digests (view_model)."""
+        `digest_min_ranks`: from this world size on, steps come in the relay's digests (view_model).
+        `follow`: the connection file the run was found by: when its launcher restarts it, the UI
+        attaches to the new rank 0 by itself (tui/sources/follow.py)."""
         super().__init__()
         if messages is None and publish_addr is None:
             raise ValueError("RingtopApp needs either publish_addr (live) or messages (replay)")
@@ -142,6 +147,7 @@ class RingtopApp(Feeds, RunCommands, OverviewKeys, App):
         self.table_page_rows: dict[str, int] = {}
         self.panels = tab_panels()
         self.exit_probe = None if self.replay else ExitProbe(launcher_exits)
+        self.follower = RunFollower(follow) if follow is not None and not self.replay else None
         self._gc_thresholds = gc.get_threshold()
         self._offered: tuple = ()
         self.refreshed_at = -1e9
@@ -284,7 +290,9 @@ class RingtopApp(Feeds, RunCommands, OverviewKeys, App):
     def _on_refresh_timer(self) -> None:
         """With digests the screen is refreshed as each digest is folded in (`Feeds`), so that it
         is as fresh as the relay's steps; the timer then only fills in where no digest came."""
-        if self.view.via_digests and time.monotonic() - self.refreshed_at < TIMER_REFRESH_AFTER_S:
+        now = time.monotonic()
+        self._follow_run(now)
+        if self.view.via_digests and now - self.refreshed_at < TIMER_REFRESH_AFTER_S:
             return
         self.refresh_view()
 
@@ -332,15 +340,16 @@ class RingtopApp(Feeds, RunCommands, OverviewKeys, App):
 
 def run_live(publish: str, control: str | None = None, *, keys: ClientKeys | None = None,
              link_peak_gbps: float = 0.0, digest_min_ranks: int = DIGEST_MIN_RANKS, nice: int = UI_NICE,
-             launcher_exits: LauncherExits | None = None) -> int:
-    """Run the UI against a live run (rank 0's publish and control addresses, the run's client keys)."""
+             launcher_exits: LauncherExits | None = None, follow: ConnectionInfo | None = None) -> int:
+    """Run the UI against a live run (rank 0's publish and control addresses, the run's client keys);
+    `follow`: its connection file's contents, to attach again by itself when the run restarts."""
     if nice > 0:
         try:
             os.nice(nice)  # this process only: ranks started before it keep theirs
         except OSError:
             pass
     app = RingtopApp(publish_addr=publish, control_addr=control, keys=keys, link_peak_gbps=link_peak_gbps,
-                     digest_min_ranks=digest_min_ranks, launcher_exits=launcher_exits)
+                     digest_min_ranks=digest_min_ranks, launcher_exits=launcher_exits, follow=follow)
     try:
         app.run()
     finally:

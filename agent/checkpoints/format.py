@@ -31,6 +31,7 @@ from ringtop.protocol import safe_files
 FULL, SHARDED = "full", "sharded"
 FORMATS = {FULL: "ringtop.full/2", SHARDED: "ringtop.sharded/1"}
 LATEST = "latest"
+AUTO = "auto"
 MODEL_FILE, STATE_FILE, META_FILE = "model.safetensors", "state.pt", "meta.json"
 
 
@@ -155,9 +156,17 @@ def finish_user(tmp_fd: int, step: int, meta: dict[str, Any]) -> int:
 # ---------------------------------------------------------------- reading
 
 
+class NoCheckpointYet(CheckpointError):
+    """`--resume auto` found no checkpoint: the run's first attempt starts fresh."""
+
+
 def resolve(spec: str, checkpoint_dir: str | os.PathLike) -> Path:
-    """`latest` (in the checkpoint dir), a checkpoint directory, or a directory holding a `latest`."""
-    path = Path(checkpoint_dir) if spec == LATEST else Path(spec)
+    """`latest` (in the checkpoint dir), a checkpoint directory, or a directory holding a `latest`;
+    `auto`: as `latest`, raising NoCheckpointYet where there is none (so a run under a launcher's
+    restarts resumes from its last checkpoint, and its first attempt starts fresh)."""
+    path = Path(checkpoint_dir) if spec in (LATEST, AUTO) else Path(spec)
+    if spec == AUTO and not (path / LATEST).exists():
+        raise NoCheckpointYet(f"no checkpoint in {path} yet")
     if path.is_dir() and not (path / META_FILE).exists():
         pointer = path / LATEST
         if not pointer.exists():

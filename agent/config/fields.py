@@ -193,6 +193,10 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     inject_hang: Annotated[tuple[int, int, str] | None, Option(
         FAULTS, "rank R hangs at step STEP, in its model's forward or just before a collective (default forward)",
         metavar="R:STEP[:forward|before-collective]", parse=values.hang, default_text="none")] = None
+    inject_crash: Annotated[tuple[int, int] | None, Option(
+        FAULTS, "rank R raises an error at step STEP, in the run's first attempt only (so that a restart under "
+        "--max-restarts goes on)", metavar="R:STEP", parse=values.at_step("--inject-crash"),
+        default_text="none")] = None
     inject_desync: Annotated[tuple[int, int] | None, Option(
         FAULTS, "at step STEP every rank broadcasts a buffer, rank R one element larger: a mismatched collective "
         "gloo does not notice", metavar="R:STEP", parse=values.at_step("--inject-desync"), default_text="none")] = None
@@ -201,7 +205,8 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
         CHECKPOINTS, "where checkpoints are written; a `switch` command's ds_config must lie inside it",
     )] = "checkpoints"
     resume: Annotated[str | None, Option(
-        CHECKPOINTS, "a checkpoint file, a checkpoint dir, or 'latest'", default_text="a fresh start")] = None
+        CHECKPOINTS, "a checkpoint file, a checkpoint dir, 'latest', or 'auto' (latest if there is one, else a fresh "
+        "start: for restarts)", default_text="a fresh start")] = None
     checkpoint_every: Annotated[int, Option(
         CHECKPOINTS, "a checkpoint every K steps; 0 = never", metavar="K", ge=0, bound_note="0 = never")] = 0
     checkpoint_kind: Annotated[str, Option(

@@ -108,8 +108,12 @@ def build_data(run: Runner) -> Any:
 
 def read_resume(run: Runner, fresh_model: torch.nn.Module):
     """(model state, optimizer state, path): the full state, from either kind of checkpoint,
-    whatever strategy and world size wrote it; sets the step and the data position."""
-    path = ckpt.resolve(run.cfg.resume, run.cfg.checkpoint_dir)
+    whatever strategy and world size wrote it; sets the step and the data position. None: `--resume
+    auto` and no checkpoint yet, a fresh start."""
+    try:
+        path = ckpt.resolve(run.cfg.resume, run.cfg.checkpoint_dir)
+    except ckpt.NoCheckpointYet:
+        return None
     meta = ckpt.read_meta(path)
     if meta["kind"] == ckpt.FULL:
         model_state, optim_state, _ = ckpt.load_full_files(path)

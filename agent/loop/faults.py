@@ -8,6 +8,7 @@ never joined, are the ones the stall watch has to get out.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Callable
 
@@ -16,6 +17,7 @@ import torch.distributed as dist
 
 from ringtop.agent.config import ConfigError
 from ringtop.agent.models.factories import call_model
+from ringtop.agent.restarts import restart_count
 from ringtop.strategies import collective_hooks
 
 DESYNC_ELEMENTS = 1024
@@ -62,6 +64,11 @@ def desynchronised_broadcast(rank: int, culprit: int) -> None:
     dist.broadcast(buffer, src=source)
 
 
+class InjectedCrash(RuntimeError):
+    """--inject-crash: an error as a bug in the training code would raise, so the rank exits as
+    it would (traceback, exit code 1) and its launcher may start the run again."""
+
+
 checkpoint_fault = None
 """Tests' hook into a checkpoint save: `checkpoint_fault(stage, kind)` is called on every rank as
 the save starts (stage "prepare", before the checkpoint folder is opened), before a rank opens the
@@ -91,6 +98,9 @@ class StepFaults:
         self.desync = cfg.inject_desync
         self.nan_step = cfg.inject_nan[1] if cfg.inject_nan is not None and cfg.inject_nan[0] == rank else None
         self.node_relay_death = cfg.inject_node_relay_death
+        crash = cfg.inject_crash
+        self.crash_step = (crash[1] if crash is not None and crash[0] == rank and restart_count(os.environ) == 0
+                           else None)
 
     def after_batch(self, step: int, tracer: Any) -> None:
         """Before step `step` runs, its batch loaded: the desynchronised broadcast, traced."""
@@ -99,13 +109,16 @@ class StepFaults:
                 desynchronised_broadcast(self.rank, self.desync[0])
 
     def before_run(self, step: int, strategy: Any) -> None:
+        if self.crash_step == step:
+            raise InjectedCrash(f"rank {self.rank} crashed at step {step} (--inject-crash)")
         if self.nan_step == step:
             strategy.inject_nan_next_step()
 
 
 def check_fault_ranks(cfg: Any, world_size: int) -> None:
     """An injected fault aimed at a rank this run does not have would silently do nothing."""
-    for flag, fault in (("--inject-hang", cfg.inject_hang), ("--inject-desync", cfg.inject_desync),
+    for flag, fault in (("--inject-hang", cfg.inject_hang), ("--inject-crash", cfg.inject_crash),
+                        ("--inject-desync", cfg.inject_desync),
                         ("--inject-nan", cfg.inject_nan), ("--inject-slow-rank", cfg.inject_slow_rank)):
         if fault is not None and fault[0] >= world_size:
             raise ConfigError(f"{flag}: rank {fault[0]} is not in this run of {world_size} "

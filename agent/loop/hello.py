@@ -18,6 +18,7 @@ from ringtop.agent.loop.prediction import (
     predict_tensor_parallel,
 )
 from ringtop.agent.loop.switch_offer import switch_unavailable
+from ringtop.agent.restarts import restart_count
 from ringtop.metrics.parallel_dims import ParallelDims
 from ringtop.protocol import Hello, Sharding
 
@@ -74,7 +75,7 @@ def hello(run: Runner) -> Hello:
         flops_source=run.flops.source, peak_tflops=run.peak.tflops, peak_source=run.peak.source,
         tflops_ceiling=run.step_findings.ceiling.tflops, tflops_ceiling_source=run.step_findings.ceiling.source,
         process_started_ts=process_started_ts(), switch_unavailable=switch_unavailable(),
-        publish=run.endpoints.publish, control=run.endpoints.control,
+        restart_count=restart_count(os.environ), publish=run.endpoints.publish, control=run.endpoints.control,
     )
 
 

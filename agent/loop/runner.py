@@ -47,6 +47,7 @@ from ringtop.agent.loop.step_report import StepReport
 from ringtop.agent.models.factories import batch_to, batch_tokens
 from ringtop.agent.models.flop_count import FlopsPerToken
 from ringtop.agent.models.model import count_params
+from ringtop.agent.restarts import launcher_run_id
 from ringtop.agent.transport import rank_setup
 from ringtop.agent.transport.gatekeeper import node_user
 from ringtop.agent.transport.node_relay import NodeLayout, NodeRelay
@@ -156,7 +157,7 @@ class Runner:
     # ------------------------------------------------------------------ set-up
 
     def _agree_on_run_id(self) -> str:
-        run_id = self.cfg.run_id or uuid.uuid4().hex[:8]
+        run_id = self.cfg.run_id or launcher_run_id(os.environ) or uuid.uuid4().hex[:8]
         if self.control_group is None:
             return run_id
         return broadcast_bytes(run_id.encode(), self.ctx.rank, self.control_group).decode()

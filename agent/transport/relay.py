@@ -415,7 +415,9 @@ class Relay(threading.Thread):
             step_end_ts=state.step_end_ts, steps=state.steps, productive_s=state.productive_s,
             checkpoint_s=state.checkpoint_s, switch_s=state.switch_s, skipped_s=state.skipped_s,
             stall_closed_s=state.stall_closed_s, startup_s=state.startup_s, open_stalls=list(state.open_stalls),
-            recent_steps=list(state.recent_steps), recent_stalls=list(state.recent_stalls))
+            recent_steps=list(state.recent_steps), recent_stalls=list(state.recent_stalls),
+            restart_s=state.restart_s, restarts=state.restarts, restart_from_ts=state.restart_from_ts,
+            redo_through_step=state.redo_through_step, top_step=state.top_step)
 
 
 def conflatable(burst: list[tuple[list[bytes], object]]) -> dict[tuple[bytes, int], tuple[int, int]]:

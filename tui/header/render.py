@@ -85,6 +85,8 @@ def facts_text(v: RunView, *, replay: bool, source: str, refused: str = "", widt
         item(1, (f"  drops {v.total_drops:,}", "yellow"))
     if v.rejected_total:
         item(1, (f"  rejected {v.rejected_total:,}", "yellow"))
+    if v.restart.count:
+        item(1, (f"  ↻ {v.restart.count} restart{'s' if v.restart.count > 1 else ''}", "yellow"))
     if v.stale_skipped:  # newest wins while behind: what the screen never drew
         item(1, (f"  {v.stale_skipped:,} stale skipped", "yellow"))
     if f.backend:

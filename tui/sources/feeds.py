@@ -77,10 +77,20 @@ class Feeds:
         self.view.note(f"replay loaded: {len(msgs):,} messages from {self.source or 'log'}", kind="replay")
         self.refresh_view()
 
-    def _stop_client(self) -> None:
+    def _stop_client(self, timeout_s: float = 2.0) -> None:
         if self.client is not None:
-            self.client.stop()
+            self.client.stop(timeout_s)
             self.client = None
+
+    def _follow_run(self, now: float) -> None:
+        """The run restarted (a new rank 0 wrote its connection file): attach to it; the view goes on."""
+        moved = self.follower.moved(now) if self.follower is not None else None
+        if moved is None:
+            return
+        self._stop_client(timeout_s=0.0)  # its thread closes its sockets as it ends; the UI does not wait
+        self.publish_addr, self.control_addr, self.keys = moved.publish, moved.control, moved.keys
+        self.view.note(f"the run's rank 0 started again (pid {moved.pid}): attaching to it", kind="connect")
+        self._start_client()
 
     def on_telemetry_batch(self, batch: TelemetryBatch) -> None:
         now = time.monotonic()

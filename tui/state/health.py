@@ -132,6 +132,8 @@ def health_line(view: RunView, now: float) -> Text:
     if slow is not None:
         problems.append(("yellow", f"▲ rank {slow.rank} slowest: compute +{slow.excess_pct:.0f}% "
                                    f"(mean of the last {SLOWEST_WINDOW} steps)"))
+    if view.restart.count:
+        problems.append(("yellow", restart_words(view)))
     drops = view.total_drops
     if drops:
         problems.append(("yellow", f"{drops:,} telemetry messages lost"))
@@ -183,6 +185,14 @@ def _stall_problems(view: RunView, now: float, unheard: set[int]) -> list[tuple[
             text = f"⏸ rank {stall.rank}: no step in the {stall.seconds:.0f} s since this UI attached ({last})"
         out.append(("bold red", text))
     return out
+
+
+def restart_words(view: RunView) -> str:
+    """`↻ restarted 1× after rank 1: error: …; 8.5 s lost to restarts` (goodput's count)."""
+    seen = view.restart
+    lost_s = view.goodput.result().lost_s.get("restart", 0.0)
+    lost = f"; {lost_s:.1f} s lost to restarts" if lost_s > 0 else ""
+    return f"↻ restarted {seen.count}× {seen.after}".rstrip() + lost
 
 
 def _ranks(ranks: list[int]) -> str:

@@ -23,6 +23,7 @@ from ringtop.protocol import (
     StepBrief,
     Timeline,
 )
+from ringtop.tui.state.facts import RestartSeen
 from ringtop.tui.state.rank_row import NonFinite, RankRow
 from ringtop.tui.state.reducers import VERDICT_KINDS
 from ringtop.tui.state.reducers.comm import COMM_WINDOW
@@ -62,6 +63,8 @@ class RankFold:
             self._reset()
             self.event_log.add("info", None, f"new run {msg.run_id} (was {old})", msg.ts, kind="run")
         self._last_rx = now
+        if msg.restart_count > self.restart.count:
+            self._run_restarted(msg)
         if msg.rank == 0 or not self.facts.run_id:  # rank 0's Hello, or the first heard
             self._take_facts(msg)
         row = self._row(msg.rank)
@@ -92,6 +95,23 @@ class RankFold:
             self.event_log.add("info", msg.rank,
                             f"{'rejoined' if restarted else 'joined'}: {where}, {msg.strategy or '?'} on "
                             f"{msg.device or msg.backend or '?'}{extra}", msg.ts, kind="hello")
+
+    def _run_restarted(self, msg: Hello) -> None:
+        """The first Hello of a new attempt (its launcher started every rank again): what ended the
+        last one is kept, then every rank's end is forgotten, as each of them starts again."""
+        life = self.lifecycle()
+        cause = life.words if life.state in ("failed", "stalled") else ""
+        last_step = max((r.step for r in self.ranks.values()), default=-1)
+        self.restart = RestartSeen(msg.restart_count, cause, last_step, msg.ts)
+        for row in self.ranks.values():
+            row.ended, row.bye_reason, row.bye_ok, row.bye_ts = False, "", True, 0.0
+            row.dead, row.exit_how, row.exit_detail = False, "", ""
+            row.step = -1
+            self._live.add(row.rank)
+        self.step_history.restart()
+        self._end_reported = False
+        said = f"the run restarted (restart {msg.restart_count}) {self.restart.after}"
+        self.event_log.add("warn", None, said.rstrip(), msg.ts, kind="restart")
 
     def _take_facts(self, msg: Hello) -> None:
         """The run's facts from an authoritative Hello, and what they change: rows beyond the world,
@@ -127,6 +147,7 @@ class RankFold:
             row.bye_ok = True
             row.bye_ts = 0.0
             row.dead, row.exit_how, row.exit_detail = False, "", ""
+            row.step = -1
         if first or restarted:
             # A Hello may be a cached copy sent long after; the next message sets the baseline.
             row.last_seq = None
@@ -216,7 +237,7 @@ class RankFold:
             if b.step > row.folded_step:
                 self._fold_step(row, b.step, b.ts, b.step_ms, math.nan if b.loss is None else b.loss,
                                 b.grad_norm, b.skipped)
-                goodput.add_step(b.rank, b.ts, b.step_ms, b.skipped)
+                goodput.add_step(b.rank, b.ts, b.step_ms, b.skipped, b.step)
         for step in msg.steps:
             row = rows.get(step.rank)
             if row is not None:
@@ -226,8 +247,13 @@ class RankFold:
     def _on_recent_steps(self, msg: RecentSteps, now: float) -> None:
         """The relay's last steps of each rank, for a UI attaching mid-run: the charts and the rows'
         step numbers start from them. Only steps a rank's row has not folded yet (a UI already
-        attached gets them too), only of ranks whose Hello came; not news of a rank being alive."""
+        attached gets them too), only of ranks whose Hello came; not news of a rank being alive.
+        Goodput takes each too: it counts none twice (a step that ends before the last one counted
+        adds nothing), and a UI that kept its count across a restart has missed the new attempt's
+        first steps otherwise."""
+        goodput = self.goodput
         for b in msg.briefs:
+            goodput.add_step(b.rank, b.ts, b.step_ms, b.skipped, b.step)
             row = self.ranks.get(b.rank)
             if row is not None and b.step > row.folded_step:
                 self._fold_step(row, b.step, b.ts, b.step_ms, math.nan if b.loss is None else b.loss,

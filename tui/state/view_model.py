@@ -39,7 +39,7 @@ from ringtop.protocol import (
     Step,
     Timeline,
 )
-from ringtop.tui.state.facts import RunFacts
+from ringtop.tui.state.facts import RestartSeen, RunFacts
 from ringtop.tui.state.liveness import DEAD_AFTER_S, RunLiveness
 from ringtop.tui.state.parts import PartsAccess
 from ringtop.tui.state.pipeline import PipelineState
@@ -94,6 +94,7 @@ class RunView(RankFold, RunLiveness, RunReadings, PartsAccess):
 
     def _reset(self) -> None:
         self.facts = RunFacts()
+        self.restart = RestartSeen()
         self.ranks: dict[int, RankRow] = {}
         self.step_history = StepHistory(self.history_points)
         self.first_nonfinite: NonFinite | None = None
@@ -353,7 +354,7 @@ ROUTES: dict[type, tuple[Any, tuple[str, ...], bool]] = {
     # message type: (handler, parts it may change, whether it comes from a rank's row)
     ControlReply: (RunView._on_control_reply, ("commands", "events"), False),
     Reply: (RunView._on_published_reply, ("commands", "events"), False),
-    Hello: (RunView._on_hello, ("ranks", "comm", "events"), False),
+    Hello: (RunView._on_hello, ("ranks", "steps", "comm", "events"), False),
     Step: (RunView._on_step, ("ranks", "steps", "comm"), True),
     Digest: (RunView._on_digest, ("ranks", "steps", "comm"), False),
     RecentSteps: (RunView._on_recent_steps, ("ranks", "steps"), False),

@@ -74,11 +74,22 @@ class StepHistory:
         """The oldest pending step, as of the last close."""
         self._live_at_close = -1
         """Live ranks at the last close (-1: look again at the next message)."""
+        self._drawn_step: int | None = None
+        """The newest step drawn in this attempt of the run: a later message of it or of an older
+        one is a late rank's."""
+
+    def restart(self) -> None:
+        """The run started again (its launcher restarted it): its steps count from where the new
+        attempt resumes, maybe below the points already drawn, which stay."""
+        self._pending.clear()
+        self._newest_step = -1
+        self._drawn_step = None
+        self._oldest = None
+        self._live_at_close = -1
 
     def collect(self, step: int, rank: int, step_ms: float, loss: float, live: set[int],
                 grad_norm: float = math.nan) -> None:
-        points = self.points
-        if points and step <= points[-1].step:
+        if self._drawn_step is not None and step <= self._drawn_step:
             return  # already closed (a late rank); its own row still shows it
         got = self._pending.get(step)
         if got is None:
@@ -124,6 +135,7 @@ class StepHistory:
         norms = [g for _, _, g in got.values() if math.isfinite(g)]
         if not times:
             return
+        self._drawn_step = step
         max_rank = max(times, key=times.__getitem__)
         loss = sum(losses) / len(losses) if losses else math.nan
         recent = [p.loss for p in islice(reversed(self.points), SPIKE_WINDOW)][::-1]
