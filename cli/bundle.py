@@ -292,26 +292,21 @@ def mesh(found: dict[int, Hello]) -> dict[str, Any]:
 
 
 def native_stacks(b: Bundle, pids: dict[int, int]) -> None:
-    spy = shutil.which("py-spy")
+    from ringtop.protocol import native_stack
+
     if not pids:
         b.skip("native stacks", "no rank of the run is alive on this host")
         return
-    if spy is None:
+    if native_stack.py_spy() is None:
         b.skip("native stacks", "py-spy is not installed (pip install py-spy): each rank's Python stack is in "
                "live/stacks.json where the run answered")
         return
     for rank, pid in sorted(pids.items()):
-        try:
-            done = subprocess.run([spy, "dump", "--pid", str(pid), "--native"], capture_output=True, text=True,
-                                  timeout=30)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            b.skip(f"native/rank-{rank}.txt", f"py-spy did not answer: {exc}")
+        found = native_stack.dump(pid, timeout_s=30)
+        if found.error:
+            b.skip(f"native/rank-{rank}.txt", found.error)
             continue
-        if done.returncode != 0:  # e.g. no ptrace permission in a container
-            why = (done.stderr.strip() or done.stdout.strip()).splitlines()
-            b.skip(f"native/rank-{rank}.txt", f"py-spy could not read it: {why[0][:300] if why else done.returncode}")
-            continue
-        b.add(f"native/rank-{rank}.txt", done.stdout.encode()[:MAX_TEXT_BYTES],
+        b.add(f"native/rank-{rank}.txt", found.text.encode()[:MAX_TEXT_BYTES],
               "the rank's threads, Python and native frames, read from outside (py-spy)")
 
 

@@ -129,16 +129,18 @@ def _cause_order(end: RankEnd) -> tuple:
 
 
 def fold(ends: Iterable[RankEnd], *, world_size: int, running: int = 0, heard: bool = True,
-         stepped: bool = True, stalled: Iterable[int] = ()) -> Lifecycle:
+         stepped: bool = True, stalled: Iterable[int] = (), stuck: Iterable[int] = ()) -> Lifecycle:
     """The run's lifecycle from the ends known so far. `world_size`: ranks in the run (0: only
     those known); `running`: ranks heard and not ended; `heard`: any message came at all;
-    `stepped`: any rank finished a step; `stalled`: ranks found stalled or dead while the run goes on."""
+    `stepped`: any rank finished a step; `stalled`: ranks found stalled or dead while the run goes
+    on; `stuck`: ranks silent whose process is alive, named first (the others wait for them)."""
     ends = list(ends)
     over = bool(ends) and running == 0 and (world_size <= 0 or len(ends) >= world_size)
     if not over:
         if not heard:
             return Lifecycle(STARTING, "waiting for the first rank")
-        lost = sorted(set(stalled) | {e.rank for e in ends if e.failed})
+        first = set(stuck)
+        lost = sorted(set(stalled) | first | {e.rank for e in ends if e.failed}, key=lambda r: (r not in first, r))
         if lost:
             return Lifecycle(STALLED, f"rank{'s' if len(lost) > 1 else ''} {', '.join(map(str, lost[:8]))} "
                                       "not stepping", rank=lost[0])

@@ -9,6 +9,7 @@ waited for it), so a dead run would look alive. /proc says which state a process
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 ENDED_STATES = ("Z", "X")
 """/proc/PID/stat's states of a process that has exited: zombie, dead."""
@@ -42,3 +43,55 @@ def _gone_by_signal(pid: int, others_count_as_gone: bool) -> bool:
     except PermissionError:
         return others_count_as_gone
     return False
+
+
+class ProcessLook(NamedTuple):
+    """A live process as /proc shows it from outside: its state letter, its CPU seconds so far and
+    when it started (Unix s)."""
+
+    state: str
+    cpu_s: float
+    started_ts: float
+
+
+SAME_START_S = 2.0
+"""How far a process's start may be from the one a Hello states for it to be that rank's (the
+kernel's clock ticks against psutil's reading of the same)."""
+
+
+def look(pid: int, started_ts: float = 0.0) -> ProcessLook | None:
+    """How process `pid` of this user on this host is, or None where it is gone, a zombie, another
+    user's, not the process that started at `started_ts` (a Hello's `process_started_ts`; 0: not
+    checked) — its pid reused, a made-up one — or /proc cannot say (not Linux)."""
+    if pid <= 0:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            owner = os.fstat(f.fileno()).st_uid
+            fields = f.read().rsplit(b")", 1)[1].split()
+        state = fields[0].decode("ascii", "replace")
+        tick_s = 1.0 / _ticks_per_s()
+        # after the name: utime, stime and starttime are stat's fields 14, 15 and 22
+        cpu_s, started = (int(fields[11]) + int(fields[12])) * tick_s, _boot_ts() + int(fields[19]) * tick_s
+    except (OSError, IndexError, ValueError):
+        return None
+    if state in ENDED_STATES or owner != os.getuid():
+        return None
+    if started_ts > 0 and abs(started - started_ts) > SAME_START_S:
+        return None
+    return ProcessLook(state, cpu_s, started)
+
+
+def _boot_ts() -> float:
+    with open("/proc/stat", "rb") as f:
+        for line in f:
+            if line.startswith(b"btime "):
+                return float(line.split()[1])
+    raise ValueError("no btime in /proc/stat")
+
+
+def _ticks_per_s() -> float:
+    try:
+        return float(os.sysconf("SC_CLK_TCK"))
+    except (ValueError, OSError, AttributeError):
+        return 100.0

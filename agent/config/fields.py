@@ -191,8 +191,9 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
         FAULTS, "a switch to STRATEGY fails while wrapping (as if out of memory), to show the rollback",
         metavar="STRATEGY", default_text="none")] = None
     inject_hang: Annotated[tuple[int, int, str] | None, Option(
-        FAULTS, "rank R hangs at step STEP, in its model's forward or just before a collective (default forward)",
-        metavar="R:STEP[:forward|before-collective]", parse=values.hang, default_text="none")] = None
+        FAULTS, "rank R hangs at step STEP, in its model's forward, just before a collective, or in its forward "
+        "inside native code that holds the GIL (default forward)",
+        metavar="R:STEP[:forward|before-collective|gil-held]", parse=values.hang, default_text="none")] = None
     inject_crash: Annotated[tuple[int, int] | None, Option(
         FAULTS, "rank R raises an error at step STEP, in the run's first attempt only (so that a restart under "
         "--max-restarts goes on)", metavar="R:STEP", parse=values.at_step("--inject-crash"),

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from ringtop.agent.config.options import ConfigError
 from ringtop.metrics.costs.links import parse_link
 
-HANG_PLACES = ("forward", "before-collective")
+HANG_PLACES = ("forward", "before-collective", "gil-held")
 
 
 def slow_rank(text: str) -> tuple[int, float]:

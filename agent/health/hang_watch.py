@@ -8,13 +8,15 @@ too.
 
 from __future__ import annotations
 
+import socket
 import time
 from collections import OrderedDict
 from typing import Callable
 
 from ringtop.metrics.rules.hang import STARTING, HangVerdict, diagnose, step_desync
 from ringtop.metrics.rules.liveness import is_silent
-from ringtop.protocol import Bye, HangReport, Heartbeat, Message, Stall, Step
+from ringtop.protocol import Bye, HangReport, Heartbeat, Hello, Message, Stall, Step
+from ringtop.protocol.processes import look
 
 SETTLE_S = 0.6
 """After a stall's first report, wait this long for the other ranks' before naming anyone."""
@@ -41,6 +43,11 @@ class HangWatch:
         self.verdict: HangVerdict | None = None
         self._cursors: OrderedDict[int, dict[int, list]] = OrderedDict()
         self._desyncs_named: set[tuple[str, tuple[int, ...]]] = set()
+        self._host = socket.gethostname()
+        self._local: dict[int, tuple[int, float]] = {}
+        """rank -> (pid, process start) of the ranks on this host, from their Hellos: a silent one
+        whose process is alive is stuck (e.g. holding the GIL), not gone. Without the start in its
+        Hello a pid is not taken as that rank's process."""
 
     def observe(self, msg: Message) -> None:
         now = self._clock()
@@ -66,12 +73,21 @@ class HangWatch:
                 self._failed.add(rank)
                 if self._reports:
                     self._evaluate(now)
+        elif isinstance(msg, Hello):
+            if msg.host == self._host and msg.pid > 0 and msg.process_started_ts > 0:
+                self._local[rank] = (msg.pid, msg.process_started_ts)
+            else:
+                self._local.pop(rank, None)
         elif isinstance(msg, Heartbeat):
             pass
 
     def _gone(self, now: float) -> set[int]:
-        silent = {r for r, t in self._seen.items() if is_silent(now - t)}
+        silent = {r for r, t in self._seen.items() if is_silent(now - t) and not self._alive_here(r)}
         return self._failed | silent
+
+    def _alive_here(self, rank: int) -> bool:
+        local = self._local.get(rank)
+        return local is not None and look(*local) is not None
 
     def _evaluate(self, now: float) -> None:
         if self._episode_since is None:

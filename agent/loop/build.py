@@ -48,8 +48,8 @@ def build_model(run: Runner) -> torch.nn.Module:
         torch.manual_seed(cfg.seed)
         model = user_model(cfg.model, build_context(run))
     hang = cfg.inject_hang
-    if hang is not None and hang[0] == ctx.rank and hang[2] == "forward":
-        hang_in_forward(inner_module(model), lambda: run.step + 1 == hang[1])
+    if hang is not None and hang[0] == ctx.rank and hang[2] in ("forward", "gil-held"):
+        hang_in_forward(inner_module(model), lambda: run.step + 1 == hang[1], gil_held=hang[2] == "gil-held")
     return model
 
 

@@ -8,6 +8,7 @@ never joined, are the ones the stall watch has to get out.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 from typing import Any, Callable
@@ -36,12 +37,22 @@ def hang_before_collectives(should_hang):
     return before_issue
 
 
-def hang_in_forward(module: torch.nn.Module, should_hang) -> torch.utils.hooks.RemovableHandle:
+def hang_holding_the_gil() -> None:
+    """Stuck in native code that keeps the GIL, as a C extension or a driver call can be: libc's
+    sleep called through ctypes.PyDLL (which does not release the GIL), so no other thread of the
+    process runs (no heartbeat, no stall report). A signal ends the sleep early; its Python
+    handler then runs between two sleeps, so a stop still stops the rank."""
+    libc = ctypes.PyDLL(None)
+    while True:
+        libc.sleep(3600)
+
+
+def hang_in_forward(module: torch.nn.Module, should_hang, gil_held: bool = False) -> torch.utils.hooks.RemovableHandle:
     """A forward pre-hook on `module` (a block inside the model, so the stack shows the model's own
-    forward calling it) that hangs when `should_hang()` says so."""
+    forward calling it) that hangs when `should_hang()` says so; `gil_held`: holding the GIL."""
     def pre_hook(_module, _inputs):
         if should_hang():
-            hang_forever()
+            hang_holding_the_gil() if gil_held else hang_forever()
     return module.register_forward_pre_hook(pre_hook)
 
 

@@ -15,7 +15,11 @@ Three questions, three rules:
   `STARTUP_REPORT_S`, and a peer waiting in collective #k names the rank whose count is lower,
   with its phase, within seconds. A `starting` report alone is no verdict.
 - **Dead**: a rank that sent nothing, not even its heartbeat (every `HEARTBEAT_S`), for
-  `SILENT_AFTER_S`, while others were heard.
+  `SILENT_AFTER_S`, while others were heard — unless its process is seen alive from outside (a
+  look at /proc on its host): then it is **stuck**, said with how (`stuck_words`). Its heartbeat
+  is a Python thread, so a live process that cannot send it has no thread that runs Python: one
+  holds the GIL in native code (a C extension, a driver call, a deadlock in a library), or the
+  process is stopped.
 
 The wait shown for a hang is one number (`waited_s`): the longest a waiting rank had waited in
 the collective (or at the step boundary) as of its latest report.
@@ -52,6 +56,14 @@ HEARTBEAT_S = 1.0
 SILENT_AFTER_S = 4.0
 """Silent this long (four heartbeats missed) while others are heard: gone — killed, or the whole
 process hung with the GIL held. Used by the UI and by rank 0's hang watch alike."""
+
+
+def stuck_words(state: str, stack: str = "") -> str:
+    """A silent rank whose process is alive (`state`: /proc's letter), in words: `stuck (alive, GIL
+    held) in sleep ← … ← forward (model.py:57)`; `stack` as protocol/native_stack.short_stack."""
+    how = {"T": "stopped by a signal", "t": "stopped by a debugger",
+           "D": "alive, in uninterruptible I/O"}.get(state, "alive, GIL held")
+    return f"stuck ({how})" + (f" in {stack}" if stack else "")
 
 
 def median_step_s(recent_step_s: Iterable[float]) -> float | None:

@@ -51,6 +51,9 @@ def test_a_stalled_or_dead_rank_makes_a_going_run_stalled_not_over():
     assert (life.state, life.rank) == (STALLED, 1) and not life.final
     dead = fold([RankEnd(1, 5, None, how="died")], world_size=2, running=1)
     assert dead.state == STALLED and dead.rank == 1 and not dead.final
+    # rank 0 waits in a collective for rank 1, which is stuck (alive, silent): rank 1 is named
+    held = fold([], world_size=4, running=4, stalled=[0, 2], stuck=[3])
+    assert (held.state, held.rank, held.words) == (STALLED, 3, "ranks 3, 0, 2 not stepping")
     # one rank already said a good Bye, the other still trains: live, not over
     assert fold([bye(0, 9, "completed 9 steps")], world_size=2, running=1).state == LIVE
 

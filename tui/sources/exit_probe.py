@@ -1,17 +1,24 @@
-"""How a rank that fell silent ended, as far as this UI can learn outside the telemetry.
+"""How a rank that fell silent ended, or that it did not, as far as this UI can learn outside the
+telemetry.
 
 Rank 0 carries the relay every rank's telemetry passes through: when it dies, the UI hears no
 rank at all and cannot tell from the messages who died. Two witnesses can: the launcher (when
 `ringtop run --ui` started the ranks, its report names the signal that ended each one) and, for
-ranks on this host, whether their process still exists.
+ranks on this host, their process. A silent rank whose process is gone has died; one whose
+process is alive is stuck (metrics/rules/liveness.py), and where py-spy is installed its stuck
+thread's stack is read from outside, off the UI's thread (protocol/native_stack.py).
 """
 
 from __future__ import annotations
 
 import socket
+import threading
+import time
 from typing import Callable
 
-from ringtop.protocol.processes import process_gone
+from ringtop.metrics.rules.liveness import stuck_words
+from ringtop.protocol import native_stack
+from ringtop.protocol.processes import look, process_gone
 from ringtop.tui.state.liveness import DEAD_AFTER_S
 from ringtop.tui.state.view_model import RunView
 
@@ -19,16 +26,26 @@ LauncherExits = Callable[[], "dict[int, str] | None"]
 """None while the launcher runs; once it has exited, rank -> how it ended (`killed by SIGKILL`)
 for the ranks its report names."""
 PROBE_EVERY_S = 1.0
+LOOK_AFTER_S = DEAD_AFTER_S / 2
+"""A silent local rank's process is looked at from here on: before the silence rule would call it dead."""
+STACK_EVERY_S = 15.0
+"""A stuck rank's stack is read again this often (py-spy stops the process for a moment)."""
 LAUNCHER_SAID = "the launcher's report"
 
 
 class ExitProbe:
-    """Asks the witnesses at most every PROBE_EVERY_S and tells the view (`note_rank_exit`)."""
+    """Asks the witnesses at most every PROBE_EVERY_S and tells the view (`note_rank_exit`,
+    `note_rank_stuck`)."""
 
-    def __init__(self, launcher: LauncherExits | None = None, host: str | None = None) -> None:
+    def __init__(self, launcher: LauncherExits | None = None, host: str | None = None,
+                 read_stacks: bool = True) -> None:
         self.launcher = launcher
         self.host = socket.gethostname() if host is None else host
         self._at = -1e9
+        self.read_stacks = read_stacks and native_stack.py_spy() is not None
+        self._stacks: dict[int, tuple[int, float, str]] = {}
+        """rank -> (pid, when read, short stack) of the latest read."""
+        self._reading: set[int] = set()
 
     def probe(self, view: RunView, now: float) -> None:
         if now - self._at < PROBE_EVERY_S or not view.ranks:
@@ -36,14 +53,25 @@ class ExitProbe:
         self._at = now
         launcher = self.launcher() if self.launcher is not None else None
         for row in view.ranks.values():
-            if row.ended or row.last_seen is None or now - row.last_seen <= DEAD_AFTER_S:
+            if row.ended or row.last_seen is None or now - row.last_seen <= LOOK_AFTER_S:
+                continue
+            local = row.pid > 0 and row.host == self.host
+            known = local and row.process_started_ts > 0 and not row.exit_how  # the start tells its process
+            seen = look(row.pid, row.process_started_ts) if known else None
+            if seen is not None:
+                if now - row.last_seen > DEAD_AFTER_S:
+                    view.note_rank_stuck(row.rank, stuck_words(seen.state, self._stack(row.rank, row.pid)), now)
+                else:  # silent a while: alive, as yet nothing more
+                    row.stuck_seen = now
+                continue
+            if now - row.last_seen <= DEAD_AFTER_S:
                 continue
             if launcher is not None:  # the last word: it saw each rank end
                 how = launcher.get(row.rank)
                 if row.exit_detail != LAUNCHER_SAID and (how or not row.exit_how):
                     view.note_rank_exit(row.rank, how or "ended without a Bye",
                                         LAUNCHER_SAID if how else "the launcher has exited")
-            elif not row.exit_how and row.pid > 0 and row.host == self.host and process_gone(row.pid):
+            elif not row.exit_how and local and process_gone(row.pid):
                 view.note_rank_exit(row.rank, "died", f"its process {row.pid} is gone")
         relay = view.ranks.get(0)
         if relay is not None and relay.dead and relay.ended_at is not None:
@@ -51,3 +79,20 @@ class ExitProbe:
             for row in view.ranks.values():
                 if row.rank and row.dead and row.ended_at is not None and row.ended_at < relay.ended_at:
                     row.ended_at = relay.ended_at
+
+    def _stack(self, rank: int, pid: int) -> str:
+        """The latest short stack read of `rank` ("" before one); starts a read when it is due."""
+        kept = self._stacks.get(rank)
+        due = kept is None or kept[0] != pid or time.monotonic() - kept[1] >= STACK_EVERY_S
+        if self.read_stacks and due and rank not in self._reading:
+            self._reading.add(rank)
+            threading.Thread(target=self._read, args=(rank, pid), name=f"ringtop-stack-{rank}", daemon=True).start()
+        return kept[2] if kept is not None and kept[0] == pid else ""
+
+    def _read(self, rank: int, pid: int) -> None:
+        try:
+            found = native_stack.dump(pid)
+            frames = native_stack.stuck_thread(found.text) if not found.error else None
+            self._stacks[rank] = (pid, time.monotonic(), native_stack.short_stack(frames or []))
+        finally:
+            self._reading.discard(rank)

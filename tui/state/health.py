@@ -111,6 +111,11 @@ def health_line(view: RunView, now: float) -> Text:
     desync = view.desync_notice()
     if desync is not None and (verdict is None or verdict.kind != "desync"):
         problems.append(("bold red", f"✖ desync: {desync.text}"))
+    stuck = [r for r in view.ranks.values() if r.stuck and not (r.dead or r.ended)]
+    for row in stuck[:2]:  # said whole: where it is stuck is the point
+        problems.append(("bold red", f"✖ rank {row.rank} {row.stuck}"))
+    if len(stuck) > 2:
+        problems.append(("bold red", f"✖ {len(stuck) - 2} more ranks stuck"))
     dead = sorted(r.rank for r in view.ranks.values() if r.dead)
     if dead:
         problems.append(("bold red", f"✖ rank{'s' if len(dead) > 1 else ''} {_ranks(dead)} dead"))

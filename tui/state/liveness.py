@@ -16,6 +16,12 @@ DEAD_AFTER_S = liveness.SILENT_AFTER_S
 rank has ended, is marked dead: killed, or its whole process is hung."""
 
 
+STUCK_LOOK_VALID_S = 3.0
+"""A look from outside that found a silent rank's process alive holds this long (the UI looks
+every second): past it, with no newer look (the process gone, or the look failing), the silence
+rule decides."""
+
+
 class RunLiveness:
     """Mixed into `RunView`: reads its rows, its clock of the last message and its event log."""
 
@@ -33,8 +39,9 @@ class RunLiveness:
                         r.ended_at if r.ended_at is not None else math.inf)
                 for r in self.ranks.values() if r.ended or r.dead]
         running = 0 if self.is_ended else max(1, len(self.ranks) - len(ends))
+        stuck = [r.rank for r in self.ranks.values() if r.stuck and not (r.ended or r.dead)]
         return fold(ends, world_size=self.facts.world_size, running=running, heard=self._last_rx is not None,
-                    stepped=any(r.step_seen is not None for r in self.ranks.values()), stalled=stalled)
+                    stepped=any(r.step_seen is not None for r in self.ranks.values()), stalled=stalled, stuck=stuck)
     def _say_the_end(self, ts: float) -> None:
         """Once the run is over: one event that says how, and no command left in flight."""
         if not self.is_ended:

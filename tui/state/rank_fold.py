@@ -75,6 +75,7 @@ class RankFold:
             row.heard_since = now
         row.host = msg.host or row.host
         row.pid = msg.pid or row.pid
+        row.process_started_ts = msg.process_started_ts
         row.local_rank = msg.local_rank
         row.device = msg.device or row.device
         row.prediction = msg.prediction

@@ -134,6 +134,13 @@ class RankRow(StepReadings, MemoryReadings, CommReadings):
     """Of a rank that ended without a Bye, how, as learnt from outside (the launcher's report, a
     probe of its process): `killed by SIGKILL`; empty: only that it fell silent."""
     exit_detail: str = ""
+    process_started_ts: float = 0.0
+    """Its Hello's: a look at its process from outside checks the pid is still that process."""
+    stuck: str = ""
+    """Silent, its process seen alive from outside (tui/sources/exit_probe.py): how, in words
+    (`stuck (alive, GIL held) in sleep ← … ← forward (model.py:57)`); empty: not so."""
+    stuck_seen: float | None = None
+    """`now` of the latest look that found it so."""
     slowest: bool = False
     version: int = 0
     """Moves on with every message folded into this row (and when it is found dead): a screen

@@ -40,7 +40,7 @@ from ringtop.protocol import (
     Timeline,
 )
 from ringtop.tui.state.facts import RestartSeen, RunFacts
-from ringtop.tui.state.liveness import DEAD_AFTER_S, RunLiveness
+from ringtop.tui.state.liveness import DEAD_AFTER_S, STUCK_LOOK_VALID_S, RunLiveness
 from ringtop.tui.state.parts import PartsAccess
 from ringtop.tui.state.pipeline import PipelineState
 from ringtop.tui.state.rank_fold import MAX_RANKS_BEFORE_HELLO, RankFold
@@ -219,8 +219,9 @@ class RunView(RankFold, RunLiveness, RunReadings, PartsAccess):
                                    f"{self.facts.world_size or MAX_RANKS_BEFORE_HELLO} ranks", now)
                 return None
             row = self._row(msg.rank)
-        if row.dead:
+        if row.dead or row.stuck:
             row.dead, row.ended_at, row.exit_how, row.exit_detail = False, None, "", ""
+            row.stuck, row.stuck_seen = "", None
             self._live.add(row.rank)
             self.versions["hang"] += 1
             self.event_log.add("info", row.rank, f"rank {row.rank} is sending again", msg.ts, kind="dead")
@@ -309,12 +310,33 @@ class RunView(RankFold, RunLiveness, RunReadings, PartsAccess):
         self.step_history.close_complete(self._live)
         self._say_the_end(time.time())
 
+    def note_rank_stuck(self, rank: int, words: str, now: float) -> None:
+        """A silent rank whose process was seen alive from outside (tui/sources/exit_probe.py): stuck,
+        not dead, said how (metrics/rules/liveness.py: stuck_words)."""
+        row = self.ranks.get(rank)
+        if row is None or row.ended:
+            return
+        row.stuck_seen = now
+        if row.dead and not row.exit_how.startswith("killed"):
+            row.dead, row.ended_at, row.exit_how, row.exit_detail = False, None, "", ""
+            self._live.add(rank)
+        if words == row.stuck:
+            return
+        row.stuck = words
+        row.version += 1
+        self.versions.update(("ranks", "hang", "events"))
+        silent = f" for {now - row.last_seen:.0f} s" if row.last_seen is not None else ""
+        self.event_log.add("error", rank, f"rank {rank} {words}: silent{silent}, its process {row.pid} alive",
+                           time.time(), kind="stuck")
+
     def _find_dead(self, now: float) -> None:
         heard = [r for r in self.ranks.values() if r.last_seen is not None and now - r.last_seen <= DEAD_AFTER_S]
         others_ended = any(r.ended for r in self.ranks.values())
         for row in self.ranks.values():
             if row.ended or row.dead or row.last_seen is None or now - row.last_seen <= DEAD_AFTER_S:
                 continue
+            if row.stuck_seen is not None and now - row.stuck_seen <= STUCK_LOOK_VALID_S:
+                continue  # alive, as a look from outside found it: stuck, not dead
             if row.host in self.cut_off_hosts:
                 continue  # unreachable, not known dead
             if not heard and not others_ended:

@@ -191,6 +191,8 @@ def row_cells(view: RunView, row: RankRow, replay: bool,
     note, note_style = "", ""
     if row.dead:
         note, note_style = f"dead: silent {fmt.ago(row.silent_s)}", "bold red"
+    elif row.stuck and not row.ended:
+        note, note_style = f"{row.stuck.split(')')[0]}): silent {fmt.ago(row.silent_s)}", "bold red"
     elif mark is not None and not row.ended:
         note, note_style = mark.note, mark.style
     elif row.ended:
