@@ -14,9 +14,10 @@ from ringtop.metrics.goodput import CAUSES, GoodputResult, goodput_of
 from ringtop.metrics.rank_sets import ranks_text
 from ringtop.metrics.rules.hang import HangVerdict, diagnose
 from ringtop.metrics.rules.peaks import implausible
-from ringtop.metrics.run_lifecycle import ENDED_SIGNAL_EXIT, STOP_SIGNALS, Lifecycle, RankEnd, fold
+from ringtop.metrics.run_lifecycle import ENDED_SIGNAL_EXIT, STOP_SIGNALS, Lifecycle, RankEnd, fold, rank_end_of
 from ringtop.metrics.timing import STEP_WINDOW, share_pct
 from ringtop.protocol import Bye, Event, Hello, Stall, Step, read_log
+from ringtop.protocol.run_logs import attempt_of, attempts, goodput_inputs, rank_logs
 
 STEP_MS_COLUMN = "median step ms (whole run)"
 """The per-rank table's step time: the whole run's median (`summarize`'s `median_step_ms`), not the
@@ -156,14 +157,7 @@ def diagnosis(log_dir: Path) -> Event | None:
 def goodput(log_dir: Path) -> GoodputResult:
     """The run's goodput from every rank's log, merged in time order (stalls of any rank count;
     see metrics/goodput.py)."""
-    messages = []
-    for path in sorted(log_dir.glob("rank-*.jsonl")):
-        logged = read_log(path)
-        if path.name == "rank-0.jsonl":
-            messages += logged
-        else:  # what goodput takes from the other ranks: their Hello, stalls, and where their log ends
-            messages += [m for m in logged if isinstance(m, (Hello, Stall, Bye))] + logged[-1:]
-    return goodput_of(sorted(messages, key=lambda m: m.ts))
+    return goodput_of(goodput_inputs(rank_logs(log_dir)))
 
 
 def goodput_line(g: GoodputResult) -> str:
@@ -346,69 +340,45 @@ def print_summary(log_dir: Path) -> None:
         print("\n" + "\n".join(hangs))
 
 
-def attempts(messages: list) -> list[list]:
-    """A rank's log cut where its launcher started it again (a Hello with another restart count):
-    the messages of each attempt of the run, in order."""
-    cut: list[list] = [[]]
-    count = None
-    for m in messages:
-        if isinstance(m, Hello):
-            if count is not None and m.restart_count != count and cut[-1]:
-                cut.append([])
-            count = m.restart_count
-        cut[-1].append(m)
-    return cut
-
-
-def _rank_end(rank: int, messages: list, how_silent: str) -> RankEnd:
-    last_step = max((m.step for m in messages if isinstance(m, Step)), default=-1)
-    last = messages[-1] if messages else None
-    if isinstance(last, Bye):
-        return RankEnd(rank, max(last.step, last_step), last.ok, last.reason, at=last.ts)
-    return RankEnd(rank, last_step, None, how=how_silent, at=last.ts if last is not None else 0.0)
-
-
-def _rank_logs(log_dir: Path) -> list[tuple[int, list]]:
-    return [(int(path.stem.split("-")[1]), read_log(path))
-            for path in sorted(log_dir.glob("rank-*.jsonl"), key=lambda p: int(p.stem.split("-")[1]))]
-
-
 def rank_ends(log_dir: Path, signals: dict[int, str] | None = None) -> tuple[list[RankEnd], int]:
     """Each rank's end as its log tells it, of the run's last attempt (its last message a Bye, or
     not: then ended without one, killed by the signal the launcher saw where it says so), and the
     world size."""
     signals = signals or {}
     ends, world = [], 0
-    for rank, messages in _rank_logs(log_dir):
+    for rank, messages in rank_logs(log_dir):
         world = max([world, rank + 1, *(m.world_size for m in messages if isinstance(m, Hello))])
         how = f"killed by {signals[rank]}" if rank in signals else "ended without a Bye"
-        ends.append(_rank_end(rank, attempts(messages)[-1], how))
+        ends.append(rank_end_of(rank, attempts(messages)[-1], how))
     return ends, world
 
 
 def restart_lines(log_dir: Path) -> list[str]:
     """`restarts: 1` and, for each, how the attempt before it ended (the same fold as the run's end)."""
-    by_attempt: dict[int, list[RankEnd]] = {}
-    started: dict[int, float] = {}
-    world = 0
-    for rank, messages in _rank_logs(log_dir):
-        for part in attempts(messages):
-            hello = next((m for m in part if isinstance(m, Hello)), None)
-            count = hello.restart_count if hello is not None else 0
-            if hello is not None:
-                world = max(world, hello.world_size)
-                started[count] = min(started.get(count, hello.ts), hello.ts)
-            by_attempt.setdefault(count, []).append(_rank_end(rank, part, "ended without a Bye"))
-    restarts = sorted(c for c in by_attempt if c > 0)
-    if not restarts:
+    logs = rank_logs(log_dir)
+    counts = sorted({attempt_of(part) for _, messages in logs for part in attempts(messages)})
+    if counts[-1:] in ([], [0]):
         return []
-    lines = [f"restarts: {len(restarts)}"]
-    for count in restarts:
-        before = max((c for c in by_attempt if c < count), default=None)
-        life = fold(by_attempt[before], world_size=world) if before is not None else None
-        after = f" after {life.words}" if life is not None and life.state != "ended" else ""
-        lines.append(f"  restart {count} at {fmt.clock(started[count])}{after}")
+    lines = [f"restarts: {sum(1 for c in counts if c > 0)}"]
+    for before, count in zip(counts, counts[1:]):
+        started = min(m.ts for _, messages in logs for part in attempts(messages) if attempt_of(part) == count
+                      for m in part[:1])
+        cause = attempt_end_words(logs, before)
+        lines.append(f"  restart {count} at {fmt.clock(started)}" + (f" after {cause}" if cause else ""))
     return lines
+
+
+def attempt_end_words(logs: list[tuple[int, list]], attempt: int) -> str:
+    """How attempt `attempt` of a restarted run ended, in the lifecycle's words ('' if it completed:
+    then it was no failure that restarted the run)."""
+    world, ends = 0, []
+    for rank, messages in logs:
+        parts = [part for part in attempts(messages) if attempt_of(part) == attempt]
+        if parts:  # the latest process of the rank in that attempt
+            world = max([world, rank + 1, *(m.world_size for m in parts[-1] if isinstance(m, Hello))])
+            ends.append(rank_end_of(rank, parts[-1], "ended without a Bye"))
+    life = fold(ends, world_size=world)
+    return life.words if life.state != "ended" else ""
 
 
 def lifecycle_of_logs(log_dir: Path | None, signals: dict[int, str] | None = None) -> Lifecycle | None:

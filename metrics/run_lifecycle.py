@@ -111,6 +111,20 @@ def stop_source(reason: str) -> str:
     return ""
 
 
+def rank_end_of(rank: int, messages: list, how_silent: str) -> RankEnd:
+    """A rank's end as its messages (a log, or one attempt of it) tell it: its last message a Bye,
+    or not (then `how_silent`). Messages duck-typed by their protocol tag, as metrics/goodput.py."""
+    last_step = max((m.step for m in messages if _tag(m) == "step"), default=-1)
+    last = messages[-1] if messages else None
+    if last is not None and _tag(last) == "bye":
+        return RankEnd(rank, max(last.step, last_step), last.ok, last.reason, at=last.ts)
+    return RankEnd(rank, last_step, None, how=how_silent, at=last.ts if last is not None else 0.0)
+
+
+def _tag(msg) -> str:
+    return getattr(getattr(type(msg), "__struct_config__", None), "tag", "") or ""
+
+
 def end_words(end: RankEnd) -> str:
     """One rank's failure in words: `rank 0 killed by SIGKILL at step 12`, `rank 1: error: …`."""
     if end.ok is None:

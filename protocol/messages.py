@@ -147,6 +147,9 @@ class Hello(Envelope, tag="hello", kw_only=True):
     """Which attempt of the run this is: the launcher started every rank again this many times
     after one failed (torchrun --max-restarts, a requeued Slurm job). Every attempt keeps the run
     id; goodput counts the time between them as `restart`."""
+    restart_cause: Annotated[str, msgspec.Meta(max_length=1000)] = ""
+    """Of rank 0 in a restarted run: how the attempt before this one ended, as the run's logs tell
+    it (`rank 1: error: …`); empty when not known or not rank 0."""
     publish: str = ""
     control: str = ""
 

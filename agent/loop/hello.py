@@ -75,7 +75,8 @@ def hello(run: Runner) -> Hello:
         flops_source=run.flops.source, peak_tflops=run.peak.tflops, peak_source=run.peak.source,
         tflops_ceiling=run.step_findings.ceiling.tflops, tflops_ceiling_source=run.step_findings.ceiling.source,
         process_started_ts=process_started_ts(), switch_unavailable=switch_unavailable(),
-        restart_count=restart_count(os.environ), publish=run.endpoints.publish, control=run.endpoints.control,
+        restart_count=restart_count(os.environ), restart_cause=run.restart_cause,
+        publish=run.endpoints.publish, control=run.endpoints.control,
     )
 
 

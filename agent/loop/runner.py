@@ -42,12 +42,13 @@ from ringtop.agent.loop.faults import StepFaults, check_fault_ranks
 from ringtop.agent.loop.goodbye import EXIT_STOPPED_WHILE_STUCK, Goodbye
 from ringtop.agent.loop.hello import hello
 from ringtop.agent.loop.off_thread import OffThread
+from ringtop.agent.loop.previous_attempts import read_previous
 from ringtop.agent.loop.prewarm import Prewarm
 from ringtop.agent.loop.step_report import StepReport
 from ringtop.agent.models.factories import batch_to, batch_tokens
 from ringtop.agent.models.flop_count import FlopsPerToken
 from ringtop.agent.models.model import count_params
-from ringtop.agent.restarts import launcher_run_id
+from ringtop.agent.restarts import launcher_run_id, restart_count
 from ringtop.agent.transport import rank_setup
 from ringtop.agent.transport.gatekeeper import node_user
 from ringtop.agent.transport.node_relay import NodeLayout, NodeRelay
@@ -153,6 +154,8 @@ class Runner:
         self.peak = Peak(0.0, "")
         self.step_findings = StepFindings(self.ctx.rank)
         self.accelerator = ""
+        self.restart_cause = ""
+        """Rank 0 of a restarted run: how the attempt before ended (agent/loop/previous_attempts.py)."""
 
     # ------------------------------------------------------------------ set-up
 
@@ -176,6 +179,13 @@ class Runner:
                          log_dir=cfg.log_dir or "")
         self.control = self.head.control
         self.endpoints = self.head.endpoints
+        previous = read_previous(Path(cfg.log_dir), restart_count(os.environ)) if cfg.log_dir else None
+        if previous is not None:
+            self.restart_cause = previous.cause
+            relay = self.head.relay
+            if relay is not None and relay.goodput is not None:  # before its thread starts
+                for msg in previous.goodput_inputs:
+                    relay.goodput.add(msg)
 
     def _start_telemetry(self) -> None:
         """Every rank's publisher, rank 0's head, the keys shared, the node relays on several nodes."""

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from background_socket import subscriber
 from conftest import agent_env, poll_until, stop_process_group
 from test_tui_app import header_text
 from ui_waits import eventually, repainted
@@ -20,7 +21,8 @@ from ui_waits import eventually, repainted
 from ringtop.agent.restarts import launcher_run_id, restart_count
 from ringtop.cli.launch import launcher_command
 from ringtop.cli.summary import goodput, restart_lines
-from ringtop.protocol import Hello, Step, connection_file, read_log
+from ringtop.protocol import Bye, Hello, Step, connection_file, decode, read_log
+from ringtop.tui.state.view_model import RunView
 
 STEPS = 30
 CRASH = (1, 4)
@@ -71,6 +73,7 @@ async def test_a_crash_under_max_restarts_is_one_run_the_ui_follows_and_summary_
     from ringtop.tui.state.health import health_line
 
     log_dir = tmp_path / "logs"
+    late = None
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--max-restarts=1",
            "-m", "ringtop.agent", "--steps", str(STEPS), "--batch-size", "2", "--seq-len", "16",
            "--dist-timeout-s", "60", "--log-dir", str(log_dir), "--inject-crash", f"{CRASH[0]}:{CRASH[1]}", *SLOW,
@@ -85,7 +88,11 @@ async def test_a_crash_under_max_restarts_is_one_run_the_ui_follows_and_summary_
             await eventually(pilot, lambda: _check(app.view.restart.count == 1), timeout_s=120)
             await eventually(pilot, lambda: _check(app.follower.current.pid != first.pid
                                                    and app.follower.current.run_id == first.run_id), timeout_s=30)
+            second = app.follower.current
+            late = subscriber(second.publish, second.keys)  # a UI that never saw the first attempt
+            late_seen: list = []
             await eventually(pilot, lambda: _check(app.view.lifecycle().state == "ended"), timeout_s=120)
+            await eventually(pilot, lambda: _check(_take(late, late_seen)), timeout_s=30)
             v = app.view
             assert [r.step for r in v.rows()] == [STEPS, STEPS]  # the new attempt's steps, heard live
             assert v.restart.cause.startswith(f"rank {CRASH[0]}: error: InjectedCrash"), v.restart.cause
@@ -99,6 +106,8 @@ async def test_a_crash_under_max_restarts_is_one_run_the_ui_follows_and_summary_
         assert proc.wait(120) == 0, output.read_text()[-3000:]
     finally:
         stop_process_group(proc)
+        if late is not None:
+            late.close(0)
 
     for rank in (0, 1):
         hellos = [m for m in read_log(log_dir / f"rank-{rank}.jsonl") if isinstance(m, Hello)]
@@ -113,7 +122,22 @@ async def test_a_crash_under_max_restarts_is_one_run_the_ui_follows_and_summary_
     logs_restart_s = goodput(log_dir).lost_s["restart"]
     assert logs_restart_s > 1.0  # a new attempt's start-up alone takes seconds
     assert ui_restart_s == pytest.approx(logs_restart_s, abs=0.05)
+    # the late UI: rank 0 of the new attempt read the logs, its Hello says the cause and its relay's
+    # goodput count starts at the run's start
+    view = RunView(watch_liveness=False)
+    for msg in late_seen:
+        view.apply(msg, now=1.0)
+    assert view.restart.count == 1
+    assert view.restart.cause.startswith(f"rank {CRASH[0]}: error: InjectedCrash"), view.restart.cause
+    assert view.goodput.result().lost_s["restart"] == pytest.approx(logs_restart_s, abs=0.05)
 
 
 def _check(ok: bool) -> None:
     assert ok
+
+
+def _take(sock, into: list) -> bool:
+    """What `sock` has now, into `into`; whether rank 0's Bye is among it (the run's end)."""
+    while sock.poll(0):
+        into.append(decode(sock.recv_multipart()[1]))
+    return any(isinstance(m, Bye) and m.rank == 0 for m in into)

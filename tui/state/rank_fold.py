@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from dataclasses import replace
 from typing import Any
 
 from ringtop.metrics.run_lifecycle import stop_source
@@ -65,6 +66,8 @@ class RankFold:
         self._last_rx = now
         if msg.restart_count > self.restart.count:
             self._run_restarted(msg)
+        elif msg.restart_cause and msg.restart_count == self.restart.count and not self.restart.cause:
+            self.restart = replace(self.restart, cause=msg.restart_cause)  # rank 0 read it in the logs
         if msg.rank == 0 or not self.facts.run_id:  # rank 0's Hello, or the first heard
             self._take_facts(msg)
         row = self._row(msg.rank)
@@ -101,7 +104,7 @@ class RankFold:
         """The first Hello of a new attempt (its launcher started every rank again): what ended the
         last one is kept, then every rank's end is forgotten, as each of them starts again."""
         life = self.lifecycle()
-        cause = life.words if life.state in ("failed", "stalled") else ""
+        cause = life.words if life.state in ("failed", "stalled") else msg.restart_cause
         last_step = max((r.step for r in self.ranks.values()), default=-1)
         self.restart = RestartSeen(msg.restart_count, cause, last_step, msg.ts)
         for row in self.ranks.values():
