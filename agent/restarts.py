@@ -32,6 +32,12 @@ def restart_count(env: Mapping[str, str]) -> int:
     return 0
 
 
+def max_restarts(env: Mapping[str, str]) -> int:
+    """How many restarts the launcher allows in all (torchrun's --max-restarts); 0: none or unknown."""
+    n = _count(env.get("TORCHELASTIC_MAX_RESTARTS", ""))
+    return n if n is not None else 0
+
+
 def launcher_run_id(env: Mapping[str, str]) -> str | None:
     """An 8-hex run id the same in every attempt of one launch, or None outside a launcher that
     restarts. torchrun's rendezvous id when it has one (`--standalone` makes one per launch); with

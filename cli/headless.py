@@ -9,9 +9,10 @@ import uuid
 from pathlib import Path
 
 from ringtop.cli.launch import StderrTail, start_ranks, wait_ranks
-from ringtop.cli.launch_report import LAUNCHER_OUTPUT, LauncherOutput
+from ringtop.cli.launch_report import LauncherOutput
 from ringtop.cli.progress import ProgressPrinter
 from ringtop.cli.summary import report_end
+from ringtop.protocol.run_logs import LAUNCHER_OUTPUT
 
 
 def run_headless(nproc: int, agent_args: list[str], cfg, logs: bool = True, progress_every_s: float = 5.0,

@@ -10,20 +10,19 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import sys
 import threading
 from pathlib import Path
 
 from ringtop.metrics.rank_sets import ranks_text
 from ringtop.protocol import Bye, Step, read_log, safe_files
+from ringtop.protocol.run_logs import signal_name
 
 MAX_RANK_LINES = 8
 """More failed ranks than this: the rest are counted, and the full report has them."""
 
 MAX_CAUSE_CHARS = 200
 
-LAUNCHER_OUTPUT = "agents.log"
 """The launcher's output (and the ranks' stderr) in the run's log folder."""
 
 _AGENT_ERROR = re.compile(r"ringtop agent \[rank (\d+)\]: (error: .+?)(?=ringtop agent \[rank |\n|$)")
@@ -40,13 +39,6 @@ def launcher_exits(launcher_output: str) -> dict[int, int]:
     """Rank -> its exit code, from the failure report torch's elastic launcher prints (`rank : 1
     (local_rank: 1)` / `exitcode : -9 (pid: ...)`; negative: the signal that ended it)."""
     return {int(rank): int(code) for rank, code in _LAUNCHER_EXIT.findall(launcher_output)}
-
-
-def signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
 
 
 def _one_line(text: str) -> str:

@@ -8,6 +8,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ringtop.agent.loop.previous_attempts import attempt_end_words
 from ringtop.metrics import fmt, step_waterfall
 from ringtop.metrics.costs.flops import mfu
 from ringtop.metrics.goodput import CAUSES, GoodputResult, goodput_of
@@ -17,7 +18,7 @@ from ringtop.metrics.rules.peaks import implausible
 from ringtop.metrics.run_lifecycle import ENDED_SIGNAL_EXIT, STOP_SIGNALS, Lifecycle, RankEnd, fold, rank_end_of
 from ringtop.metrics.timing import STEP_WINDOW, share_pct
 from ringtop.protocol import Bye, Event, Hello, Stall, Step, read_log
-from ringtop.protocol.run_logs import attempt_of, attempts, goodput_inputs, rank_logs
+from ringtop.protocol.run_logs import attempt_of, attempts, goodput_inputs, rank_logs, read_launcher_failures
 
 STEP_MS_COLUMN = "median step ms (whole run)"
 """The per-rank table's step time: the whole run's median (`summarize`'s `median_step_ms`), not the
@@ -360,25 +361,13 @@ def restart_lines(log_dir: Path) -> list[str]:
     if counts[-1:] in ([], [0]):
         return []
     lines = [f"restarts: {sum(1 for c in counts if c > 0)}"]
+    failures = read_launcher_failures(log_dir)
     for before, count in zip(counts, counts[1:]):
         started = min(m.ts for _, messages in logs for part in attempts(messages) if attempt_of(part) == count
                       for m in part[:1])
-        cause = attempt_end_words(logs, before)
+        cause = attempt_end_words(logs, before, failures)
         lines.append(f"  restart {count} at {fmt.clock(started)}" + (f" after {cause}" if cause else ""))
     return lines
-
-
-def attempt_end_words(logs: list[tuple[int, list]], attempt: int) -> str:
-    """How attempt `attempt` of a restarted run ended, in the lifecycle's words ('' if it completed:
-    then it was no failure that restarted the run)."""
-    world, ends = 0, []
-    for rank, messages in logs:
-        parts = [part for part in attempts(messages) if attempt_of(part) == attempt]
-        if parts:  # the latest process of the rank in that attempt
-            world = max([world, rank + 1, *(m.world_size for m in parts[-1] if isinstance(m, Hello))])
-            ends.append(rank_end_of(rank, parts[-1], "ended without a Bye"))
-    life = fold(ends, world_size=world)
-    return life.words if life.state != "ended" else ""
 
 
 def lifecycle_of_logs(log_dir: Path | None, signals: dict[int, str] | None = None) -> Lifecycle | None:
@@ -401,7 +390,8 @@ def lifecycle_line(life: Lifecycle | None) -> str:
 
 def launcher_signals(launcher_output: str) -> dict[int, str]:
     """Rank -> the signal that ended it, from the launcher's failure report (cli/launch_report.py)."""
-    from ringtop.cli.launch_report import launcher_exits, signal_name
+    from ringtop.cli.launch_report import launcher_exits
+    from ringtop.protocol.run_logs import signal_name
 
     return {rank: signal_name(-code) for rank, code in launcher_exits(launcher_output).items() if code < 0}
 

@@ -82,6 +82,7 @@ def run_with_ui(nproc: int, agent_args: list[str], log_dir: Path, run_id: str | 
     `run_id`: the one the agent options name; None: a new one, added to them."""
     from ringtop.cli.launch import forward_stop_signals, start_ranks, stop_ranks, wait_ranks
     from ringtop.protocol.connection_file import ConnectionFileError, ensure_runtime_dir
+    from ringtop.protocol.run_logs import LauncherFailures
     from ringtop.tui.app import run_live
 
     try:
@@ -109,7 +110,7 @@ def run_with_ui(nproc: int, agent_args: list[str], log_dir: Path, run_id: str | 
         report_failure(code or 1, str(log_dir), _tail_of(output), output)
         return code or 1
     run_live(info.publish, info.control, keys=info.keys, launcher_exits=launcher_exits_for_ui(proc, output),
-             follow=info)
+             launcher_failed=LauncherFailures(output), follow=info)
     if proc.poll() is None:
         print(f"ringtop: the UI is closed; the {nproc} ranks keep training (output: {output}).\n"
               f"  re-attach:  ringtop ui {run_id}\n"
@@ -175,8 +176,9 @@ def demo(args: argparse.Namespace) -> int:
                   "--model-size", args.model_size]
     if args.headless:
         from ringtop.cli.launch import start_ranks, wait_ranks
-        from ringtop.cli.launch_report import LAUNCHER_OUTPUT, LauncherOutput
+        from ringtop.cli.launch_report import LauncherOutput
         from ringtop.cli.summary import print_summary
+        from ringtop.protocol.run_logs import LAUNCHER_OUTPUT
 
         print(f"ringtop demo: {args.nproc} CPU ranks, tiny-gpt {args.model_size}, {steps} steps, logs in {log_dir}",
               file=sys.stderr)

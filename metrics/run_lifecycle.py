@@ -17,7 +17,9 @@ from typing import Iterable
 
 STARTING, LIVE, STALLED = "starting", "live", "stalled"
 ENDED, STOPPED, FAILED = "ended", "stopped", "failed"
-STATES = (STARTING, LIVE, STALLED, ENDED, STOPPED, FAILED)
+RESTARTING = "restarting"
+"""Every rank ended and one failed, but the launcher has restarts left: it starts them again."""
+STATES = (STARTING, LIVE, STALLED, RESTARTING, ENDED, STOPPED, FAILED)
 FINAL = frozenset((ENDED, STOPPED, FAILED))
 """States after which the run takes no command."""
 
@@ -76,6 +78,8 @@ class Lifecycle:
     rank: int | None = None
     """Of a failure: the rank that failed first."""
     step: int = -1
+    cause: str = ""
+    """Of a failure (also one the launcher restarts from): what failed first, in words."""
 
     @property
     def final(self) -> bool:
@@ -143,11 +147,13 @@ def _cause_order(end: RankEnd) -> tuple:
 
 
 def fold(ends: Iterable[RankEnd], *, world_size: int, running: int = 0, heard: bool = True,
-         stepped: bool = True, stalled: Iterable[int] = (), stuck: Iterable[int] = ()) -> Lifecycle:
+         stepped: bool = True, stalled: Iterable[int] = (), stuck: Iterable[int] = (),
+         restarts_left: int = 0) -> Lifecycle:
     """The run's lifecycle from the ends known so far. `world_size`: ranks in the run (0: only
     those known); `running`: ranks heard and not ended; `heard`: any message came at all;
     `stepped`: any rank finished a step; `stalled`: ranks found stalled or dead while the run goes
-    on; `stuck`: ranks silent whose process is alive, named first (the others wait for them)."""
+    on; `stuck`: ranks silent whose process is alive, named first (the others wait for them);
+    `restarts_left`: restarts the launcher still allows (a failure is then `restarting`)."""
     ends = list(ends)
     over = bool(ends) and running == 0 and (world_size <= 0 or len(ends) >= world_size)
     if not over:
@@ -165,7 +171,12 @@ def fold(ends: Iterable[RankEnd], *, world_size: int, running: int = 0, heard: b
     failed = sorted((e for e in ends if e.failed), key=_cause_order)
     if failed:
         first = failed[0]
-        return Lifecycle(FAILED, end_words(first), rank=first.rank, step=first.step)
+        cause = end_words(first)
+        if restarts_left > 0:
+            left = f"{restarts_left} restart{'s' if restarts_left > 1 else ''} left"
+            return Lifecycle(RESTARTING, f"{cause}; the launcher starts every rank again ({left})",
+                             rank=first.rank, step=first.step, cause=cause)
+        return Lifecycle(FAILED, cause, rank=first.rank, step=first.step, cause=cause)
     stops = sorted((e for e in ends if e.stopped_by), key=lambda e: (e.at, e.rank))
     at = f" at step {step:,}" if step >= 0 else ""
     if stops:

@@ -147,6 +147,9 @@ class Hello(Envelope, tag="hello", kw_only=True):
     """Which attempt of the run this is: the launcher started every rank again this many times
     after one failed (torchrun --max-restarts, a requeued Slurm job). Every attempt keeps the run
     id; goodput counts the time between them as `restart`."""
+    max_restarts: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] = 0
+    """How many restarts its launcher allows in all (torchrun --max-restarts); 0: none, or not
+    known. A failed attempt with restarts left is `restarting`, not a failed run."""
     restart_cause: Annotated[str, msgspec.Meta(max_length=1000)] = ""
     """Of rank 0 in a restarted run: how the attempt before this one ended, as the run's logs tell
     it (`rank 1: error: …`); empty when not known or not rank 0."""

@@ -4,6 +4,8 @@ and rank 0 of a restarted run (which starts its relay's count from the run's sta
 
 from __future__ import annotations
 
+import re
+import signal
 from pathlib import Path
 
 from ringtop.protocol.codec import read_log
@@ -57,3 +59,75 @@ def goodput_inputs(logs: list[tuple[int, list]]) -> list:
         else:
             messages += [m for m in logged if isinstance(m, (Hello, Stall, Bye))] + logged[-1:]
     return sorted(messages, key=lambda m: m.ts)
+
+
+LAUNCHER_OUTPUT = "agents.log"
+"""Where `ringtop run` keeps its launcher's output, in the run's log folder."""
+LAUNCHER_TAIL_BYTES = 4 * 2**20
+_WORKER_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: \d+ \(pid: (\d+)\)")
+"""torch's elastic launcher, as each worker it started fails: `failed (exitcode: -9) local_rank: 1
+(pid: 2124) of binary: …` (a negative code: the signal that ended it)."""
+
+
+def launcher_failures(text: str) -> dict[int, int]:
+    """pid -> exit code of every worker the launcher's output says failed (every attempt's)."""
+    return {int(pid): int(code) for code, pid in _WORKER_FAILED.findall(text)}
+
+
+def read_launcher_failures(log_dir: Path) -> dict[int, int]:
+    """`launcher_failures` of the launcher's output kept in `log_dir` (its last LAUNCHER_TAIL_BYTES)."""
+    try:
+        with open(log_dir / LAUNCHER_OUTPUT, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - LAUNCHER_TAIL_BYTES))
+            return launcher_failures(f.read().decode("utf-8", "replace"))
+    except OSError:
+        return {}
+
+
+class LauncherFailures:
+    """The launcher's output followed as it grows (`ringtop run --ui`): pid -> how each worker it saw
+    fail ended (`killed by SIGKILL`), read incrementally — at most READ_BYTES a call — so that a
+    caller once a second costs next to nothing."""
+
+    READ_BYTES = 1 << 20
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+        self._partial = b""
+        self._found: dict[int, str] = {}
+
+    def __call__(self) -> dict[int, str]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                chunk = f.read(self.READ_BYTES)
+        except OSError:
+            return self._found
+        self._offset += len(chunk)
+        lines = (self._partial + chunk).split(b"\n")
+        self._partial = lines.pop()[-4096:]  # a line still being written; a runaway one is cut
+        for pid, code in launcher_failures(b"\n".join(lines).decode("utf-8", "replace")).items():
+            self._found[pid] = exit_words(code)
+        return self._found
+
+
+def exit_words(code: int) -> str:
+    """A worker's exit code in words: `killed by SIGKILL`, `exited with code 1`."""
+    return f"killed by {signal_name(-code)}" if code < 0 else f"exited with code {code}"
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def silent_end(part: list, failures: dict[int, int]) -> str:
+    """How a rank whose attempt `part` ends without a Bye ended, as the launcher saw its process
+    (`killed by SIGKILL`, `exited with code 1`), else `ended without a Bye`."""
+    hello = next((m for m in part if isinstance(m, Hello)), None)
+    code = failures.get(hello.pid) if hello is not None and hello.pid > 0 else None
+    return "ended without a Bye" if code is None or code == 0 else exit_words(code)

@@ -37,7 +37,7 @@ from ringtop.tui.palette import RingtopPalette
 from ringtop.tui.panel import Frame, Panel
 from ringtop.tui.run_commands import RUN_COMMANDS, RunCommands
 from ringtop.tui.sources.connection import TelemetryClient
-from ringtop.tui.sources.exit_probe import ExitProbe, LauncherExits
+from ringtop.tui.sources.exit_probe import ExitProbe, LauncherExits, LauncherFailed
 from ringtop.tui.sources.feeds import TIMER_REFRESH_AFTER_S, Feeds
 from ringtop.tui.sources.follow import RunFollower
 from ringtop.tui.sources.replay import ReplayError, load_replay
@@ -111,9 +111,10 @@ class RingtopApp(Feeds, RunCommands, OverviewKeys, App):
                  messages: Iterable[Any] | None = None, problems: Iterable[str] = (), source: str = "",
                  stale_after_s: float = 3.0, link_peak_gbps: float = 0.0, keys: ClientKeys | None = None,
                  digest_min_ranks: int = DIGEST_MIN_RANKS, launcher_exits: LauncherExits | None = None,
-                 follow: ConnectionInfo | None = None) -> None:
+                 launcher_failed: LauncherFailed | None = None, follow: ConnectionInfo | None = None) -> None:
         """`keys`: the run's client keys (its connection file); None for a run started --insecure.
-        `launcher_exits`: what the launcher of the ranks saw end them (tui/sources/exit_probe.py), when known.
+        `launcher_exits`: what the launcher of the ranks saw end them (tui/sources/exit_probe.py), when known;
+        `launcher_failed`: while it runs, how each worker it saw fail ended, by pid.
         `link_peak_gbps`: the link's peak per direction for the busbw reference (e.g. `--link`).
         `digest_min_ranks`: from this world size on, steps come in the relay's digests (view_model).
         `follow`: the connection file the run was found by: when its launcher restarts it, the UI
@@ -146,7 +147,7 @@ class RingtopApp(Feeds, RunCommands, OverviewKeys, App):
         """Per tab, the row under its table's cursor as last drawn (what Enter opens)."""
         self.table_page_rows: dict[str, int] = {}
         self.panels = tab_panels()
-        self.exit_probe = None if self.replay else ExitProbe(launcher_exits)
+        self.exit_probe = None if self.replay else ExitProbe(launcher_exits, launcher_failed=launcher_failed)
         self.follower = RunFollower(follow) if follow is not None and not self.replay else None
         self._gc_thresholds = gc.get_threshold()
         self._offered: tuple = ()
@@ -340,7 +341,8 @@ class RingtopApp(Feeds, RunCommands, OverviewKeys, App):
 
 def run_live(publish: str, control: str | None = None, *, keys: ClientKeys | None = None,
              link_peak_gbps: float = 0.0, digest_min_ranks: int = DIGEST_MIN_RANKS, nice: int = UI_NICE,
-             launcher_exits: LauncherExits | None = None, follow: ConnectionInfo | None = None) -> int:
+             launcher_exits: LauncherExits | None = None, launcher_failed: LauncherFailed | None = None,
+             follow: ConnectionInfo | None = None) -> int:
     """Run the UI against a live run (rank 0's publish and control addresses, the run's client keys);
     `follow`: its connection file's contents, to attach again by itself when the run restarts."""
     if nice > 0:
@@ -349,7 +351,8 @@ def run_live(publish: str, control: str | None = None, *, keys: ClientKeys | Non
         except OSError:
             pass
     app = RingtopApp(publish_addr=publish, control_addr=control, keys=keys, link_peak_gbps=link_peak_gbps,
-                     digest_min_ranks=digest_min_ranks, launcher_exits=launcher_exits, follow=follow)
+                     digest_min_ranks=digest_min_ranks, launcher_exits=launcher_exits,
+                     launcher_failed=launcher_failed, follow=follow)
     try:
         app.run()
     finally:

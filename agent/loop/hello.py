@@ -18,7 +18,7 @@ from ringtop.agent.loop.prediction import (
     predict_tensor_parallel,
 )
 from ringtop.agent.loop.switch_offer import switch_unavailable
-from ringtop.agent.restarts import restart_count
+from ringtop.agent.restarts import max_restarts, restart_count
 from ringtop.metrics.parallel_dims import ParallelDims
 from ringtop.protocol import Hello, Sharding
 
@@ -75,7 +75,8 @@ def hello(run: Runner) -> Hello:
         flops_source=run.flops.source, peak_tflops=run.peak.tflops, peak_source=run.peak.source,
         tflops_ceiling=run.step_findings.ceiling.tflops, tflops_ceiling_source=run.step_findings.ceiling.source,
         process_started_ts=process_started_ts(), switch_unavailable=switch_unavailable(),
-        restart_count=restart_count(os.environ), restart_cause=run.restart_cause,
+        restart_count=restart_count(os.environ), max_restarts=max_restarts(os.environ),
+        restart_cause=run.restart_cause,
         publish=run.endpoints.publish, control=run.endpoints.control,
     )
 

@@ -121,7 +121,8 @@ class RunMetrics:
         row.peak_tflops = msg.peak_tflops
         if msg.rank == 0:
             self._run = {"run_id": _label(msg.run_id), "strategy": _label(msg.strategy),
-                         "world_size": str(msg.world_size)}
+                         "world_size": str(msg.world_size),
+                         "restarts_left": str(max(0, msg.max_restarts - msg.restart_count))}
 
     def _on_step(self, row: _Rank, msg: Step) -> None:
         row.step = msg.step
@@ -188,7 +189,8 @@ class RunMetrics:
             life = fold([r.end for _, r in ranks if r.end is not None], world_size=int(run.get("world_size", 0)),
                         running=sum(1 for _, r in ranks if r.end is None),
                         stepped=any(r.step is not None for _, r in ranks),
-                        stalled=[rank for rank, r in ranks if r.stalled])
+                        stalled=[rank for rank, r in ranks if r.stalled],
+                        restarts_left=int(run.get("restarts_left", 0)))
             rows = [(rank, r.run_id, r.host, r.up, r.step, r.step_s, r.tokens_per_s, (r.tflops, r.peak_tflops),
                      r.mem, dict(r.comm_bytes), r.exposed_comm_s, r.last_step_ts, r.stalled,
                      r.stall_running_s + max(0.0, now - r.stall_seen) if r.stalled else 0.0) for rank, r in ranks]

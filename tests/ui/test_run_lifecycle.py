@@ -165,6 +165,32 @@ def test_an_ended_run_is_never_healthy_and_the_header_says_how(reason, ok, state
                                                "failed": "✖ failed"}[state])
 
 
+def test_a_failed_attempt_with_restarts_left_is_restarting_then_the_last_one_failed():
+    """Under torchrun --max-restarts 1: the first attempt's failure is no failed run (the launcher
+    starts every rank again); the second attempt's, with no restart left, is."""
+    v = RunView()
+    for r in (0, 1):
+        v.apply(hello(r, max_restarts=1), now=1.0)
+    v.apply(Step(rank=0, seq=1, ts=1001.0, step=1, step_ms=50.0, loss=2.0), now=2.0)
+    v.apply(Bye(rank=1, seq=2, ts=1002.0, reason=CRASH, ok=False, step=1), now=3.0)
+    v.apply(Bye(rank=0, seq=2, ts=1002.5, reason="interrupted: SIGTERM", ok=False, step=1), now=3.0)
+    assert v.tick(3.0) == "restarting"
+    life = v.lifecycle()
+    assert (life.state, life.rank, life.final, life.exit_code) == ("restarting", 1, False, 0)
+    assert life.words == f"rank 1: {CRASH}; the launcher starts every rank again (1 restart left)"
+    assert plain(health_line(v, 3.0)) == f"↻ restarting: {life.words}"
+    assert header_model(v, replay=False, source="x", width=200).connection.plain.startswith("↻ restarting")
+    assert [e.text for e in v.event_log.lines if e.kind == "failed"] == [f"the attempt failed: {life.words}"]
+    for r in (0, 1):  # the launcher's second attempt, the last it allows
+        v.apply(Hello(rank=r, seq=0, ts=1010.0, run_id="lc1", world_size=2, host=f"node-{r}", pid=5000 + r,
+                      restart_count=1, max_restarts=1), now=4.0)
+    assert v.lifecycle().state == "starting" and v.restart.count == 1
+    assert v.restart.cause == f"rank 1: {CRASH}"
+    v.apply(Bye(rank=1, seq=1, ts=1011.0, reason=CRASH, ok=False, step=0), now=5.0)
+    v.apply(Bye(rank=0, seq=1, ts=1011.5, reason="interrupted: SIGTERM", ok=False, step=0), now=5.0)
+    assert v.lifecycle().state == "failed" and v.lifecycle().final
+
+
 def test_the_header_says_starting_then_live_then_stalled_with_the_rank():
     from ringtop.tui.header.render import connection_text
 

@@ -93,7 +93,7 @@ HELLO = Hello(
     accelerator="NVIDIA H100 80GB HBM3", flops_per_token=1.5e8, flops_source="formula 6N+12LHS",
     peak_tflops=989.0, peak_source="H100 SXM bf16 dense", tflops_ceiling=989.0,
     tflops_ceiling_source="the dense bf16 peak (H100 SXM bf16 dense)",
-    process_started_ts=1767225590.5, restart_count=2, restart_cause="rank 1: error: RuntimeError: x",
+    process_started_ts=1767225590.5, restart_count=2, max_restarts=3, restart_cause="rank 1: error: RuntimeError: x",
     publish="tcp://127.0.0.1:5555", control="tcp://127.0.0.1:5557",
     switch_unavailable={"zero1": "DeepSpeed is not installed"},
 )
@@ -117,7 +117,7 @@ HELLO_WIRE = {
     "flops_per_token": 1.5e8, "flops_source": "formula 6N+12LHS", "peak_tflops": 989.0,
     "peak_source": "H100 SXM bf16 dense", "tflops_ceiling": 989.0,
     "tflops_ceiling_source": "the dense bf16 peak (H100 SXM bf16 dense)", "process_started_ts": 1767225590.5,
-    "restart_count": 2, "restart_cause": "rank 1: error: RuntimeError: x",
+    "restart_count": 2, "max_restarts": 3, "restart_cause": "rank 1: error: RuntimeError: x",
     "publish": "tcp://127.0.0.1:5555", "control": "tcp://127.0.0.1:5557",
     "switch_unavailable": {"zero1": "DeepSpeed is not installed"},
 }

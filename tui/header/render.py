@@ -22,6 +22,7 @@ STATE_STYLE = {
     "stalled": ("⏸ stalled", "bold yellow"),
     "waiting": ("○ waiting", "dim"),
     "stale": ("◌ stale", "bold yellow"),
+    "restarting": ("↻ restarting", "bold yellow"),
     "ended": ("■ ended", "bold"),
     "stopped": ("■ stopped", "bold yellow"),
     "failed": ("✖ failed", "bold red"),

@@ -25,6 +25,9 @@ from ringtop.tui.state.view_model import RunView
 LauncherExits = Callable[[], "dict[int, str] | None"]
 """None while the launcher runs; once it has exited, rank -> how it ended (`killed by SIGKILL`)
 for the ranks its report names."""
+LauncherFailed = Callable[[], "dict[int, str]"]
+"""While the launcher runs: pid -> how each worker it saw fail ended (protocol/run_logs.py
+LauncherFailures), so a rank killed under `--max-restarts` is named before the launcher ends."""
 PROBE_EVERY_S = 1.0
 LOOK_AFTER_S = DEAD_AFTER_S / 2
 """A silent local rank's process is looked at from here on: before the silence rule would call it dead."""
@@ -38,8 +41,9 @@ class ExitProbe:
     `note_rank_stuck`)."""
 
     def __init__(self, launcher: LauncherExits | None = None, host: str | None = None,
-                 read_stacks: bool = True) -> None:
+                 read_stacks: bool = True, launcher_failed: LauncherFailed | None = None) -> None:
         self.launcher = launcher
+        self.launcher_failed = launcher_failed
         self.host = socket.gethostname() if host is None else host
         self._at = -1e9
         self.read_stacks = read_stacks and native_stack.py_spy() is not None
@@ -52,6 +56,7 @@ class ExitProbe:
             return
         self._at = now
         launcher = self.launcher() if self.launcher is not None else None
+        failed = self.launcher_failed() if self.launcher_failed is not None else {}
         for row in view.ranks.values():
             if row.ended or row.last_seen is None or now - row.last_seen <= LOOK_AFTER_S:
                 continue
@@ -63,6 +68,9 @@ class ExitProbe:
                     view.note_rank_stuck(row.rank, stuck_words(seen.state, self._stack(row.rank, row.pid)), now)
                 else:  # silent a while: alive, as yet nothing more
                     row.stuck_seen = now
+                continue
+            if row.pid in failed and row.exit_detail != LAUNCHER_SAID:  # this process, as the launcher saw it fail
+                view.note_rank_exit(row.rank, failed[row.pid], LAUNCHER_SAID)
                 continue
             if now - row.last_seen <= DEAD_AFTER_S:
                 continue

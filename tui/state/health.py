@@ -96,6 +96,9 @@ def health_line(view: RunView, now: float) -> Text:
         t.append("○ no rank has reported yet", style="dim")
         return t
     life = view.lifecycle()
+    if life.state == "restarting":  # every rank ended, one failed, and the launcher starts them again
+        t.append(f"↻ restarting: {life.words}", style="bold yellow")
+        return t
     if life.final:  # an ended run is never "healthy … stepping"
         mark, style = LIFECYCLE_MARKS[life.state]
         t.append(f"{mark} {life.state}", style=style)

@@ -10,7 +10,7 @@ from typing import Iterable
 from ringtop.metrics.rules import liveness
 from ringtop.metrics.run_lifecycle import Lifecycle, RankEnd, fold
 
-CONNECTION_STATES = ("waiting", "live", "stale", "ended", "stopped", "failed")
+CONNECTION_STATES = ("waiting", "live", "stale", "restarting", "ended", "stopped", "failed")
 DEAD_AFTER_S = liveness.SILENT_AFTER_S
 """A rank silent this long (metrics/rules/liveness.py), while the UI still hears other ranks or another
 rank has ended, is marked dead: killed, or its whole process is hung."""
@@ -40,8 +40,10 @@ class RunLiveness:
                 for r in self.ranks.values() if r.ended or r.dead]
         running = 0 if self.is_ended else max(1, len(self.ranks) - len(ends))
         stuck = [r.rank for r in self.ranks.values() if r.stuck and not (r.ended or r.dead)]
+        left = max(0, self.facts.hello.max_restarts - self.restart.count)
         return fold(ends, world_size=self.facts.world_size, running=running, heard=self._last_rx is not None,
-                    stepped=any(r.step_seen is not None for r in self.ranks.values()), stalled=stalled, stuck=stuck)
+                    stepped=any(r.step_seen is not None for r in self.ranks.values()), stalled=stalled, stuck=stuck,
+                    restarts_left=left)
     def _say_the_end(self, ts: float) -> None:
         """Once the run is over: one event that says how, and no command left in flight."""
         if not self.is_ended:
@@ -51,6 +53,8 @@ class RunLiveness:
             life = self.lifecycle()
             if life.state == "failed":
                 self.event_log.add("error", None, f"the run failed: {life.words}", ts, kind="failed")
+            elif life.state == "restarting":
+                self.event_log.add("warn", None, f"the attempt failed: {life.words}", ts, kind="failed")
             elif life.state == "stopped":
                 self.event_log.add("info", None, f"the run {life.words}", ts, kind="ended")
             else:

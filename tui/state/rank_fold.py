@@ -104,13 +104,14 @@ class RankFold:
         """The first Hello of a new attempt (its launcher started every rank again): what ended the
         last one is kept, then every rank's end is forgotten, as each of them starts again."""
         life = self.lifecycle()
-        cause = life.words if life.state in ("failed", "stalled") else msg.restart_cause
+        cause = life.cause or (life.words if life.state == "stalled" else "") or msg.restart_cause
         last_step = max((r.step for r in self.ranks.values()), default=-1)
         self.restart = RestartSeen(msg.restart_count, cause, last_step, msg.ts)
         for row in self.ranks.values():
             row.ended, row.bye_reason, row.bye_ok, row.bye_ts = False, "", True, 0.0
             row.dead, row.exit_how, row.exit_detail = False, "", ""
-            row.step = -1
+            row.step, row.step_seen = -1, None
+            row.stuck, row.stuck_seen = "", None
             self._live.add(row.rank)
         self.step_history.restart()
         self._end_reported = False
