@@ -23,9 +23,7 @@ def process_gone(pid: int, others_count_as_gone: bool = False) -> bool:
     if pid <= 0:
         return True
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            owner = os.fstat(f.fileno()).st_uid
-            fields = f.read().rsplit(b")", 1)[1].split()
+        owner, fields = _stat(pid)
     except (OSError, IndexError):
         if os.path.exists("/proc/self/stat"):
             return True
@@ -33,6 +31,12 @@ def process_gone(pid: int, others_count_as_gone: bool = False) -> bool:
     if not fields or fields[0].decode(errors="replace") in ENDED_STATES:
         return True
     return others_count_as_gone and owner != os.getuid()
+
+
+def _stat(pid: int) -> tuple[int, list[bytes]]:
+    """(owner uid, the fields of /proc/PID/stat after the process's name, which may hold spaces)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return os.fstat(f.fileno()).st_uid, f.read().rsplit(b")", 1)[1].split()
 
 
 def _gone_by_signal(pid: int, others_count_as_gone: bool) -> bool:
@@ -66,9 +70,7 @@ def look(pid: int, started_ts: float = 0.0) -> ProcessLook | None:
     if pid <= 0:
         return None
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            owner = os.fstat(f.fileno()).st_uid
-            fields = f.read().rsplit(b")", 1)[1].split()
+        owner, fields = _stat(pid)
         state = fields[0].decode("ascii", "replace")
         tick_s = 1.0 / _ticks_per_s()
         # after the name: utime, stime and starttime are stat's fields 14, 15 and 22
