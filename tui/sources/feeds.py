@@ -84,7 +84,13 @@ class Feeds:
 
     def _follow_run(self, now: float) -> None:
         """The run restarted (a new rank 0 wrote its connection file): attach to it; the view goes on."""
-        moved = self.follower.moved(now) if self.follower is not None else None
+        if self.follower is None:
+            return
+        if self.client is not None and self.view.is_ended:
+            # its relay ended with its rank 0: left open, the sockets would reconnect to the next
+            # attempt's relay on the same port with this attempt's keys, and be refused (an alarm in its events)
+            self._stop_client(timeout_s=0.0)
+        moved = self.follower.moved(now)
         if moved is None:
             return
         self._stop_client(timeout_s=0.0)  # its thread closes its sockets as it ends; the UI does not wait
