@@ -424,6 +424,9 @@ def report_end(code: int, log_dir: Path | None, launcher_output: str = "", repor
     life = lifecycle_of_logs(log_dir, launcher_signals(launcher_output))
     if 0 < code < ENDED_SIGNAL_EXIT and life is not None and life.state == "stopped":
         code = life.exit_code
+    restarts = restart_lines(log_dir) if log_dir is not None else []
+    if restarts:  # the launcher started every rank again; the last line is how its last attempt ended
+        print("ringtop: " + "\n  ".join(line.strip() for line in restarts), file=sys.stderr)
     line = stop_line(code, life)
     if line is None:
         print_failure(code, log_dir, launcher_output, report_path)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from background_socket import subscriber
-from conftest import agent_env, poll_until, stop_process_group
+from conftest import agent_env, further, poll_until, stop_process_group
 from test_tui_app import header_text
 from ui_waits import eventually, repainted
 
@@ -141,3 +141,19 @@ def _take(sock, into: list) -> bool:
     while sock.poll(0):
         into.append(decode(sock.recv_multipart()[1]))
     return any(isinstance(m, Bye) and m.rank == 0 for m in into)
+
+
+@further
+@pytest.mark.timeout(240)
+def test_ringtop_run_max_restarts_passes_it_on_and_its_last_lines_say_the_restart(tmp_path):
+    """`ringtop run --max-restarts 1` (headless): the launcher restarts the crashed run, the run
+    completes (exit 0), and the lines before its last say the restart and what caused it."""
+    done = subprocess.run([sys.executable, "-m", "ringtop.cli", "run", "--nproc", "2", "--max-restarts", "1",
+                           "--quiet", "--", "--steps", "6", "--batch-size", "2", "--seq-len", "16",
+                           "--dist-timeout-s", "60", "--inject-crash", "1:3"],
+                          capture_output=True, text=True, cwd=tmp_path, env=agent_env(), timeout=200,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = [line for line in done.stderr.splitlines() if line.startswith(("ringtop:", "  restart"))]
+    assert said[-1] == "ringtop: the run ended: completed 6 steps", said
+    assert said[-3] == "ringtop: restarts: 1" and "after rank 1: error: InjectedCrash" in said[-2], said

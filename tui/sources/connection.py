@@ -55,6 +55,12 @@ CONFLATE_AFTER_S = 0.25
 """The UI has not folded its last batch for this long: it is behind, and waiting readings conflate."""
 MAX_WAITING = 20_000
 """Messages held for a UI that folds nothing (frozen): beyond, the oldest go (counted as skipped)."""
+MAX_WAITING_BYTES = 16 << 20
+"""Their encoded bytes, bounded too (beyond, the oldest go as above): room for MAX_WAITING_DIGESTS
+of the relay's largest digests (640 KiB of steps each, agent/transport/step_digest.py), which
+decode to about 2.3 times their size (~37 MB). Bounded by count alone, 20,000 frames of up to
+MAX_FRAME_BYTES could wait, and a UI behind at 1024 ranks held ~100 MB of decoded digests (a trim
+by count left digests that no slot tracked any more)."""
 MAX_WAITING_DIGESTS = 25
 """The relay's digests held for a UI that is behind (5 s of them): a newer one takes the oldest's
 place (the UI counts the gap in their `seq` as digests lost)."""
@@ -115,6 +121,10 @@ class TelemetryClient:
         self._digest_slot = 0
         self._waiting_at: dict[tuple[type, int], int] = {}
         """(type, rank) -> where its latest conflatable message waits in the batch."""
+        self._waiting_sizes: list[int] = []
+        """Each waiting message's encoded bytes, in the batch's order (0: replaced by a newer one)."""
+        self.waiting_bytes = 0
+        """The encoded bytes of the messages waiting for the UI (at most MAX_WAITING_BYTES)."""
         self.faults = LoopFaults("UI receiver")
         self._want_digests = False
         self._digest_subscribed = False
@@ -263,7 +273,6 @@ class TelemetryClient:
 
     def _drain(self, sock: zmq.Socket, batch: list[Any], rejected: list[str], channel: str) -> None:
         behind = not self._folded.is_set() and time.monotonic() - self._posted_at >= CONFLATE_AFTER_S
-        waiting = self._waiting_at
         for _ in range(self.max_batch):
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
@@ -300,12 +309,25 @@ class TelemetryClient:
             elif kind is Digest:
                 self._digest_slot = (self._digest_slot + 1) % MAX_WAITING_DIGESTS
                 self._conflate(batch, (kind, self._digest_slot), behind)
-            if len(batch) >= MAX_WAITING:
-                half = len(batch) // 2
-                self.skipped += sum(1 for m in batch[:half] if m is not None)
-                del batch[:half]
-                waiting.clear()
+            size = len(payload)
+            if len(batch) >= MAX_WAITING or self.waiting_bytes + size > MAX_WAITING_BYTES:
+                self._trim(batch)
             batch.append(msg)
+            self._waiting_sizes.append(size)
+            self.waiting_bytes += size
+
+    def _trim(self, batch: list[Any]) -> None:
+        """The oldest go, until at most half of each bound waits (counted as skipped); the rest
+        stay where `_waiting_at` finds them, so a newer reading or digest still replaces them."""
+        sizes, kept_bytes, cut = self._waiting_sizes, self.waiting_bytes, 0
+        while cut < len(batch) and (len(batch) - cut > MAX_WAITING // 2 or kept_bytes > MAX_WAITING_BYTES // 2):
+            kept_bytes -= sizes[cut]
+            cut += 1
+        self.skipped += sum(1 for m in batch[:cut] if m is not None)
+        del batch[:cut]
+        del sizes[:cut]
+        self.waiting_bytes = kept_bytes
+        self._waiting_at = {key: at - cut for key, at in self._waiting_at.items() if at >= cut}
 
     def _conflate(self, batch: list[Any], key: tuple, behind: bool) -> None:
         """The message about to be appended replaces the waiting one under `key`, if behind."""
@@ -313,6 +335,8 @@ class TelemetryClient:
         at = waiting.get(key)
         if behind and at is not None and at < len(batch) and batch[at] is not None:
             batch[at] = None
+            self.waiting_bytes -= self._waiting_sizes[at]
+            self._waiting_sizes[at] = 0
             self.skipped += 1
         waiting[key] = len(batch)
 
@@ -330,6 +354,8 @@ class TelemetryClient:
 
     def _flush(self, batch: list[Any], rejected: list[str]) -> None:
         self._waiting_at.clear()
+        self._waiting_sizes.clear()
+        self.waiting_bytes = 0
         self._folded.clear()
         try:
             self.on_batch([m for m in batch if m is not None], rejected)
