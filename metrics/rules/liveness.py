@@ -58,12 +58,14 @@ SILENT_AFTER_S = 4.0
 process hung with the GIL held. Used by the UI and by rank 0's hang watch alike."""
 
 
-def stuck_words(state: str, stack: str = "") -> str:
+def stuck_words(state: str, stack: str = "", cpu_pct: float | None = None) -> str:
     """A silent rank whose process is alive (`state`: /proc's letter), in words: `stuck (alive, GIL
-    held) in sleep ← … ← forward (model.py:57)`; `stack` as protocol/native_stack.short_stack."""
+    held, CPU 0%) in sleep ← … ← forward (model.py:57)`; `stack` as protocol/native_stack.short_stack;
+    `cpu_pct`: its CPU use since the last look (a spin at 100 %, a wait or a deadlock at 0 %)."""
     how = {"T": "stopped by a signal", "t": "stopped by a debugger",
            "D": "alive, in uninterruptible I/O"}.get(state, "alive, GIL held")
-    return f"stuck ({how})" + (f" in {stack}" if stack else "")
+    cpu = f", CPU {cpu_pct:.0f}%" if cpu_pct is not None and state not in ("T", "t") else ""
+    return f"stuck ({how}{cpu})" + (f" in {stack}" if stack else "")
 
 
 def median_step_s(recent_step_s: Iterable[float]) -> float | None:

@@ -15,10 +15,10 @@ import zmq
 from ringtop.agent.transport.node_relay import NodeRelay
 from ringtop.agent.transport.relay import BURST_MESSAGES, CONFLATE_AFTER_S, Relay, skip_report
 from ringtop.metrics.lag import BEHIND_AFTER_S
-from ringtop.protocol import Digest, Event, Heartbeat, Hello, Step, free_tcp_port
+from ringtop.protocol import Digest, Event, Heartbeat, Hello, Step, encode, free_tcp_port
 from ringtop.tui.header.render import facts_text
 from ringtop.tui.sources.connection import CONFLATE_AFTER_S as UI_CONFLATE_AFTER_S
-from ringtop.tui.sources.connection import TelemetryClient
+from ringtop.tui.sources.connection import MAX_WAITING, MAX_WAITING_BYTES, MAX_WAITING_DIGESTS, TelemetryClient
 from ringtop.tui.sources.feeds import newest_rank_ts
 from ringtop.tui.state.view_model import RunView
 from tests.helpers.background_socket import framed
@@ -201,6 +201,86 @@ def test_the_ui_receiver_folds_the_newest_while_the_ui_is_behind():
     finally:
         client.stop()
         pub.close(0)
+
+
+@pytest.fixture
+def publisher():
+    """A PUB that drops nothing, and its address."""
+    address = _addr()
+    sock = zmq.Context.instance().socket(zmq.PUB)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 100_000)
+    sock.bind(address)
+    try:
+        yield sock, address
+    finally:
+        sock.close(0)
+
+
+def _behind_client(publisher, probe: list[bytes], digests: bool = False) -> tuple[TelemetryClient, list[list]]:
+    """A client whose UI has not folded its first batch (the probe's) for CONFLATE_AFTER_S."""
+    pub, address = publisher
+    batches: list[list] = []
+    client = TelemetryClient(address, None, lambda batch, rejected: batches.append(list(batch)),
+                             folds_later=True)
+    client.want_digests(digests)
+    client.start()
+    _until(lambda: pub.send_multipart(probe) or (bool(batches) and client.digests == digests),
+           what="the first batch")
+    posted = time.monotonic()
+    _until(lambda: time.monotonic() - posted >= UI_CONFLATE_AFTER_S, what="the UI behind")
+    return client, batches
+
+
+def _handed_after_ack(client: TelemetryClient, batches: list[list], received: int) -> list:
+    _until(lambda: client.received >= received, what="every frame received")
+    handed = len(batches)
+    _until(lambda: client.ack() or len(batches) > handed, what="the waiting batch, once the UI folds")
+    return [m for b in batches[handed:] for m in b]
+
+
+def test_what_waits_for_a_ui_behind_is_bounded_in_bytes(publisher):
+    """Events are never replaced by newer ones, so only the bytes bound holds them: of frames
+    adding up to more than MAX_WAITING_BYTES, the newest that fit wait, the rest are skipped."""
+    client, batches = _behind_client(publisher, framed(Event(rank=1, seq=0, kind="note", text="probe")))
+    try:
+        received = client.received
+        frames = [framed(Event(rank=1, seq=i, step=i, kind="note", text="x" * 500_000)) for i in range(1, 41)]
+        assert sum(len(f[1]) for f in frames) > MAX_WAITING_BYTES
+        for f in frames:
+            publisher[0].send_multipart(f)
+        handed = _handed_after_ack(client, batches, received + len(frames))
+        steps = [m.step for m in handed if isinstance(m, Event) and m.step > 0]
+        assert steps and steps == list(range(41 - len(steps), 41)), "the newest wait, in order"
+        assert sum(len(encode(m)) for m in handed) <= MAX_WAITING_BYTES
+        assert len(steps) + client.skipped == len(frames), "the others counted as skipped"
+    finally:
+        client.stop()
+
+
+def test_a_trim_by_count_leaves_each_digest_slot_replaceable(publisher):
+    """Heartbeats replaced by newer ones fill the batch up to MAX_WAITING: the oldest half goes;
+    digests in the half that stays are still replaced by newer ones, so no more than
+    MAX_WAITING_DIGESTS of them wait (not twice as many)."""
+    def digest(seq: int) -> list[bytes]:
+        return framed(Digest(rank=-1, seq=seq, ts=time.time(), interval_s=0.2))
+
+    def beats(first: int, n: int) -> list[list[bytes]]:
+        return [framed(Heartbeat(rank=1, seq=i, step=i)) for i in range(first, first + n)]
+
+    client, batches = _behind_client(publisher, digest(1), digests=True)
+    try:
+        received = client.received
+        early, late = 3 * MAX_WAITING // 4, MAX_WAITING // 4
+        frames = [*beats(1, early), *(digest(100 + i) for i in range(MAX_WAITING_DIGESTS)),
+                  *beats(early + 1, late), *(digest(200 + i) for i in range(MAX_WAITING_DIGESTS))]
+        for f in frames:
+            publisher[0].send_multipart(f)
+        handed = _handed_after_ack(client, batches, received + len(frames))
+        seqs = [m.seq for m in handed if isinstance(m, Digest)]
+        assert seqs == [200 + i for i in range(MAX_WAITING_DIGESTS)], "the newest digests, each slot's once"
+    finally:
+        client.stop()
 
 
 def test_the_screens_lag_is_the_ranks_stamps_not_the_relays():

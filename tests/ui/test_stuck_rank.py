@@ -1,6 +1,6 @@
 """A rank stuck in native code that holds the GIL sends nothing, not even its heartbeat, yet it is
 alive: the UI looks at its process from outside (/proc on its host, py-spy for its stack) and says
-`stuck (alive, GIL held) in … ← hang_holding_the_gil (faults.py:…)`, never `dead`; rank 0's hang
+`stuck (alive, GIL held, CPU 0%) in … ← hang_holding_the_gil (faults.py:…)`, never `dead`; rank 0's hang
 watch, which looks the same way, names it as the rank the others wait for, not as died. Real
 ranks (`--inject-hang 1:4:gil-held`: libc's sleep through ctypes.PyDLL), the real app."""
 
@@ -42,7 +42,9 @@ def test_the_stuck_threads_stack_is_its_innermost_frame_and_the_python_frame_tha
     assert native_stack.short_stack(native_stack.stuck_thread(marked)) == "pthread_cond_timedwait ← … ← beat (gil.py:4)"
     assert native_stack.stuck_thread("nothing py-spy would print") is None
     assert stuck_words("S", "sleep ← … ← f (m.py:1)") == "stuck (alive, GIL held) in sleep ← … ← f (m.py:1)"
-    assert stuck_words("T") == "stuck (stopped by a signal)" and stuck_words("D").startswith("stuck (alive, in unint")
+    assert stuck_words("T", "", 0.0) == "stuck (stopped by a signal)"
+    assert stuck_words("D").startswith("stuck (alive, in uninterruptible I/O")
+    assert stuck_words("R", "", 100.0) == "stuck (alive, GIL held, CPU 100%)"  # a spin in native code
 
 
 def test_a_look_from_outside_sees_this_process_and_no_other_with_its_pid():
@@ -67,7 +69,7 @@ async def test_a_rank_holding_the_gil_is_named_stuck_with_its_native_stack_and_n
         await eventually(pilot, lambda: _check(1 in v.ranks and v.ranks[1].step == 3), timeout_s=90)
         row = v.ranks[1]
         await eventually(pilot, lambda: _check("hang_holding_the_gil (faults.py:" in row.stuck), timeout_s=60)
-        assert row.stuck.startswith("stuck (alive, GIL held) in "), row.stuck
+        assert row.stuck.startswith("stuck (alive, GIL held, CPU 0%) in "), row.stuck  # asleep in libc
         deadline = time.monotonic() + 30
         while row.silent_s <= DEAD_AFTER_S + 3 * PROBE_EVERY_S:  # well past the silence rule's limit
             assert not row.dead, "a live rank holding the GIL was called dead"

@@ -50,6 +50,8 @@ class ExitProbe:
         self._stacks: dict[int, tuple[int, float, str]] = {}
         """rank -> (pid, when read, short stack) of the latest read."""
         self._reading: set[int] = set()
+        self._cpu: dict[int, tuple[float, float]] = {}
+        """rank -> (its CPU seconds, `now`) at the latest look."""
 
     def probe(self, view: RunView, now: float) -> None:
         if now - self._at < PROBE_EVERY_S or not view.ranks:
@@ -64,8 +66,10 @@ class ExitProbe:
             known = local and row.process_started_ts > 0 and not row.exit_how  # the start tells its process
             seen = look(row.pid, row.process_started_ts) if known else None
             if seen is not None:
+                cpu_pct = self._cpu_pct(row.rank, seen.cpu_s, now)
                 if now - row.last_seen > DEAD_AFTER_S:
-                    view.note_rank_stuck(row.rank, stuck_words(seen.state, self._stack(row.rank, row.pid)), now)
+                    words = stuck_words(seen.state, self._stack(row.rank, row.pid), cpu_pct)
+                    view.note_rank_stuck(row.rank, words, now)
                 else:  # silent a while: alive, as yet nothing more
                     row.stuck_seen = now
                 continue
@@ -87,6 +91,15 @@ class ExitProbe:
             for row in view.ranks.values():
                 if row.rank and row.dead and row.ended_at is not None and row.ended_at < relay.ended_at:
                     row.ended_at = relay.ended_at
+
+    def _cpu_pct(self, rank: int, cpu_s: float, now: float) -> float | None:
+        """Its CPU use since the last look, in % of one core (rounded to tens: words that change at
+        every look would make a new event each second); None at the first look."""
+        before = self._cpu.get(rank)
+        self._cpu[rank] = (cpu_s, now)
+        if before is None or now <= before[1]:
+            return None
+        return round(100.0 * max(0.0, cpu_s - before[0]) / (now - before[1]), -1)
 
     def _stack(self, rank: int, pid: int) -> str:
         """The latest short stack read of `rank` ("" before one); starts a read when it is due."""
