@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ringtop.metrics.run_lifecycle import fold, rank_end_of
 from ringtop.protocol.messages import Hello
@@ -68,3 +69,16 @@ def read_previous(log_dir: Path, attempt: int) -> PreviousAttempts | None:
     failures = read_launcher_failures(log_dir)  # `ringtop run` keeps its launcher's output there
     cause = attempt_end_words(earlier, last, failures) if last is not None else ""
     return PreviousAttempts(cause[:MAX_CAUSE_CHARS], goodput_inputs(earlier))
+
+
+def take_over(head: Any, log_dir: str | None, attempt: int) -> str:
+    """Rank 0 of attempt `attempt` (0: the first), its head built and not yet started: its relay's
+    goodput is given the attempts before; returns how the last of them ended ('' if not known)."""
+    previous = read_previous(Path(log_dir), attempt) if log_dir else None
+    if previous is None:
+        return ""
+    relay = head.relay
+    if relay is not None and relay.goodput is not None:  # before its thread starts: no race
+        for msg in previous.goodput_inputs:
+            relay.goodput.add(msg)
+    return previous.cause

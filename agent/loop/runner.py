@@ -42,7 +42,7 @@ from ringtop.agent.loop.faults import StepFaults, check_fault_ranks
 from ringtop.agent.loop.goodbye import EXIT_STOPPED_WHILE_STUCK, Goodbye
 from ringtop.agent.loop.hello import hello
 from ringtop.agent.loop.off_thread import OffThread
-from ringtop.agent.loop.previous_attempts import read_previous
+from ringtop.agent.loop.previous_attempts import take_over
 from ringtop.agent.loop.prewarm import Prewarm
 from ringtop.agent.loop.step_report import StepReport
 from ringtop.agent.models.factories import batch_to, batch_tokens
@@ -179,13 +179,7 @@ class Runner:
                          log_dir=cfg.log_dir or "")
         self.control = self.head.control
         self.endpoints = self.head.endpoints
-        previous = read_previous(Path(cfg.log_dir), restart_count(os.environ)) if cfg.log_dir else None
-        if previous is not None:
-            self.restart_cause = previous.cause
-            relay = self.head.relay
-            if relay is not None and relay.goodput is not None:  # before its thread starts
-                for msg in previous.goodput_inputs:
-                    relay.goodput.add(msg)
+        self.restart_cause = take_over(self.head, cfg.log_dir, restart_count(os.environ))
 
     def _start_telemetry(self) -> None:
         """Every rank's publisher, rank 0's head, the keys shared, the node relays on several nodes."""

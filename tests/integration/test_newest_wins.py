@@ -11,6 +11,7 @@ import time
 
 import pytest
 import zmq
+from conftest import poll_until
 
 from ringtop.agent.transport.node_relay import NodeRelay
 from ringtop.agent.transport.relay import BURST_MESSAGES, CONFLATE_AFTER_S, Relay, skip_report
@@ -35,11 +36,7 @@ def _step(rank: int, step: int, seq: int, ts: float | None = None) -> Step:
 
 
 def _until(condition, timeout_s: float = 20.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not reached within {timeout_s:g} s: {what}")
-        time.sleep(0.01)
+    poll_until(condition, timeout_s, what, interval_s=0.01)
 
 
 @pytest.fixture
