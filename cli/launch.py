@@ -180,8 +180,10 @@ def wait_ranks(proc: subprocess.Popen) -> int:
     """Wait for the run. Ctrl-C, SIGTERM and SIGHUP stop it cleanly: the ranks get SIGINT for
     Ctrl-C, SIGTERM otherwise (they finish the step and send their Bye), whatever is left after a
     grace period is killed; the exit code is 130 for Ctrl-C, 128 + the signal otherwise (not the
-    launcher's own, which says only that it was interrupted)."""
-    previous = {sig: signal.signal(sig, _raise_stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    launcher's own, which says only that it was interrupted). SIGINT is handled here too, not left
+    to Python's default: a command started in the background of a script inherits SIGINT ignored,
+    and `kill -INT` must still stop its ranks cleanly."""
+    previous = {sig: signal.signal(sig, _raise_stopped) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         return proc.wait()
     except (KeyboardInterrupt, _Stopped) as exc:
