@@ -170,7 +170,7 @@ def main() -> None:
         result["attached_vs_absent"] = attached_vs_absent(args, Path(tmp))
         scale_args = argparse.Namespace(hz=args.hz, seconds=args.seconds, warmup=4.0, fill_timeout=60.0,
                                         start_timeout=180.0, attach_timeout=60.0, rank_procs=1, profile=None,
-                                        digests_from=None)
+                                        digests_from=None, neighbours=0, tracemalloc=False, tracemalloc_after=0.0)
         sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
         result["ui_cpu_terminal"] = []
         for n in sizes:

@@ -22,8 +22,9 @@ from outside `tui/` by wrapping methods in its own process (nothing in tui/ is e
 - UI CPU % (user + system over wall, all threads: the receive thread's decoding included) and RSS
   (psutil), the RSS at the window's start and end ("flat" memory: the growth, `rss_growth_mb`);
   the window starts once every rank's bounded histories are full (`histories_full`), so a
-  growth is memory the UI keeps taking, not its histories filling;
-- garbage collection: its longest pause, its time per second and its full passes in the window;
+  growth is memory the UI keeps taking, not its histories filling; the worker's own records of
+  the window take their memory before it starts (benchmarks/_window_records.py);
+- garbage collection: its longest pause, its time per second, its passes and full passes in the window;
 - the head relay's forward rate: the simulator's relay `forwarded` counter over the window.
 
 Each size is bounded (the simulator's start, the worker's window plus a margin) and everything
@@ -48,39 +49,16 @@ import tempfile
 import time
 from pathlib import Path
 
+from _window_records import Cycles, Series, p95, parts_medians, slope_per_min
+
 from ringtop.agent.lifecycle import exit_with_parent
 
 SIZES = (8, 64, 256, 1024, 4096)
+MAX_TICKS_PER_S = 8
+"""Refresh ticks a second the worker makes room for: one per digest folded, at most one per
+0.15 s (tui/sources/feeds.py DIGEST_REFRESH_GAP_S), and the app's timer."""
 ROW_KEYS = ("ranks", "hz", "repaint_ms_median", "repaint_ms_p95", "ingest_msgs_per_s", "lag_steps_max",
             "ui_cpu_percent", "rss_mb")
-
-
-def _p95(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
-
-
-def _slope_per_min(series: list[float]) -> float | None:
-    """The least-squares slope of a once-a-second series, per minute (None under 10 samples): a
-    memory that keeps growing, told apart from one that steps up once and stays."""
-    n = len(series)
-    if n < 10:
-        return None
-    mean_x, mean_y = (n - 1) / 2, sum(series) / n
-    sxx = sum((x - mean_x) ** 2 for x in range(n))
-    return round(60 * sum((x - mean_x) * (y - mean_y) for x, y in enumerate(series)) / sxx, 3)
-
-
-def _parts_medians(window: list[dict]) -> dict[str, list[float]]:
-    """Each part's [median, p95] ms per repaint (0 in a repaint without it), and the compositor's
-    own: the paint less its layout and widget renders."""
-    done = [c for c in window if "parts" in c]
-    if not done:
-        return {}
-    series = {k: [c["parts"].get(k, 0.0) for c in done] for k in sorted({k for c in done for k in c["parts"]})}
-    series["paint: compositor (rest)"] = [
-        c["paint_ms"] - sum(v for k, v in c["parts"].items() if k.startswith("paint:")) for c in done]
-    return {k: [round(statistics.median(v), 2), round(_p95(v), 2)] for k, v in series.items()}
 
 
 def _read_status(path: str) -> dict | None:
@@ -156,7 +134,7 @@ def worker(args: argparse.Namespace) -> None:
     from ringtop.tui.state.view_model import RunView
 
     info = connection_file.read(Path(args.connection))
-    cycles: list[dict] = []
+    cycles = Cycles(int(args.seconds * MAX_TICKS_PER_S) + 64)
     """One per refresh tick: its own time and the screen updates until the next tick."""
     shown = {"step": -1, "ts": 0.0}
 
@@ -171,24 +149,23 @@ def worker(args: argparse.Namespace) -> None:
     def refresh_view(self) -> None:
         shown["step"] = newest_step(self.view)  # what this tick puts on screen (not timed)
         shown["ts"] = newest_step_ts(self.view)
-        if cycles:
-            cycles[-1]["parts"] = dict(PART_TIMES)
+        if len(cycles):
+            cycles.set_parts(PART_TIMES)
         PART_TIMES.clear()
         t, c = time.perf_counter(), time.thread_time()
         original_refresh(self)
-        cycles.append({"at": time.monotonic(), "tick_ms": (time.perf_counter() - t) * 1e3, "paint_ms": 0.0,
-                       "tick_cpu_ms": (time.thread_time() - c) * 1e3, "paint_cpu_ms": 0.0, "paints": 0,
-                       "segments_cpu_ms": 0.0})
+        cycles.start(at=time.monotonic(), tick_ms=(time.perf_counter() - t) * 1e3,
+                     tick_cpu_ms=(time.thread_time() - c) * 1e3)
 
     original_update = Screen._on_timer_update
 
     def on_timer_update(self) -> None:
         t, c = time.perf_counter(), time.thread_time()
         original_update(self)
-        if cycles:
-            cycles[-1]["paint_ms"] += (time.perf_counter() - t) * 1e3
-            cycles[-1]["paint_cpu_ms"] += (time.thread_time() - c) * 1e3
-            cycles[-1]["paints"] += 1
+        if len(cycles):
+            cycles.add_to_last("paint_ms", (time.perf_counter() - t) * 1e3)
+            cycles.add_to_last("paint_cpu_ms", (time.thread_time() - c) * 1e3)
+            cycles.add_to_last("paints", 1)
 
     original_display = RingtopApp._display
 
@@ -197,8 +174,8 @@ def worker(args: argparse.Namespace) -> None:
         if isinstance(renderable, CompositorUpdate) and self.is_headless:
             c = time.thread_time()
             renderable.render_segments(self.console)  # what a real terminal would be sent
-            if cycles:
-                cycles[-1]["segments_cpu_ms"] += (time.thread_time() - c) * 1e3
+            if len(cycles):
+                cycles.add_to_last("segments_cpu_ms", (time.thread_time() - c) * 1e3)
 
     folded = {"steps": 0}
     original_fold_step = RunView._fold_step
@@ -213,16 +190,20 @@ def worker(args: argparse.Namespace) -> None:
     Screen._on_timer_update = on_timer_update
     RingtopApp._display = display
 
-    gc_pauses: list[tuple[float, int, float]] = []
-    """(when, generation, ms) of each garbage collection in this process: it holds the GIL, so
-    every thread, the UI's loop included, waits through it."""
+    gc_window = {"on": False, "max_ms": 0.0, "total_ms": 0.0, "full": 0, "passes": 0}
+    """The garbage collections in the window (`on`): each holds the GIL, so every thread, the UI's
+    loop included, waits through it. Added up as they come: a record of each would grow."""
     gc_started = [0.0]
 
     def on_gc(phase: str, info: dict) -> None:
         if phase == "start":
             gc_started[0] = time.perf_counter()
-        else:
-            gc_pauses.append((time.monotonic(), info["generation"], (time.perf_counter() - gc_started[0]) * 1e3))
+        elif gc_window["on"]:
+            ms = (time.perf_counter() - gc_started[0]) * 1e3
+            gc_window["max_ms"] = max(gc_window["max_ms"], ms)
+            gc_window["total_ms"] += ms
+            gc_window["full"] += info["generation"] == 2
+            gc_window["passes"] += 1
 
     gc.callbacks.append(on_gc)
     proc = psutil.Process()
@@ -230,57 +211,63 @@ def worker(args: argparse.Namespace) -> None:
                      **({} if args.digests_from is None else {"digest_min_ranks": args.digests_from or 1 << 21}))
     hz = args.hz
 
-    rss_series: list[float] = []
+    rss_series = Series(int(args.seconds) + 8)
     """RSS (MB) each second of the window: flat once the view's bounded histories are full."""
+    lags, lags_s = Series(int(args.seconds * 10) + 64), Series(int(args.seconds * 10) + 64)
+    """Steps and seconds the screen is behind the simulator, every 0.1 s of the window."""
 
     def histories_full(view) -> bool:
         rows = list(view.ranks.values())
         return bool(rows) and all(len(r.step_ms_history) == r.step_ms_history.maxlen
                                   and len(r.comm_history) == r.comm_history.maxlen for r in rows)
 
-    def row_so_far(start: dict, lags: list[int], lags_s: list[float], now_status: dict | None,
-                   final: bool) -> dict:
+    def row_so_far(start: dict, now_status: dict | None, final: bool) -> dict:
         now = time.monotonic()
         cpu = proc.cpu_times()
         wall = now - start["mono"]
-        window = [c for c in cycles if c["at"] >= start["mono"]]
-        repaint = [c["tick_ms"] + c["paint_ms"] for c in window]
-        pauses = [p for p in gc_pauses if p[0] >= start["mono"]]
-        repaint_cpu = [c["tick_cpu_ms"] + c["paint_cpu_ms"] for c in window]
+        window = {k: cycles.column(k) for k in ("tick_ms", "paint_ms", "tick_cpu_ms", "paint_cpu_ms",
+                                                "segments_cpu_ms", "paints")}
+        repaint = [t + p for t, p in zip(window["tick_ms"], window["paint_ms"])]
+        repaint_cpu = [t + p for t, p in zip(window["tick_cpu_ms"], window["paint_cpu_ms"])]
+        lag_steps, lag_s, rss = lags.values(), lags_s.values(), rss_series.values()
+
+        def median(key: str) -> float | None:
+            return round(statistics.median(window[key]), 2) if repaint else None
+
         row = {
             "ranks": args.ranks, "hz": hz,
             "repaint_ms_median": round(statistics.median(repaint), 2) if repaint else None,
-            "repaint_ms_p95": round(_p95(repaint), 2) if repaint else None,
+            "repaint_ms_p95": round(p95(repaint), 2) if repaint else None,
             "ingest_msgs_per_s": round((app.view.messages_total - start["applied"]) / wall, 1),
             "steps_folded_per_s": round((folded["steps"] - start["folded"]) / wall, 1),
             "digests": app.view.via_digests,
-            "lag_steps_max": max(lags) if lags else None,
+            "lag_steps_max": int(max(lag_steps)) if lag_steps else None,
             "ui_cpu_percent": round(100.0 * (cpu.user + cpu.system - start["cpu"]) / wall, 1),
             "rss_mb": round(proc.memory_info().rss / 2**20, 1),
             "rss_start_mb": round(start["rss"] / 2**20, 1),
             "rss_growth_mb": round((proc.memory_info().rss - start["rss"]) / 2**20, 1),
             "histories_full": start["full"],
             "repaint_cpu_ms_median": round(statistics.median(repaint_cpu), 2) if repaint_cpu else None,
-            "repaint_cpu_ms_p95": round(_p95(repaint_cpu), 2) if repaint_cpu else None,
+            "repaint_cpu_ms_p95": round(p95(repaint_cpu), 2) if repaint_cpu else None,
             "repaints": len(repaint),
-            "tick_ms_median": round(statistics.median(c["tick_ms"] for c in window), 2) if window else None,
-            "paint_ms_median": round(statistics.median(c["paint_ms"] for c in window), 2) if window else None,
-            "lag_steps_median": statistics.median(lags) if lags else None,
-            "tick_cpu_ms_median": round(statistics.median(c["tick_cpu_ms"] for c in window), 2) if window else None,
-            "paint_cpu_ms_median": round(statistics.median(c["paint_cpu_ms"] for c in window), 2) if window else None,
-            "segments_cpu_ms_median": round(statistics.median(c["segments_cpu_ms"] for c in window), 2)
-            if window else None,
-            "paints_per_tick_median": statistics.median(c["paints"] for c in window) if window else None,
-            "lag_s_max": round(max(lags_s), 2) if lags_s else None,
-            "lag_s_p95": round(_p95(lags_s), 2) if lags_s else None,
-            "lag_s_median": round(statistics.median(lags_s), 2) if lags_s else None,
+            "tick_ms_median": median("tick_ms"),
+            "paint_ms_median": median("paint_ms"),
+            "lag_steps_median": statistics.median(lag_steps) if lag_steps else None,
+            "tick_cpu_ms_median": median("tick_cpu_ms"),
+            "paint_cpu_ms_median": median("paint_cpu_ms"),
+            "segments_cpu_ms_median": median("segments_cpu_ms"),
+            "paints_per_tick_median": median("paints"),
+            "lag_s_max": round(max(lag_s), 2) if lag_s else None,
+            "lag_s_p95": round(p95(lag_s), 2) if lag_s else None,
+            "lag_s_median": round(statistics.median(lag_s), 2) if lag_s else None,
             "received_msgs_per_s": round((app.client.received - start["received"]) / wall, 1) if app.client else None,
-            "gc_pause_ms_max": round(max((ms for _, _, ms in pauses), default=0.0), 1),
-            "gc_ms_per_s": round(sum(ms for _, _, ms in pauses) / wall, 1),
-            "gc_full_passes": sum(1 for _, gen, _ in pauses if gen == 2),
-            "window_s": round(wall, 2), "final": final, "rss_mb_each_s": list(rss_series),
-            "parts_ms_median": _parts_medians(window),
-            "rss_growth_mb_per_min": _slope_per_min(rss_series),
+            "gc_pause_ms_max": round(gc_window["max_ms"], 1),
+            "gc_ms_per_s": round(gc_window["total_ms"] / wall, 1),
+            "gc_full_passes": gc_window["full"],
+            "gc_passes": gc_window["passes"],
+            "window_s": round(wall, 2), "final": final, "rss_mb_each_s": rss,
+            "parts_ms_median": parts_medians(cycles),
+            "rss_growth_mb_per_min": slope_per_min(rss),
         }
         if now_status and start["status"]:
             first = start["status"]
@@ -310,19 +297,20 @@ def worker(args: argparse.Namespace) -> None:
             while not histories_full(app.view) and time.monotonic() < fill_deadline:
                 await asyncio.sleep(0.5)  # "flat" memory: measured once the bounded histories hold all they keep
             full = histories_full(app.view)
+            for series in (cycles, lags, lags_s, rss_series):
+                series.clear()
+            gc_window.update(on=True, max_ms=0.0, total_ms=0.0, full=0, passes=0)
             start = {"mono": time.monotonic(), "cpu": sum(proc.cpu_times()[:2]), "rss": proc.memory_info().rss,
                      "applied": app.view.messages_total, "folded": folded["steps"],
                      "received": app.client.received if app.client else 0,
                      "status": _read_status(args.status_file), "full": full}
-            lags: list[int] = []
-            lags_s: list[float] = []
-            rss_series.clear()
             traced = None
             if args.tracemalloc:  # where memory that stays is allocated (slows the UI: not for the numbers)
                 import tracemalloc
 
                 tracemalloc.start(1)
                 traced = tracemalloc.take_snapshot()
+            traced_at = start["mono"] + args.tracemalloc_after if args.tracemalloc_after > 0 else 0.0
             profile = None
             if args.profile:  # the UI thread's calls over the window (cProfile: this thread only)
                 import cProfile
@@ -335,16 +323,18 @@ def worker(args: argparse.Namespace) -> None:
                 await asyncio.sleep(0.1)
                 status = _read_status(args.status_file)
                 if status is not None and shown["step"] >= 0:
-                    lags.append(status["step"] - shown["step"])
-                    lags_s.append(max(0.0, status["ts"] - shown["ts"]))
+                    lags.add(status["step"] - shown["step"])
+                    lags_s.add(max(0.0, status["ts"] - shown["ts"]))
                 if time.monotonic() >= next_write:
-                    rss_series.append(round(proc.memory_info().rss / 2**20, 1))
-                    write(row_so_far(start, lags, lags_s, status, final=False))
+                    rss_series.add(round(proc.memory_info().rss / 2**20, 1))
+                    write(row_so_far(start, status, final=False))
                     next_write += 1.0
+                if traced is not None and traced_at and time.monotonic() >= traced_at:
+                    traced, traced_at = tracemalloc.take_snapshot(), 0.0  # growth from here on
             if profile is not None:
                 profile.disable()
                 profile.dump_stats(os.path.join(args.profile, f"ui-{args.ranks}.pstats"))
-            row = row_so_far(start, lags, lags_s, _read_status(args.status_file), final=True)
+            row = row_so_far(start, _read_status(args.status_file), final=True)
             if traced is not None:
                 import tracemalloc
 
@@ -403,7 +393,8 @@ def one_size(ranks: int, args: argparse.Namespace, workdir: Path) -> dict:
                                str(args.seconds), "--warmup", str(args.warmup), "--fill-timeout",
                                str(args.fill_timeout), "--attach-timeout", str(args.attach_timeout),
                                *(["--profile", args.profile] if args.profile else []),
-                               *(["--tracemalloc"] if args.tracemalloc else []),
+                               *(["--tracemalloc", "--tracemalloc-after", str(args.tracemalloc_after)]
+                                 if args.tracemalloc else []),
                                *([] if args.digests_from is None else ["--digests-from", str(args.digests_from)])],
                               stdout=subprocess.DEVNULL, stderr=open(workdir / f"ui-{ranks}.txt", "wb"), env=env,
                               start_new_session=True, preexec_fn=exit_with_parent)
@@ -454,6 +445,9 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print the rows as a JSON list")
     parser.add_argument("--tracemalloc", action="store_true", help="add the 15 allocation sites whose memory grew "
                         "most over the window (tracemalloc; slows the UI: not for the numbers)")
+    parser.add_argument("--tracemalloc-after", type=float, default=0.0, metavar="S",
+                        help="with --tracemalloc: the growth from S seconds into the window on (bounded "
+                             "buffers that fill early left out)")
     parser.add_argument("--profile", metavar="DIR", help="write the UI thread's cProfile stats of each size's "
                         "window to DIR/ui-RANKS.pstats (slows the UI: not for the numbers)")
     parser.add_argument("--digests-from", type=int, default=None, metavar="N",

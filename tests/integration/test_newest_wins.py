@@ -202,9 +202,9 @@ def test_the_ui_receiver_folds_the_newest_while_the_ui_is_behind():
 
 @pytest.fixture
 def publisher():
-    """A PUB that drops nothing, and its address."""
+    """A publisher that drops nothing and hears its subscribers (XPUB), and its address."""
     address = _addr()
-    sock = zmq.Context.instance().socket(zmq.PUB)
+    sock = zmq.Context.instance().socket(zmq.XPUB)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, 100_000)
     sock.bind(address)
@@ -222,8 +222,9 @@ def _behind_client(publisher, probe: list[bytes], digests: bool = False) -> tupl
                              folds_later=True)
     client.want_digests(digests)
     client.start()
-    _until(lambda: pub.send_multipart(probe) or (bool(batches) and client.digests == digests),
-           what="the first batch")
+    _until(lambda: pub.poll(10) and pub.recv()[:1] == b"\x01", what="the client's subscription")
+    pub.send_multipart(probe)  # one, so that every frame the client counts from here on is the test's
+    _until(lambda: bool(batches) and client.digests == digests, what="the first batch")
     posted = time.monotonic()
     _until(lambda: time.monotonic() - posted >= UI_CONFLATE_AFTER_S, what="the UI behind")
     return client, batches
