@@ -71,33 +71,37 @@ def count(x: Any) -> int | None:
     return x if type(x) is int and x >= 0 else None
 
 
-def _intervals(items: Any, lo: float, hi: float, most: int) -> list[tuple[float, float]] | None:
-    """(start, end) pairs inside [lo, hi], in time order and not overlapping; None if they are not."""
+def _pairs(items: Any, most: int, first: Any, second: Any) -> list[tuple] | None:
+    """Up to `most` 2-item pairs, each item read by `first` and `second` (`real`, `count`); None if
+    any is not such a pair."""
     if not isinstance(items, (list, tuple)) or len(items) > most:
         return None
-    found: list[tuple[float, float]] = []
+    found = []
     for item in items:
         if not isinstance(item, (list, tuple)) or len(item) != 2:
             return None
-        s, e = real(item[0]), real(item[1])
-        if s is None or e is None or not lo <= s <= e <= hi or (found and s < found[-1][1]):
+        a, b = first(item[0]), second(item[1])
+        if a is None or b is None:
             return None
-        found.append((s, e))
+        found.append((a, b))
+    return found
+
+
+def _intervals(items: Any, lo: float, hi: float, most: int) -> list[tuple[float, float]] | None:
+    """(start, end) pairs inside [lo, hi], in time order and not overlapping; None if they are not."""
+    found = _pairs(items, most, real, real)
+    if found is None or any(not lo <= s <= e <= hi for s, e in found):
+        return None
+    if any(s < previous_end for (_, previous_end), (s, _) in zip(found, found[1:])):
+        return None
     return found
 
 
 def _open_stalls(items: Any, lo: float, hi: float) -> tuple[tuple[int, float], ...] | None:
     """(rank, start) pairs with a start inside [lo, hi]; None if they are not."""
-    if not isinstance(items, (list, tuple)) or len(items) > MAX_OPEN_STALLS:
+    found = _pairs(items, MAX_OPEN_STALLS, count, real)
+    if found is None or any(not lo <= start <= hi for _, start in found):
         return None
-    found: list[tuple[int, float]] = []
-    for item in items:
-        if not isinstance(item, (list, tuple)) or len(item) != 2:
-            return None
-        rank, start = count(item[0]), real(item[1])
-        if rank is None or start is None or not lo <= start <= hi:
-            return None
-        found.append((rank, start))
     return tuple(found)
 
 
