@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from ringtop.metrics.goodput import Goodput
 from ringtop.metrics.rules.incidents import FloorWatch, Incidents, Notice, Signal, SpikeWatch
-from ringtop.protocol import Bye, Event, Hello, Step
+from ringtop.protocol import Bye, Event, Hello, RankExit, Step
 
 QUEUE_DEPTH = 64
 SEND_TIMEOUT_S = 10.0
@@ -112,6 +112,9 @@ class Alerts:
             return []
         if isinstance(msg, Event):
             return self._event_signals(msg)
+        if isinstance(msg, RankExit):  # its node's watcher saw the process gone
+            text = f"rank {msg.of_rank} {msg.how or 'died'} at step {msg.step} (pid {msg.pid})"
+            return [Signal("death", True, text, (msg.of_rank,), max(msg.step, 0))]
         if isinstance(msg, Step):
             out = []
             if msg.rank in self._nonfinite_ranks and msg.loss is not None and math.isfinite(msg.loss) \

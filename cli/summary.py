@@ -3,60 +3,86 @@
 from __future__ import annotations
 
 import signal
-import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
-from ringtop.agent.loop.previous_attempts import attempt_end_words
 from ringtop.metrics import fmt, step_waterfall
 from ringtop.metrics.costs.flops import mfu
-from ringtop.metrics.goodput import CAUSES, GoodputResult, goodput_of
+from ringtop.metrics.goodput import CAUSES, GoodputResult
 from ringtop.metrics.rank_sets import ranks_text
 from ringtop.metrics.rules.hang import HangVerdict, diagnose
 from ringtop.metrics.rules.peaks import implausible
-from ringtop.metrics.run_lifecycle import ENDED_SIGNAL_EXIT, STOP_SIGNALS, Lifecycle, RankEnd, fold, rank_end_of
-from ringtop.metrics.timing import STEP_WINDOW, share_pct
+from ringtop.metrics.run_lifecycle import ENDED_SIGNAL_EXIT, STOP_SIGNALS, Lifecycle
+from ringtop.metrics.run_state import RunState
+from ringtop.metrics.timing import STEP_WINDOW
 from ringtop.protocol import Bye, Event, Hello, Stall, Step, read_log
-from ringtop.protocol.run_logs import attempt_of, attempts, goodput_inputs, rank_logs, read_launcher_failures
+from ringtop.protocol.run_logs import attempts, rank_logs, read_launcher_failures, silent_end
 
 STEP_MS_COLUMN = "median step ms (whole run)"
 """The per-rank table's step time: the whole run's median (`summarize`'s `median_step_ms`), not the
 UI's window, and said so."""
 
 
-def summarize(log_dir: Path) -> list[dict]:
+class _EndedSilent(NamedTuple):
+    """In a log's stream, where a rank's attempt ends without a Bye, and how it ended as far as known."""
+
+    rank: int
+    ts: float
+    how: str
+
+
+def run_state(log_dir: Path, signals: dict[int, str] | None = None) -> RunState:
+    """The run's state from its logs: every rank's messages merged in time order into the fold the
+    UI and the Prometheus exporter make (metrics/run_state). A rank's attempt that ends without a
+    Bye ended as the launcher saw it: the last attempt by `signals` (rank -> the signal `ringtop
+    run`'s launcher reported), the earlier ones by the failure report kept in the folder."""
+    signals = signals or {}
+    failures = read_launcher_failures(log_dir)
+    stream: list = []
+    for rank, messages in rank_logs(log_dir):
+        parts = attempts(messages)
+        for n, part in enumerate(parts):
+            stream += part
+            if part and not isinstance(part[-1], Bye):
+                how = (f"killed by {signals[rank]}" if rank in signals else "ended without a Bye") \
+                    if n == len(parts) - 1 else silent_end(part, failures)
+                stream.append(_EndedSilent(rank, part[-1].ts, how))
+    stream.sort(key=lambda m: m.ts)  # stable: each rank's own order stays
+    state = RunState(whole_run=True)
+    for m in stream:
+        if isinstance(m, _EndedSilent):
+            state.note_exit(m.rank, m.how, "", m.ts)
+        else:
+            state.add(m, m.ts)
+    return state
+
+
+def summarize(log_dir: Path, state: RunState | None = None) -> list[dict]:
+    """A row per rank that stepped: the figures of the run's state (`run_state`), the step time and
+    TFLOP/s as the whole run's medians."""
+    state = state if state is not None else run_state(log_dir)
     rows = []
-    for path in sorted(log_dir.glob("rank-*.jsonl")):
-        steps: list[Step] = []
-        hello = bye = None
-        for msg in read_log(path):
-            if isinstance(msg, Step):
-                steps.append(msg)
-            elif isinstance(msg, Hello):
-                hello = msg
-            elif isinstance(msg, Bye):
-                bye = msg
-        if not steps:
+    for rank, r in sorted(state.ranks.items()):
+        if not r.timed_steps:
             continue
-        step_ms = [s.step_ms for s in steps[1:]] or [steps[0].step_ms]
-        tflops = [s.tflops for s in (steps[1:] or steps) if s.tflops > 0]  # the first step warms up, as above
-        median_tflops = statistics.median(tflops) if tflops else 0.0
-        comm_bytes = sum(c.bytes for s in steps for c in s.comm)
+        hello = r.hello
+        median_tflops = r.median_tflops
         rows.append({
-            "rank": steps[0].rank,
+            "rank": rank,
             "strategy": hello.strategy if hello else "?",
-            "steps": steps[-1].step,
-            "first_loss": steps[0].loss,
-            "last_loss": steps[-1].loss,
-            "median_step_ms": statistics.median(step_ms),
-            "comm_bytes_per_step": comm_bytes / len(steps),
-            "exposed_comm_pct": share_pct(sum(s.exposed_comm_ms for s in steps), sum(s.step_ms for s in steps)),
+            "steps": r.step,
+            "first_loss": r.first_loss,
+            "last_loss": r.loss,
+            "median_step_ms": r.median_step_ms,
+            "comm_bytes_per_step": r.comm_bytes_total / r.timed_steps,
+            "exposed_comm_pct": r.exposed_comm_pct,
             "median_tflops": median_tflops,
             "mfu": mfu(median_tflops, hello.peak_tflops) if hello is not None and median_tflops > 0 else None,
             "implausible": hello is not None and implausible(median_tflops, hello.tflops_ceiling),
-            "drops": steps[-1].drops,
-            "exit": bye.reason if bye else "no bye (still running or killed)",
+            "drops": r.agent_drops,
+            "exit": r.bye_reason if r.ended else "no bye (still running or killed)",
         })
     return rows
 
@@ -155,10 +181,10 @@ def diagnosis(log_dir: Path) -> Event | None:
     return found[-1] if found else None
 
 
-def goodput(log_dir: Path) -> GoodputResult:
+def goodput(log_dir: Path, state: RunState | None = None) -> GoodputResult:
     """The run's goodput from every rank's log, merged in time order (stalls of any rank count;
-    see metrics/goodput.py)."""
-    return goodput_of(goodput_inputs(rank_logs(log_dir)))
+    see metrics/goodput.py): the run's state's count (`run_state`)."""
+    return (state if state is not None else run_state(log_dir)).goodput.result()
 
 
 def goodput_line(g: GoodputResult) -> str:
@@ -298,7 +324,8 @@ def hang_lines(log_dir: Path) -> list[str]:
 
 
 def print_summary(log_dir: Path) -> None:
-    rows = summarize(log_dir)
+    state = run_state(log_dir)
+    rows = summarize(log_dir, state)
     if not rows:
         print(f"no step records in {log_dir}")
         hangs = hang_lines(log_dir)  # a run can hang before its first step
@@ -317,11 +344,11 @@ def print_summary(log_dir: Path) -> None:
           f"of its last {STEP_WINDOW})")
     if any(r["implausible"] for r in rows):
         print("  ? above the most the device can do: the tokens or FLOPs it is computed from are wrong")
-    print("\n" + lifecycle_line(lifecycle_of_logs(log_dir)))
-    restarts = restart_lines(log_dir)
+    print("\n" + lifecycle_line(state.lifecycle()))
+    restarts = restart_lines(log_dir, state)
     if restarts:
         print("\n".join(restarts))
-    good = goodput(log_dir)
+    good = goodput(log_dir, state)
     if good.known:
         print("\n" + goodput_line(good))
     found = diagnosis(log_dir)
@@ -341,41 +368,23 @@ def print_summary(log_dir: Path) -> None:
         print("\n" + "\n".join(hangs))
 
 
-def rank_ends(log_dir: Path, signals: dict[int, str] | None = None) -> tuple[list[RankEnd], int]:
-    """Each rank's end as its log tells it, of the run's last attempt (its last message a Bye, or
-    not: then ended without one, killed by the signal the launcher saw where it says so), and the
-    world size."""
-    signals = signals or {}
-    ends, world = [], 0
-    for rank, messages in rank_logs(log_dir):
-        world = max([world, rank + 1, *(m.world_size for m in messages if isinstance(m, Hello))])
-        how = f"killed by {signals[rank]}" if rank in signals else "ended without a Bye"
-        ends.append(rank_end_of(rank, attempts(messages)[-1], how))
-    return ends, world
-
-
-def restart_lines(log_dir: Path) -> list[str]:
-    """`restarts: 1` and, for each, how the attempt before it ended (the same fold as the run's end)."""
-    logs = rank_logs(log_dir)
-    counts = sorted({attempt_of(part) for _, messages in logs for part in attempts(messages)})
-    if counts[-1:] in ([], [0]):
+def restart_lines(log_dir: Path, state: RunState | None = None) -> list[str]:
+    """`restarts: 1` and, for each, how the attempt before it ended (the run's state's restarts:
+    the same fold as the run's end)."""
+    state = state if state is not None else run_state(log_dir)
+    if not state.restarts:
         return []
-    lines = [f"restarts: {sum(1 for c in counts if c > 0)}"]
-    failures = read_launcher_failures(log_dir)
-    for before, count in zip(counts, counts[1:]):
-        started = min(m.ts for _, messages in logs for part in attempts(messages) if attempt_of(part) == count
-                      for m in part[:1])
-        cause = attempt_end_words(logs, before, failures)
-        lines.append(f"  restart {count} at {fmt.clock(started)}" + (f" after {cause}" if cause else ""))
+    lines = [f"restarts: {len(state.restarts)}"]
+    for seen in state.restarts:
+        lines.append(f"  restart {seen.count} at {fmt.clock(seen.ts)}" + (f" after {seen.cause}" if seen.cause else ""))
     return lines
 
 
 def lifecycle_of_logs(log_dir: Path | None, signals: dict[int, str] | None = None) -> Lifecycle | None:
-    """The run's lifecycle from its logs (the same fold the UI makes); None without logs."""
+    """The run's lifecycle from its logs (the run's state's, the fold the UI makes); None without logs."""
     if log_dir is None or not any(log_dir.glob("rank-*.jsonl")):
         return None
-    ends, world = rank_ends(log_dir, signals)
-    return fold(ends, world_size=world)
+    return run_state(log_dir, signals).lifecycle()
 
 
 def lifecycle_line(life: Lifecycle | None) -> str:

@@ -43,6 +43,7 @@ from ringtop.protocol.messages import (
     MemorySample,
     Message,
     Prediction,
+    RankExit,
     RecentSteps,
     Reply,
     Sample,

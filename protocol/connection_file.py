@@ -1,6 +1,7 @@
 """Connection files: how a client finds this user's runs, and only this user's.
 
-Rank 0 writes one file per run into a per-user runtime directory (`$XDG_RUNTIME_DIR/ringtop`, else
+The process that serves a run's telemetry (its watcher, agent/watcher/; rank 0 itself under
+--no-watcher) writes one file per run into a per-user runtime directory (`$XDG_RUNTIME_DIR/ringtop`, else
 `~/.local/share/ringtop/runtime`), mode 0600 in a 0700 directory, as Jupyter does for its kernels:
 the run's endpoints, keys, id, pid and host. `ringtop ui`, `ctl` and `ls` read them instead of guessing a
 port that, on a shared node, may be another user's job. A file is trusted only if this user owns
@@ -34,6 +35,7 @@ class ConnectionFileError(RuntimeError):
 class ConnectionInfo(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     run_id: str
     pid: int
+    """The process serving the run's telemetry: its watcher, or rank 0 under --no-watcher."""
     host: str
     publish: str
     """The relay's address UIs subscribe to."""
@@ -135,8 +137,8 @@ def remove(path: Path) -> None:
 
 
 def is_alive(pid: int) -> bool:
-    """Rank 0 still runs: not gone, not a zombie (killed, not yet reaped by its launcher), and not
-    another user's process that has our pid's number now."""
+    """The run's serving process (the file's `pid`) still runs: not gone, not a zombie (killed,
+    not yet reaped), and not another user's process that has our pid's number now."""
     return not process_gone(pid, others_count_as_gone=True)
 
 

@@ -28,6 +28,7 @@ from ringtop.protocol.fields import (
     CommandId,
     Count,
     Rank,
+    RankIndex,
     Real,
     WorldSize,
 )
@@ -365,6 +366,21 @@ class RecentSteps(Envelope, tag="recent", kw_only=True):
     briefs: Annotated[list[StepBrief], msgspec.Meta(max_length=MAX_RECENT_BRIEFS)] = []
 
 
+class RankExit(Envelope, tag="exit", kw_only=True):
+    """How a rank's process ended, seen from outside it by its node's watcher (agent/watcher/): a
+    rank killed by a signal or gone without a Bye says nothing itself. `rank` is UI_RANK; the relay
+    drops one that comes from a rank, and keeps the latest of each `of_rank` for UIs that attach."""
+
+    of_rank: RankIndex
+    pid: Annotated[int, msgspec.Meta(ge=0, le=1 << 31)] = 0
+    host: Annotated[str, msgspec.Meta(max_length=256)] = ""
+    how: Annotated[str, msgspec.Meta(max_length=256)] = ""
+    """`killed by SIGKILL`, `exited with code 1`, `died`: words of metrics/run_lifecycle's ends."""
+    detail: Annotated[str, msgspec.Meta(max_length=1024)] = ""
+    step: Annotated[int, msgspec.Meta(ge=-1, le=MAX_COUNT)] = -1
+    """The rank's last step the watcher saw (-1: none)."""
+
+
 # ---------------------------------------------------------------- control (UI -> rank 0 -> UI)
 
 
@@ -389,14 +405,14 @@ class Reply(Envelope, tag="reply", kw_only=True):
 
 
 Telemetry = Union[Hello, Step, Sample, Timeline, Heartbeat, Event, Stall, Bye, GoodputSoFar, Digest, RecentSteps,
-                  CollectiveCalls]
+                  CollectiveCalls, RankExit]
 Message = Union[Hello, Step, Sample, Timeline, Heartbeat, Event, Stall, Bye, GoodputSoFar, Digest, RecentSteps,
-                CollectiveCalls, Command, Reply]
+                CollectiveCalls, RankExit, Command, Reply]
 
 MESSAGE_TYPES: dict[str, type] = {
     cls.__struct_config__.tag: cls
     for cls in (Hello, Step, Sample, Timeline, Heartbeat, Event, Stall, Bye, GoodputSoFar, Digest, RecentSteps,
-                CollectiveCalls, Command, Reply)
+                CollectiveCalls, RankExit, Command, Reply)
 }
 LOG_ONLY: frozenset[type] = frozenset({CollectiveCalls})
 """Written to a rank's log, never sent: a relay drops one that comes."""

@@ -97,3 +97,18 @@ def _ticks_per_s() -> float:
         return float(os.sysconf("SC_CLK_TCK"))
     except (ValueError, OSError, AttributeError):
         return 100.0
+
+
+def zombie_exit_code(pid: int) -> int | None:
+    """How an exited process of this user ended while its parent has not reaped it yet, as a
+    launcher says it (negative: the signal that killed it; else its exit status); None where it
+    is not a zombie of ours (still running, reaped, another's) or /proc cannot say."""
+    try:
+        owner, fields = _stat(pid)
+        if fields[0] != b"Z" or owner != os.getuid():
+            return None
+        status = int(fields[49])  # stat's field 52, the wait status (Linux 3.5 and later)
+    except (OSError, IndexError, ValueError):
+        return None
+    signal_number = status & 0x7F
+    return -signal_number if signal_number else (status >> 8) & 0xFF

@@ -117,6 +117,9 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
         TELEMETRY, "no authentication: anyone who can reach the ports reads and commands the run (a trusted lab "
         "only; never on a shared node)")] = False
     """No CURVE: anyone who reaches the ports reads and commands the run (trusted labs only)."""
+    no_watcher: Annotated[bool, Option(
+        TELEMETRY, "keep the head relay inside rank 0's process instead of a watcher process beside the ranks "
+        "(then a UI goes blind when rank 0 dies, and nobody outside the ranks names how each ended)")] = False
     metrics: Annotated[tuple[str, int] | None, Option(
         TELEMETRY, "rank 0 serves Prometheus metrics at http://HOST:PORT/metrics (read-only, no authentication: "
         "loopback unless --allow-remote on an authenticated run)", metavar="HOST:PORT", parse=values.metrics_address,

@@ -1,4 +1,10 @@
-"""Rank 0's services besides training (the head relay, control, Prometheus, the hang watch, the
-connection file), as one object the runner, `ringtop.Monitor` and `ringtop simulate` start alike."""
+"""Rank 0's services besides training: `Head` (services.py) and its relay half (relay_services.py),
+which the watcher process imports without torch: hence `Head` is loaded only when asked for."""
 
-from ringtop.agent.head.services import Head
+
+def __getattr__(name: str):
+    if name == "Head":
+        from ringtop.agent.head.services import Head
+
+        return Head
+    raise AttributeError(name)

@@ -15,7 +15,7 @@ from typing import Callable
 
 from ringtop.metrics.rules.hang import STARTING, HangVerdict, diagnose, step_desync
 from ringtop.metrics.rules.liveness import is_silent
-from ringtop.protocol import Bye, HangReport, Heartbeat, Hello, Message, Stall, Step
+from ringtop.protocol import Bye, HangReport, Heartbeat, Hello, Message, RankExit, Stall, Step
 from ringtop.protocol.processes import look
 
 SETTLE_S = 0.6
@@ -51,6 +51,12 @@ class HangWatch:
 
     def observe(self, msg: Message) -> None:
         now = self._clock()
+        if isinstance(msg, RankExit):  # its node's watcher saw the process gone
+            self._failed.add(msg.of_rank)
+            self._local.pop(msg.of_rank, None)
+            if self._reports:
+                self._evaluate(now)
+            return
         rank = msg.rank
         self._seen[rank] = now
         if isinstance(msg, Stall):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,13 @@ class OffThread:
     def node_relay_event(self, level: str, text: str, data: dict[str, Any]) -> None:
         """From the node relay's thread: its head lost or found again."""
         self.run.event(level, "relay", text, data)
+
+    def watcher_lost(self, why: str) -> None:
+        """From the watcher link's thread: training goes on; what the UIs no longer get is said
+        (in this rank's log, and to a UI once a relay takes the ranks' messages again)."""
+        text = f"{why}: UIs get no telemetry from this run now; training goes on and every rank's log keeps its record"
+        print(f"ringtop agent [rank 0]: {text}", file=sys.stderr, flush=True)
+        self.run.event("error", "watcher", text, {})
 
     def publish_reply(self, reply) -> None:
         self.run.telemetry.emit(reply)

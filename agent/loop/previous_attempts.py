@@ -71,13 +71,13 @@ def read_previous(log_dir: Path, attempt: int) -> PreviousAttempts | None:
     return PreviousAttempts(cause[:MAX_CAUSE_CHARS], goodput_inputs(earlier))
 
 
-def take_over(head: Any, log_dir: str | None, attempt: int) -> str:
-    """Rank 0 of attempt `attempt` (0: the first), its head built and not yet started: its relay's
-    goodput is given the attempts before; returns how the last of them ended ('' if not known)."""
+def take_over(relay: Any, log_dir: str | None, attempt: int) -> str:
+    """Attempt `attempt` (0: the first) of a run, its head relay built and not yet started: the
+    relay's goodput is given the attempts before (None: only the cause is wanted, the relay is in
+    the watcher, which reads them itself); returns how the last of them ended ('' if not known)."""
     previous = read_previous(Path(log_dir), attempt) if log_dir else None
     if previous is None:
         return ""
-    relay = head.relay
     if relay is not None and relay.goodput is not None:  # before its thread starts: no race
         for msg in previous.goodput_inputs:
             relay.goodput.add(msg)

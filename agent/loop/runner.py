@@ -176,10 +176,11 @@ class Runner:
                          restate_operations=self.off_thread.restate_operations,
                          capture=CaptureSettings(cfg.capture_on, cfg.capture_every_min, cfg.capture_steps),
                          alerts=AlertTargets(cfg.alert_webhook, cfg.alert_command, cfg.alert_goodput),
-                         log_dir=cfg.log_dir or "")
+                         log_dir=cfg.log_dir or "", watcher=cfg.telemetry and not cfg.no_watcher,
+                         attempt=restart_count(os.environ), on_watcher_lost=self.off_thread.watcher_lost)
         self.control = self.head.control
         self.endpoints = self.head.endpoints
-        self.restart_cause = take_over(self.head, cfg.log_dir, restart_count(os.environ))
+        self.restart_cause = take_over(self.head.relay, cfg.log_dir, restart_count(os.environ))
 
     def _start_telemetry(self) -> None:
         """Every rank's publisher, rank 0's head, the keys shared, the node relays on several nodes."""
@@ -240,7 +241,7 @@ class Runner:
             "world_size": self.ctx.world_size, "loss": self.last_loss, **status_step_ms(self.step_window),
             "last_checkpoint": self.last_checkpoint or "",
             "refused_connections": head.refused_connections if head is not None else 0,
-            "lost_messages": head.relay.gaps if head is not None else 0,
+            "lost_messages": head.lost_messages() if head is not None else 0,
         }
 
     def hello(self) -> Hello:

@@ -1,10 +1,11 @@
 """Rank 0's Prometheus endpoint (`--metrics HOST:PORT`): what the relay forwards, as metrics.
 
 Fed entirely by a relay observer, on the relay's thread: the training thread pays nothing, and a
-scrape never touches a rank. The observer keeps one small record per rank (one dict update per
-message, whatever the world size) under a lock; a scrape (`collect`, on the HTTP server's
-threads) builds the metric families from it. A custom collector rather than labelled gauge
-children, so a thousand ranks cost a thousand records, not tens of thousands of metric objects.
+scrape never touches a rank. The observer folds each message into the run's state
+(metrics/run_state: one small record per rank, the same fold the UI and `summary` make) under a
+lock; a scrape (`collect`, on the HTTP server's threads) builds the metric families from it. A
+custom collector rather than labelled gauge children, so a thousand ranks cost a thousand records,
+not tens of thousands of metric objects.
 
 Its own `CollectorRegistry`: no process metrics of the global registry, nothing shared with a
 user's own exporter in the same process.
@@ -15,7 +16,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -23,15 +24,16 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from ringtop.agent.prometheus.names import SERIES, labels_of
 from ringtop.agent.prometheus.server import serve_metrics
 from ringtop.metrics.costs.flops import mfu
-from ringtop.metrics.goodput import CAUSES, Goodput
-from ringtop.metrics.run_lifecycle import STATES, RankEnd, fold
-from ringtop.protocol import Bye, Event, Hello, MemorySample, Stall, Step
+from ringtop.metrics.goodput import CAUSES
+from ringtop.metrics.run_lifecycle import STATES
+from ringtop.metrics.run_state import MAX_KINDS_PER_RANK as MAX_KINDS_PER_RANK  # its bound on kinds
+from ringtop.metrics.run_state import RankState, RunState
+from ringtop.protocol import Event
 
 MAX_LABEL_CHARS = 128
 """A label value is cut to this many characters (a Hello's host is not bounded by the protocol)."""
-MAX_KINDS_PER_RANK = 32
-"""Collective kinds kept apart per rank; the rest add up under `other` (bounded label cardinality)."""
 MAX_VERDICTS = 1024
+VERDICT_KINDS = ("verdict", "verdict_cleared", "verdicts_active")
 MEMORY_FIELDS = ("params", "grads", "optimizer", "rss", "cuda_allocated", "cuda_reserved")
 """MemorySample's `<name>_bytes` fields, each a `ringtop_memory_<name>_bytes` gauge (metric_names.py)."""
 
@@ -48,50 +50,16 @@ def _finite(x: float) -> float:
     return x if math.isfinite(x) else 0.0
 
 
-class _Rank:
-    """What the exporter knows of one rank: the latest figures and the running totals."""
-
-    __slots__ = ("run_id", "host", "up", "step", "step_s", "tokens_per_s", "tflops", "peak_tflops", "mem", "comm_bytes",
-                 "exposed_comm_s", "last_step_ts", "stalled", "stall_running_s", "stall_seen", "end")
-
-    def __init__(self) -> None:
-        self.run_id = ""
-        """From the rank's own Hello: every series of it carries it."""
-        self.host = ""
-        self.up = True
-        self.step: int | None = None
-        self.step_s = 0.0
-        self.tokens_per_s = 0.0
-        self.tflops = 0.0
-        self.peak_tflops = 0.0
-        """From the rank's Hello; 0: not known, and no ringtop_mfu_ratio for it."""
-        self.mem: MemorySample | None = None
-        """The latest step's (the protocol's struct, kept as it came: no copy per message)."""
-        self.comm_bytes: dict[str, int] = {}
-        """Collective kind -> bytes handed to it, since the start."""
-        self.exposed_comm_s = 0.0
-        """Seconds the training thread was blocked on communication, since the start."""
-        self.last_step_ts: float | None = None
-        self.stalled = False
-        self.stall_running_s = 0.0
-        self.stall_seen = 0.0
-        """Monotonic time of the latest stalled report (on this host: no clock skew)."""
-        self.end: RankEnd | None = None
-        """Its Bye, as the run's lifecycle reads it."""
-
-
 class RunMetrics:
-    """The collector. `observe` is the relay observer; `collect` is what a scrape calls."""
+    """The collector. `observe` is the relay observer; `collect` is what a scrape calls. What it
+    exports is read from the run's state (metrics/run_state), the one fold of the messages the UI's
+    view and `summary` make too; only the verdict count is its own."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._lock = threading.Lock()
-        self._ranks: dict[int, _Rank] = {}
-        self._goodput = Goodput()
+        self._state = RunState()
         self._verdicts: set[tuple[str, int | None]] = set()
-        self._culprits: frozenset[int] = frozenset()
-        """The ranks rank 0's latest `hang` event holds the others up for; empty once cleared."""
-        self._run: dict[str, str] = {}
         self.errors = 0
         """Messages the observer could not fold in (counted, never raised into the relay)."""
 
@@ -100,68 +68,15 @@ class RunMetrics:
     def observe(self, msg: Any) -> None:
         try:
             with self._lock:
-                self._goodput.add(msg)
-                handler = _HANDLERS.get(type(msg))
-                if handler is not None and 0 <= msg.rank:
-                    handler(self, self._row(msg.rank), msg)
+                self._state.add(msg, self._clock())
+                if type(msg) is Event and msg.rank == 0 and msg.kind in VERDICT_KINDS:
+                    self._on_verdict(msg)
         except Exception:  # a message the code did not foresee must not reach the relay
             self.errors += 1
 
-    def _row(self, rank: int) -> _Rank:
-        row = self._ranks.get(rank)
-        if row is None:
-            row = self._ranks[rank] = _Rank()
-        return row
-
-    def _on_hello(self, row: _Rank, msg: Hello) -> None:
-        row.run_id = _label(msg.run_id)
-        row.host = _label(msg.host)
-        row.up = True
-        row.end = None
-        row.peak_tflops = msg.peak_tflops
-        if msg.rank == 0:
-            self._run = {"run_id": _label(msg.run_id), "strategy": _label(msg.strategy),
-                         "world_size": str(msg.world_size),
-                         "restarts_left": str(max(0, msg.max_restarts - msg.restart_count))}
-
-    def _on_step(self, row: _Rank, msg: Step) -> None:
-        row.step = msg.step
-        row.step_s = msg.step_ms / 1e3
-        row.tokens_per_s = msg.tokens_per_s
-        row.tflops = msg.tflops
-        row.last_step_ts = msg.ts
-        row.mem = msg.mem
-        kinds = row.comm_bytes
-        for c in msg.comm:
-            kind = _label(c.kind)
-            if kind not in kinds and len(kinds) >= MAX_KINDS_PER_RANK:
-                kind = "other"
-            kinds[kind] = kinds.get(kind, 0) + c.bytes
-        row.exposed_comm_s += max(0.0, msg.exposed_comm_ms) / 1e3  # a counter never goes down
-
-    def _on_stall(self, row: _Rank, msg: Stall) -> None:
-        if msg.state == "stalled":
-            row.stalled = True
-            row.stall_running_s = max(0.0, msg.running_s)
-            row.stall_seen = self._clock()
-        elif msg.state == "recovered":
-            row.stalled = False
-
-    def _on_bye(self, row: _Rank, msg: Bye) -> None:
-        row.up = False
-        row.stalled = False
-        row.end = RankEnd(msg.rank, msg.step, msg.ok, msg.reason, at=msg.ts)
-
-    def _on_event(self, row: _Rank, msg: Event) -> None:
+    def _on_verdict(self, msg: Event) -> None:
         """Rank 0's diagnosis: `verdict` adds one, `verdict_cleared` removes it, `verdicts_active`
-        restates the whole active set; a `hang` event names its culprits."""
-        if msg.rank != 0 or msg.kind not in ("verdict", "verdict_cleared", "verdicts_active", "hang"):
-            return
-        if msg.kind == "hang":
-            report = msg.hang
-            named = report.culprits if report is not None and report.verdict != "cleared" else []
-            self._culprits = frozenset(named[:MAX_VERDICTS])
-            return
+        restates the whole active set."""
         data = msg.data if isinstance(msg.data, dict) else {}
         if msg.kind == "verdicts_active":
             listed = data.get("verdicts")
@@ -181,44 +96,20 @@ class RunMetrics:
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         now = self._clock()
         with self._lock:
-            ranks = sorted(self._ranks.items())
-            good = self._goodput.result()
+            state = self._state
+            hello = state.hello
+            run_id = _label(state.run_id)
+            rows = [_row_of(r, state.stall_s(rank, now), run_id) for rank, r in sorted(state.ranks.items())]
+            good = state.goodput.result()
             verdicts = len(self._verdicts)
-            culprits = self._culprits
-            run = dict(self._run)
-            life = fold([r.end for _, r in ranks if r.end is not None], world_size=int(run.get("world_size", 0)),
-                        running=sum(1 for _, r in ranks if r.end is None),
-                        stepped=any(r.step is not None for _, r in ranks),
-                        stalled=[rank for rank, r in ranks if r.stalled],
-                        restarts_left=int(run.get("restarts_left", 0)))
-            rows = [(rank, r.run_id, r.host, r.up, r.step, r.step_s, r.tokens_per_s, (r.tflops, r.peak_tflops),
-                     r.mem, dict(r.comm_bytes), r.exposed_comm_s, r.last_step_ts, r.stalled,
-                     r.stall_running_s + max(0.0, now - r.stall_seen) if r.stalled else 0.0) for rank, r in ranks]
+            culprits = state.hang.rank0_culprits()
+            stalled = set(state.hang.reported_stalled())
+            life = state.lifecycle()
+            run = {"strategy": _label(hello.strategy), "world_size": str(hello.world_size)} if hello else {}
         fam = {name: family(name) for name in SERIES}
-        for (rank, run_id, host, r_up, r_step, r_step_s, r_tokens, (r_tflops, r_peak), r_mem, r_comm, r_exposed,
-             r_last, r_stalled, r_age) in rows:
-            key = [run_id or run.get("run_id", ""), str(rank), host]
-            fam["ringtop_up"].add_metric(key, 1.0 if r_up else 0.0)
-            fam["ringtop_stalled"].add_metric(key, 1.0 if r_stalled else 0.0)
-            fam["ringtop_stall_seconds"].add_metric(key, _finite(r_age))
-            fam["ringtop_hang_culprit"].add_metric(key, 1.0 if rank in culprits else 0.0)
-            fam["ringtop_exposed_comm_seconds_total"].add_metric(key, r_exposed)
-            for kind, n in sorted(r_comm.items()):
-                fam["ringtop_comm_bytes_total"].add_metric([*key, kind], float(n))
-            if r_step is None:
-                continue  # no step yet: no step figures, rather than zeros an alert would read as stuck
-            fam["ringtop_step"].add_metric(key, float(r_step))
-            fam["ringtop_step_seconds"].add_metric(key, r_step_s)
-            fam["ringtop_tokens_per_second"].add_metric(key, r_tokens)
-            if r_tflops > 0:  # 0: the rank's FLOPs are not known, not a stopped device
-                fam["ringtop_model_flops_per_second"].add_metric(key, r_tflops * 1e12)
-                ratio = mfu(r_tflops, r_peak)
-                if ratio is not None:
-                    fam["ringtop_mfu_ratio"].add_metric(key, ratio)
-            fam["ringtop_last_step_timestamp_seconds"].add_metric(key, r_last)
-            for name in MEMORY_FIELDS if r_mem is not None else ():
-                fam[f"ringtop_memory_{name}_bytes"].add_metric(key, float(getattr(r_mem, f"{name}_bytes")))
-        run_key = [run.get("run_id", "")]
+        for row in rows:
+            _add_rank(fam, row, culprits, stalled)
+        run_key = [run_id]
         fam["ringtop_verdicts"].add_metric(run_key, float(verdicts))
         for name in STATES:
             fam["ringtop_run_state"].add_metric([*run_key, name], 1.0 if name == life.state else 0.0)
@@ -233,6 +124,56 @@ class RunMetrics:
         yield from fam.values()
 
 
+class _Row(NamedTuple):
+    """One rank's figures, copied out of the run's state under the lock."""
+
+    rank: int
+    key: list[str]
+    up: bool
+    step: int
+    latest: Any
+    """Its latest Step (None: no step yet: no step figures, rather than zeros an alert would read as stuck)."""
+    step_ms: float
+    peak_tflops: float
+    comm: dict[str, int]
+    exposed_comm_s: float
+    stall_s: float
+
+
+def _row_of(r: RankState, stall_s: float, run_id: str) -> _Row:
+    own = _label(r.hello.run_id) if r.hello is not None else ""
+    comm: dict[str, int] = {}
+    for kind, n in r.comm_bytes_by_kind.items():
+        comm[_label(kind)] = comm.get(_label(kind), 0) + n
+    return _Row(r.rank, [own or run_id, str(r.rank), _label(r.host)], not r.over, r.step, r.latest, r.step_ms,
+                r.peak_tflops, comm, r.exposed_comm_ms_total / 1e3, stall_s)
+
+
+def _add_rank(fam: dict, row: _Row, culprits: frozenset[int], stalled: set[int]) -> None:
+    key = row.key
+    fam["ringtop_up"].add_metric(key, 1.0 if row.up else 0.0)
+    fam["ringtop_stalled"].add_metric(key, 1.0 if row.rank in stalled else 0.0)
+    fam["ringtop_stall_seconds"].add_metric(key, _finite(row.stall_s))
+    fam["ringtop_hang_culprit"].add_metric(key, 1.0 if row.rank in culprits else 0.0)
+    fam["ringtop_exposed_comm_seconds_total"].add_metric(key, row.exposed_comm_s)
+    for kind, n in sorted(row.comm.items()):
+        fam["ringtop_comm_bytes_total"].add_metric([*key, kind], float(n))
+    latest = row.latest
+    if latest is None:
+        return
+    fam["ringtop_step"].add_metric(key, float(row.step))
+    fam["ringtop_step_seconds"].add_metric(key, row.step_ms / 1e3)
+    fam["ringtop_tokens_per_second"].add_metric(key, latest.tokens_per_s)
+    if latest.tflops > 0:  # 0: the rank's FLOPs are not known, not a stopped device
+        fam["ringtop_model_flops_per_second"].add_metric(key, latest.tflops * 1e12)
+        ratio = mfu(latest.tflops, row.peak_tflops)
+        if ratio is not None:
+            fam["ringtop_mfu_ratio"].add_metric(key, ratio)
+    fam["ringtop_last_step_timestamp_seconds"].add_metric(key, latest.ts)
+    for name in MEMORY_FIELDS:
+        fam[f"ringtop_memory_{name}_bytes"].add_metric(key, float(getattr(latest.mem, f"{name}_bytes")))
+
+
 def family(name: str) -> GaugeMetricFamily | CounterMetricFamily:
     """The empty family of one of SERIES (agent/prometheus/names.py), with its labels."""
     s = SERIES[name]
@@ -244,15 +185,6 @@ def _verdict_key(data: dict) -> tuple[str, int | None]:
     rule, rank = data.get("rule"), data.get("rank")
     return (_label(rule) if isinstance(rule, str) else "?",
             rank if isinstance(rank, int) and not isinstance(rank, bool) else None)
-
-
-_HANDLERS: dict[type, Callable[[RunMetrics, _Rank, Any], None]] = {
-    Hello: RunMetrics._on_hello,
-    Step: RunMetrics._on_step,
-    Stall: RunMetrics._on_stall,
-    Bye: RunMetrics._on_bye,
-    Event: RunMetrics._on_event,
-}
 
 
 class MetricsExporter:

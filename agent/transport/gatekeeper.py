@@ -51,13 +51,16 @@ def rank_users(rank_public: dict[int, str]) -> dict[bytes, bytes]:
 
 class Gatekeeper(threading.Thread):
     def __init__(self, keys: RunKeys | ServerKeys, on_refusal: OnRefusal | None = None,
-                 admit: dict[bytes, dict[bytes, bytes]] | None = None, who: str = "rank 0") -> None:
+                 admit: dict[bytes, dict[bytes, bytes]] | None = None, who: str = "rank 0",
+                 printed: bool = True) -> None:
         """`admit`: per ZAP domain, the public keys (raw) let in and each one's user id; by default a
         run's (`keys` a RunKeys): the rank and node relay keys on the relay input, the client key on
-        telemetry and control. A node relay passes its own server pair and its ranks' keys."""
+        telemetry and control. A node relay passes its own server pair and its ranks' keys.
+        `printed`: its reports also on stderr (the watcher's go to rank 0, which prints them)."""
         super().__init__(name="ringtop-gatekeeper", daemon=True)
         self.keys = keys
         self.who = who
+        self._printed = printed
         """Whose sockets these are, in its log lines (`rank 0`, a node relay's rank)."""
         self.context = zmq.Context()
         """The servers' sockets must live in this context: ZAP is per context."""
@@ -165,7 +168,8 @@ class Gatekeeper(threading.Thread):
 
     def _report(self, text: str) -> None:
         self._last_report, self._unreported = time.monotonic(), 0
-        print(f"ringtop [{self.who}]: {text}", file=sys.stderr, flush=True)
+        if self._printed:
+            print(f"ringtop [{self.who}]: {text}", file=sys.stderr, flush=True)
         if self._on_refusal is not None:
             try:
                 self._on_refusal(text, self.refused)

@@ -43,6 +43,7 @@ from ringtop.protocol import (
     Hello,
     Message,
     ProtocolError,
+    RankExit,
     RecentSteps,
     Step,
     StepBrief,
@@ -55,6 +56,8 @@ from ringtop.protocol.guard import LoopFaults
 from ringtop.protocol.messages import LOG_ONLY, MAX_RECENT_BRIEFS, MESSAGE_TYPES
 
 CACHED_TOPICS = (b"hello.", b"bye.", b"timeline.")
+RELAYS_OWN = (GoodputSoFar, Digest, RecentSteps, RankExit)
+"""What only the relay (or the watcher holding it) says: dropped when it comes from a rank."""
 DIGEST_TOPIC = b"digest."
 """A subscription to it asks for conflated steps (agent/transport/step_digest.py); published as `digest.-1`."""
 _TAGS = {cls: tag for tag, cls in MESSAGE_TYPES.items()}
@@ -159,6 +162,9 @@ class Relay(threading.Thread):
         if self.goodput is not None:
             self.observers.append(self.goodput.add)
         self._downlink: collections.deque[bytes] = collections.deque(maxlen=64)
+        self._own: collections.deque[tuple[Message, bytes | None]] = collections.deque(maxlen=1024)
+        """The relay's holder's own messages (the watcher's RankExit and, once rank 0 is gone, its
+        verdicts), queued from any thread, each with its cache slot (None: not kept)."""
         self.digest = StepDigest()
         self._digest_wanted = False
         """Some UI subscribes to `digest.` (XPUB_VERBOSE passes every subscription; the
@@ -194,6 +200,8 @@ class Relay(threading.Thread):
                         self._forward_all()
                     if self._downlink:
                         self._send_downlink()
+                    if self._own:
+                        self._send_own()
                     if self._digest_wanted:
                         self._send_digests()
                 except zmq.ContextTerminated:
@@ -326,6 +334,26 @@ class Relay(threading.Thread):
         is not a subscription up to every publisher): the ranks' way to hear rank 0 without their
         training threads, which may be stuck."""
         self._downlink.append(frame)
+
+    def publish_own(self, msg: Message, keep: bytes | None = None) -> None:
+        """Thread-safe: `msg` (UI_RANK's: the relay's holder speaks for no rank) to every UI; `keep`
+        names a cache slot, so a UI that attaches later gets the latest message of that slot too.
+        A RankExit is also shown to the observers (the hang watch then knows the rank is gone)."""
+        self._own.append((msg, keep))
+
+    def _send_own(self) -> None:
+        while self._own:
+            msg, keep = self._own.popleft()
+            topic, body = f"{_TAGS[type(msg)]}.{msg.rank}".encode(), encode(msg)
+            if keep is not None:
+                self._cache[keep] = [topic, body]
+            self._frontend.send_multipart([topic, body])
+            if type(msg) is RankExit:
+                for observe in self.observers:
+                    try:
+                        observe(msg)
+                    except Exception as exc:
+                        self.faults.record(exc)
 
     def has_downlink(self) -> bool:
         return bool(self._downlink)
@@ -465,7 +493,7 @@ def real(topic: bytes, body: bytes, sender: Collection[int] | None, run_id: str 
         return None
     if topic != f"{_TAGS[type(msg)]}.{msg.rank}".encode():
         return None
-    if isinstance(msg, (GoodputSoFar, Digest, RecentSteps)) or (sender is not None and msg.rank not in sender):
+    if isinstance(msg, RELAYS_OWN) or (sender is not None and msg.rank not in sender):
         return None  # the relay's own, never a rank's
     if type(msg) in LOG_ONLY:
         return None  # a log's alone (a rank never sends one)

@@ -25,6 +25,7 @@ from ringtop.protocol import (
     GoodputSoFar,
     Hello,
     ProtocolError,
+    RankExit,
     RecentSteps,
     Step,
     decode,
@@ -253,6 +254,8 @@ def test_the_relay_forwards_and_caches_only_what_is_real(gatekeeper):
                 framed(Hello(run_id="real", world_size=1_000, rank=0)),  # not this run's world
                 [b"bye.1", encode(Bye(rank=0, reason="forged"))],  # topic and rank disagree
                 framed(Step(rank=7, step=1, loss=1.0, step_ms=1.0)),  # no such rank
+                framed(RankExit(rank=0, of_rank=1, how="killed by SIGKILL")),  # the watcher's word, from a rank
+                framed(RankExit(rank=-1, of_rank=1, how="killed by SIGKILL")),  # ... speaking as the watcher
                 [b"hello.0",
                  msgspec.msgpack.encode({"v": 1, "type": "hello", "run_id": "real", "world_size": 10 ** 9})],
                 [b"step.0"], [b"step.0", b"\xc1", b"extra"],

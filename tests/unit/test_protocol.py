@@ -42,6 +42,7 @@ from ringtop.protocol import (
     OversizeError,
     Prediction,
     ProtocolError,
+    RankExit,
     RecentSteps,
     Reply,
     Sample,
@@ -235,8 +236,15 @@ RECENT = RecentSteps(rank=-1, seq=2, ts=1767225600.5, briefs=[StepBrief(3, 1203,
 RECENT_WIRE = {**ENV, "rank": -1, "seq": 2, "ts": 1767225600.5, "type": "recent",
                "briefs": [[3, 1203, 1767225599.9, 214.0, 2.5, None, False]]}
 
+EXIT = RankExit(rank=-1, seq=3, ts=1767225601.0, of_rank=1, pid=4242, host="node-b", how="killed by SIGKILL",
+                detail="pid 4242, seen by its node's watcher", step=1203)
+EXIT_WIRE = {**ENV, "rank": -1, "seq": 3, "ts": 1767225601.0, "type": "exit", "of_rank": 1, "pid": 4242,
+             "host": "node-b", "how": "killed by SIGKILL", "detail": "pid 4242, seen by its node's watcher",
+             "step": 1203}
+
 CASES = {
     "hello": (HELLO, HELLO_WIRE),
+    "exit": (EXIT, EXIT_WIRE),
     "recent": (RECENT, RECENT_WIRE),
     "digest": (DIGEST, DIGEST_WIRE),
     "step": (STEP, STEP_WIRE),
@@ -272,7 +280,7 @@ def test_constants():
 
 def test_cases_cover_every_type_and_every_field():
     assert set(CASES) == {"hello", "step", "sample", "timeline", "heartbeat", "event", "stall", "bye", "command",
-                          "reply", "digest", "recent"}
+                          "reply", "digest", "recent", "exit"}
     for name, (msg, wire) in CASES.items():
         fields = set(msg.__struct_fields__) | {"type"}
         assert set(wire) == fields, f"{name}: fixture and struct disagree on fields"
@@ -283,7 +291,7 @@ def test_cases_cover_every_type_and_every_field():
         "timeline": Timeline(step=0, stage=0, stages=0, micro_batches=0), "event": Event(), "bye": Bye(),
         "stall": Stall(),
         "command": Command(id="", cmd=""), "reply": Reply(id="", status="ack"), "digest": Digest(interval_s=1.0),
-        "recent": RecentSteps(),
+        "recent": RecentSteps(), "exit": RankExit(of_rank=0),
     }
     for name, (msg, _) in CASES.items():
         for f in msg.__struct_fields__:

@@ -83,11 +83,11 @@ class Feeds:
             self.client = None
 
     def _follow_run(self, now: float) -> None:
-        """The run restarted (a new rank 0 wrote its connection file): attach to it; the view goes on."""
+        """The run restarted (its new attempt's watcher wrote the connection file): attach to it; the view goes on."""
         if self.follower is None:
             return
         if self.client is not None and self.view.is_ended:
-            # its relay ended with its rank 0: left open, the sockets would reconnect to the next
+            # its relay ended with its attempt: left open, the sockets would reconnect to the next
             # attempt's relay on the same port with this attempt's keys, and be refused (an alarm in its events)
             self._stop_client(timeout_s=0.0)
         moved = self.follower.moved(now)
@@ -95,7 +95,7 @@ class Feeds:
             return
         self._stop_client(timeout_s=0.0)  # its thread closes its sockets as it ends; the UI does not wait
         self.publish_addr, self.control_addr, self.keys = moved.publish, moved.control, moved.keys
-        self.view.note(f"the run's rank 0 started again (pid {moved.pid}): attaching to it", kind="connect")
+        self.view.note(f"the run started again (its relay's process {moved.pid}): attaching to it", kind="connect")
         self._start_client()
 
     def on_telemetry_batch(self, batch: TelemetryBatch) -> None:

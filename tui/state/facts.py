@@ -68,22 +68,3 @@ class RunFacts:
         except (ValueError, KeyError, AttributeError):  # a strategy ringtop does not know: the Hello's flags
             parts = sharded_label(sh, nothing="")
         return parts + " sharded" if parts else "replicated"
-
-
-@dataclass(frozen=True)
-class RestartSeen:
-    """The run's latest restart by its launcher, as this UI saw it (count 0: none seen). `cause`:
-    how the attempt before it ended, in the lifecycle's words ("" when this UI did not see it,
-    e.g. attached after); `last_step`: the furthest step any rank had reached by then."""
-
-    count: int = 0
-    cause: str = ""
-    last_step: int = -1
-    ts: float = 0.0
-
-    @property
-    def after(self) -> str:
-        """`after rank 1: error: …`, or `after step 7` when how it ended was not heard."""
-        if self.cause:
-            return f"after {self.cause}"
-        return f"after step {self.last_step:,}" if self.last_step >= 0 else ""

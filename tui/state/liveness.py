@@ -4,11 +4,11 @@ cut off. Mixed into `RunView`."""
 
 from __future__ import annotations
 
-import math
 from typing import Iterable
 
 from ringtop.metrics.rules import liveness
-from ringtop.metrics.run_lifecycle import Lifecycle, RankEnd, fold
+from ringtop.metrics.run_lifecycle import Lifecycle
+from ringtop.metrics.run_state.rules import lifecycle_of, restarts_left, run_ended
 
 CONNECTION_STATES = ("waiting", "live", "stale", "restarting", "ended", "stopped", "failed")
 DEAD_AFTER_S = liveness.SILENT_AFTER_S
@@ -32,18 +32,13 @@ class RunLiveness:
             return self.lifecycle().state
         return "live" if now - self._last_rx <= self.stale_after_s else "stale"
     def lifecycle(self, stalled: Iterable[int] = ()) -> Lifecycle:
-        """The run's lifecycle (metrics/run_lifecycle.py) from its ranks' ends; `stalled`: the ranks
-        the caller finds not stepping (tui/state/health.py's `stalled_ranks`)."""
-        ends = [RankEnd(r.rank, r.step, None if r.dead else r.bye_ok, r.bye_reason,
-                        r.exit_how or "died", r.exit_detail or f"no message for {DEAD_AFTER_S:.0f} s",
-                        r.ended_at if r.ended_at is not None else math.inf)
-                for r in self.ranks.values() if r.ended or r.dead]
-        running = 0 if self.is_ended else max(1, len(self.ranks) - len(ends))
-        stuck = [r.rank for r in self.ranks.values() if r.stuck and not (r.ended or r.dead)]
-        left = max(0, self.facts.hello.max_restarts - self.restart.count)
-        return fold(ends, world_size=self.facts.world_size, running=running, heard=self._last_rx is not None,
-                    stepped=any(r.step_seen is not None for r in self.ranks.values()), stalled=stalled, stuck=stuck,
-                    restarts_left=left)
+        """The run's lifecycle (metrics/run_state/rules.py `lifecycle_of`, as the exporter and `summary`
+        read it) from its ranks' ends; `stalled`: the ranks the caller finds not stepping
+        (tui/state/health.py's `stalled_ranks`)."""
+        return lifecycle_of(list(self.ranks.values()), world_size=self.facts.world_size,
+                            heard=self._last_rx is not None,
+                            restarts_left=restarts_left(self.facts.hello, self.restart), stalled=stalled,
+                            how_silent="died", detail_silent=f"no message for {DEAD_AFTER_S:.0f} s")
     def _say_the_end(self, ts: float) -> None:
         """Once the run is over: one event that says how, and no command left in flight."""
         if not self.is_ended:
@@ -65,11 +60,7 @@ class RunLiveness:
     @property
     def is_ended(self) -> bool:
         """Every rank we know of said Bye or died (and, when the world size is known, all of them)."""
-        known = [r for r in self.ranks.values() if r.said_hello or r.ended or r.dead] or list(self.ranks.values())
-        if not known or not all(r.ended or r.dead for r in known):
-            return False
-        ws = self.facts.world_size
-        return ws <= 0 or sum(1 for r in self.ranks.values() if r.ended or r.dead) >= ws
+        return run_ended(self.ranks.values(), self.facts.world_size)
     @property
     def failure(self) -> str | None:
         """Of a failed run, what failed first, in words (metrics/run_lifecycle.py); None otherwise.

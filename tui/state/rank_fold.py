@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from ringtop.metrics.run_lifecycle import stop_source
+from ringtop.metrics.run_state.rules import start_attempt
 from ringtop.protocol import (
     UI_RANK,
     Bye,
@@ -24,7 +25,6 @@ from ringtop.protocol import (
     StepBrief,
     Timeline,
 )
-from ringtop.tui.state.facts import RestartSeen
 from ringtop.tui.state.rank_row import NonFinite, RankRow
 from ringtop.tui.state.reducers import VERDICT_KINDS
 from ringtop.tui.state.reducers.comm import COMM_WINDOW
@@ -72,25 +72,20 @@ class RankFold:
             self._take_facts(msg)
         row = self._row(msg.rank)
         first, restarted = self._rejoin(row, msg)
-        row.said_hello = True
+        row.take_hello(msg)
         row.version += 1
         if row.heard_since is None:
             row.heard_since = now
-        row.host = msg.host or row.host
-        row.pid = msg.pid or row.pid
         row.process_started_ts = msg.process_started_ts
         row.local_rank = msg.local_rank
         row.device = msg.device or row.device
         row.prediction = msg.prediction
-        row.peak_tflops = msg.peak_tflops
         row.tflops_ceiling, row.tflops_ceiling_source = msg.tflops_ceiling, msg.tflops_ceiling_source
         peak = getattr(msg, "link_peak_gbps", 0.0)  # hook: a Hello that states the link's peak
         if peak:
             self._agent_link_peak(peak, f"rank {msg.rank}")
         if msg.device_mem_total_bytes:
             row.device_mem_total_bytes = msg.device_mem_total_bytes
-        if msg.start_step and row.step < 0:
-            row.step = msg.start_step
         row.last_seen = now
         row.last_ts = max(row.last_ts, msg.ts)
         if first or restarted:  # an agent may repeat its Hello for late joiners; say it once
@@ -102,16 +97,11 @@ class RankFold:
 
     def _run_restarted(self, msg: Hello) -> None:
         """The first Hello of a new attempt (its launcher started every rank again): what ended the
-        last one is kept, then every rank's end is forgotten, as each of them starts again."""
-        life = self.lifecycle()
-        cause = life.cause or (life.words if life.state == "stalled" else "") or msg.restart_cause
-        last_step = max((r.step for r in self.ranks.values()), default=-1)
-        self.restart = RestartSeen(msg.restart_count, cause, last_step, msg.ts)
+        last one is kept, then every rank's end is forgotten, as each of them starts again
+        (metrics/run_state/rules.py, as the exporter and `summary` keep it)."""
+        self.restart = start_attempt(self.ranks.values(), self.lifecycle(), msg)
         for row in self.ranks.values():
-            row.ended, row.bye_reason, row.bye_ok, row.bye_ts = False, "", True, 0.0
-            row.dead, row.exit_how, row.exit_detail = False, "", ""
-            row.step, row.step_seen = -1, None
-            row.stuck, row.stuck_seen = "", None
+            row.stuck_seen = None
             self._live.add(row.rank)
         self.step_history.restart()
         self._end_reported = False
@@ -135,74 +125,41 @@ class RankFold:
 
     def _rejoin(self, row: RankRow, msg: Hello) -> tuple[bool, bool]:
         """(first Hello of the rank, a restart of it): a restarted rank starts its counts again."""
-        first = not row.said_hello
-        # The relay re-sends its cached Hello (and Bye) of every rank whenever a UI subscribes, so
-        # the same Hello may arrive again: only a new process (new pid, or a newer Hello that restarts
-        # the sequence) counts as a restart.
-        if row.pid and msg.pid:
-            restarted = not first and msg.pid != row.pid
-        else:
-            restarted = not first and msg.ts > row.hello_ts and (row.last_seq is None or msg.seq <= row.last_seq)
+        first, restarted = row.rejoin(msg)  # a cached Hello sent again is no restart (RankState.rejoin)
         if restarted:
             self._live.add(row.rank)
-            row.agent_drops = 0
             row.seq_lost = 0
-            row.ended = False
-            row.bye_reason = ""
-            row.bye_ok = True
-            row.bye_ts = 0.0
-            row.dead, row.exit_how, row.exit_detail = False, "", ""
-            row.step = -1
-        if first or restarted:
-            # A Hello may be a cached copy sent long after; the next message sets the baseline.
-            row.last_seq = None
-            row.folded_step = -1
-            row.hello_ts = msg.ts
-        else:
+        if not (first or restarted):
             self._track_seq(row, msg)  # a Hello repeated in-stream; an old cached copy is ignored
         return first, restarted
 
     def _on_step(self, row: RankRow, msg: Step, now: float) -> None:
-        row.step_seen = now
         folded = msg.step <= row.folded_step  # it came direct and in a digest, or first in RecentSteps' brief
         if folded and self.via_digests:
+            row.step_seen = now
             return
-        loss = msg.loss
-        if loss is None:
-            loss = math.nan  # null: the loss was not finite
-        row.loss = loss
-        row.step_ms = msg.step_ms
-        row.data_ms = msg.data_ms
-        row.forward_ms = msg.forward_ms
-        row.backward_ms = msg.backward_ms
-        row.optimizer_ms = msg.optimizer_ms
-        row.exposed_comm_ms = msg.exposed_comm_ms
-        row.latest = msg
+        row.take_step(msg, now)  # the latest figures, as every surface takes them (metrics/run_state)
         rss = msg.mem.rss_bytes
         if rss:
             row.mem_rss_bytes = rss
         if msg.cpu_percent:
             row.cpu_percent = msg.cpu_percent
-        if msg.drops > row.agent_drops:
-            row.agent_drops = msg.drops
         own = self.comm_ledger.collect(msg)
         if own is not None:
             row.comm_history.append(own)
             take_new_steps(row, self.facts.strategy == "pp")  # split once, here, not at every repaint
         if not folded:
-            self._fold_step(row, msg.step, msg.ts, msg.step_ms, loss, msg.grad_norm, msg.skipped)
+            row.count_step(msg)
+            self._fold_step(row, msg.step, msg.ts, msg.step_ms, row.loss, msg.grad_norm, msg.skipped)
     def _fold_step(self, row: RankRow, step: int, ts: float, step_ms: float, loss: float,
                    grad_norm: float | None, skipped: bool) -> None:
         """What every step adds, whole or a digest's brief of it: the rank's histories, the
         cross-rank chart, the skipped and non-finite counts."""
-        row.folded_step = step
         if self.hang.stalled and self.hang.on_step(row.rank, step):
             self.versions["hang"] += 1
-        if step > row.step:
-            row.step = step
+        row.fold_step(step, step_ms)
         if math.isfinite(step_ms):
             row.step_ms_stat.update(step_ms, ts or None, (step_ms if step_ms > 0.0 else 0.0) / 1000.0)
-            row.step_ms_history.append(step_ms)
         row.loss_history.append(loss)
         if grad_norm is None:
             grad_norm = math.nan
@@ -267,18 +224,11 @@ class RankFold:
                     row.loss = math.nan if b.loss is None else b.loss
                     row.step_ms = b.step_ms
     def _on_bye(self, row: RankRow, msg: Bye, now: float) -> None:
-        if row.ended and msg.ts <= row.bye_ts:
-            return  # the relay's cached copy, sent again to a new subscriber
         was_ended = self.is_ended
-        row.bye_ts = msg.ts
-        row.ended = True
-        row.ended_at = row.last_seen
+        if not row.take_bye(msg, row.last_seen):
+            return  # the relay's cached copy, sent again to a new subscriber
         self._live.discard(row.rank)
-        row.bye_reason = msg.reason or ("finished" if msg.ok else "failed")
-        row.bye_ok = msg.ok
         self.hang.on_bye(row.rank)
-        if msg.step > row.step:
-            row.step = msg.step
         level = "info" if msg.ok or stop_source(msg.reason) else "error"  # a user's stop is no error
         self.event_log.add(level, msg.rank, f"bye at step {msg.step}: {row.bye_reason}", msg.ts, kind="bye")
         self._slowest_dirty = True
@@ -296,10 +246,8 @@ class RankFold:
             if msg.gpu.mem_total_bytes:
                 row.device_mem_total_bytes = msg.gpu.mem_total_bytes
     def _on_heartbeat(self, row: RankRow, msg: Heartbeat, now: float) -> None:
-        if msg.step > row.step:
-            row.step = msg.step
-        row.agent_drops = max(row.agent_drops, msg.drops)
-    def _on_event(self, row: RankRow, msg: Event, now: float) -> None:
+        row.take_heartbeat(msg)
+    def _on_event(self, row: RankRow | None, msg: Event, now: float) -> None:
         if self.hang.on_event(msg):
             self.versions["hang"] += 1
         if msg.kind in VERDICT_KINDS:
@@ -315,7 +263,8 @@ class RankFold:
             self.command_log.restated(data.get("operations"), msg.ts)
             return  # restated for late joiners, not news
         if msg.kind != "verdicts_active":  # a periodic restatement for late joiners, not news
-            self.event_log.add(msg.level, msg.rank, self._event_text(msg), msg.ts, kind=msg.kind)
+            rank = msg.rank if msg.rank != UI_RANK else None
+            self.event_log.add(msg.level, rank, self._event_text(msg), msg.ts, kind=msg.kind)
     def _on_timeline(self, row: RankRow, msg: Timeline, now: float) -> None:
         self.pipeline.add(msg, host=row.host)
     def _on_stall(self, row: RankRow, msg: Stall, now: float) -> None:

@@ -1,5 +1,5 @@
-"""One rank as the UI holds it: what its messages said last, its liveness, its histories, and
-(mixed in from tui/state/readings.py) what the screens derive from them."""
+"""One rank as the UI holds it: the state every surface folds (metrics/run_state/rank.py), its
+liveness, its histories, and (mixed in from tui/state/readings.py) what the screens derive from them."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from ringtop.protocol import Prediction, Step
+from ringtop.metrics.run_state.rank import RankState
+from ringtop.protocol import Prediction
 from ringtop.tui.state.readings import CommReadings, MemoryReadings, StepReadings
 
 HISTORY_POINTS = 240
@@ -67,26 +68,12 @@ class NonFinite:
 
 
 @dataclass(slots=True)
-class RankRow(StepReadings, MemoryReadings, CommReadings):
-    rank: int
-    host: str = ""
-    pid: int = 0
+class RankRow(StepReadings, MemoryReadings, CommReadings, RankState):
+    """The rank's state every surface folds (metrics/run_state/rank.py: its latest step, how it
+    ended, the run's totals) and what only the screens keep of it."""
+
     local_rank: int = 0
     device: str = ""
-    # latest step
-    step: int = -1
-    loss: float = math.nan
-    step_ms: float = math.nan
-    data_ms: float = 0.0
-    forward_ms: float = 0.0
-    backward_ms: float = 0.0
-    optimizer_ms: float = 0.0
-    exposed_comm_ms: float = 0.0
-    latest: Step | None = None
-    """The latest Step folded in (the last to arrive): the figures only a Step carries are read
-    from it (properties below), not copied at every message."""
-    peak_tflops: float = 0.0
-    """From the rank's Hello: its device's dense peak; 0 = not known."""
     tflops_ceiling: float = 0.0
     """From the rank's Hello: the most TFLOP/s it could do (metrics/rules/peaks.py); above it a figure is
     implausible. 0 = not known."""
@@ -101,46 +88,21 @@ class RankRow(StepReadings, MemoryReadings, CommReadings):
     gpu_util_percent: float = math.nan
     gpu_mem_used_bytes: int = 0
     # loss of messages
-    agent_drops: int = 0
-    """Messages the agent says it dropped so far (its bounded queue overflowed, or a send failed)."""
     seq_lost: int = 0
     """Messages missing from this rank's `seq` since the UI started following it (lost anywhere
     between the rank's `emit` and this UI: agent queue, sockets, relay)."""
-    last_seq: int | None = None
-    hello_ts: float = 0.0
-    bye_ts: float = 0.0
     # liveness
     last_seen: float | None = None
     """`now` of the last message received from this rank (caller's clock)."""
     last_ts: float = 0.0
     """The agent's wall-clock `ts` of its last message."""
     silent_s: float = 0.0
-    said_hello: bool = False
-    ended: bool = False
-    dead: bool = False
-    """Silent past DEAD_AFTER_S while others were heard: died without a Bye (or hung whole)."""
-    ended_at: float | None = None
-    """`now` of its Bye, or of its last message when it was found dead: which failure came first."""
-    step_seen: float | None = None
-    """`now` when its latest step arrived: heartbeats without steps are a stall (tui/state/health.py)."""
     heard_since: float | None = None
     """`now` of the first message this UI got from it (a UI attached to a hung run saw no step)."""
-    folded_step: int = -1
-    """The newest step folded into its histories: a step that comes again (direct and in a
-    digest, while the subscription changes) is folded once."""
-    bye_reason: str = ""
-    bye_ok: bool = True
-    exit_how: str = ""
-    """Of a rank that ended without a Bye, how, as learnt from outside (the launcher's report, a
-    probe of its process): `killed by SIGKILL`; empty: only that it fell silent."""
-    exit_detail: str = ""
     process_started_ts: float = 0.0
     """Its Hello's: a look at its process from outside checks the pid is still that process."""
-    stuck: str = ""
-    """Silent, its process seen alive from outside (tui/sources/exit_probe.py): how, in words
-    (`stuck (alive, GIL held) in sleep ← … ← forward (model.py:57)`); empty: not so."""
     stuck_seen: float | None = None
-    """`now` of the latest look that found it so."""
+    """`now` of the latest look that found it stuck (`RankState.stuck`, tui/sources/exit_probe.py)."""
     slowest: bool = False
     version: int = 0
     """Moves on with every message folded into this row (and when it is found dead): a screen
@@ -160,4 +122,3 @@ class RankRow(StepReadings, MemoryReadings, CommReadings):
     comm_history: deque = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
     """This rank's timed steps (`reducers.comm.TimedStep`), oldest first (for the Comm tab's window
     and chart); `reducers.comm.rank_step` makes a CommStep of one when a window reads it."""
-

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from itertools import islice
 
+from ringtop.metrics.run_state.rank import RankState
 from ringtop.metrics.timing import STEP_WINDOW, compute_ms, share_pct
 from ringtop.metrics.timing import idle_ms as step_idle_ms
 from ringtop.tui.state.reducers.comm import step_times
@@ -95,16 +96,12 @@ class StepReadings:
         self.compute_cache = (self.version, value)
         return value
     def recent_step_ms(self, window: int = SLOWEST_WINDOW) -> float:
-        """The mean of the last `window` step times (read from the end: O(window), not O(history));
-        the default window's kept until the row moves on (the repaint asks several times per rank)."""
+        """The mean of the last `window` step times (`RankState.recent_step_ms`, as the exporter and
+        `summary` read it); the default window's kept until the row moves on (the repaint asks several
+        times per rank)."""
         if window == SLOWEST_WINDOW and self.recent_cache[0] == self.version:
             return self.recent_cache[1]
-        if not self.step_ms_history:
-            mean = math.nan
-        else:
-            pts = list(islice(reversed(self.step_ms_history), window))
-            pts.reverse()  # summed oldest first, as always
-            mean = sum(pts) / len(pts)
+        mean = RankState.recent_step_ms(self, window)  # the rule every surface reads
         if window == SLOWEST_WINDOW:
             self.recent_cache = (self.version, mean)
         return mean

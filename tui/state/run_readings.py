@@ -6,8 +6,9 @@ from __future__ import annotations
 import math
 
 from ringtop.metrics.costs.flops import mfu
-from ringtop.metrics.rules.hang import HangVerdict, diagnose
+from ringtop.metrics.rules.hang import HangVerdict
 from ringtop.metrics.rules.outliers import SLOWEST_SHOWN, Outlier, slowest
+from ringtop.metrics.run_state.rules import hang_reading
 from ringtop.protocol import Event
 from ringtop.tui.state.rank_row import RankRow
 
@@ -116,12 +117,7 @@ class RunReadings:
         own = self._hang_reading[1]
         return own if own is not None else self.hang.rank0_verdict(self.latest_ts, self.is_ended)
     def _diagnose(self) -> HangVerdict | None:
-        if not self.hang.stalled:
-            return None
-        dead = {r.rank for r in self.ranks.values() if r.dead or (r.ended and not r.bye_ok)}
-        reports = {rank: s for rank, s in self.hang.stalled.items() if rank not in dead}
-        world = self.facts.world_size or max(max(self.ranks, default=0), max(reports, default=0)) + 1
-        return diagnose(reports, world, dead)
+        return hang_reading(self.hang, self.ranks, self.facts.world_size)  # as the exporter and summary read it
     def desync_notice(self) -> Event | None:
         """Rank 0's latest `desync` event (its comparison of the steps' collectives), while the
         run goes on and for NOTICE_S after it."""

@@ -25,6 +25,7 @@ from ringtop.metrics.goodput import Goodput
 from ringtop.metrics.lag import Lag
 from ringtop.metrics.rules.hang import HangVerdict
 from ringtop.metrics.rules.outliers import Outlier
+from ringtop.metrics.run_state.rules import RestartSeen
 from ringtop.protocol import (
     UI_RANK,
     Bye,
@@ -32,6 +33,7 @@ from ringtop.protocol import (
     Event,
     Heartbeat,
     Hello,
+    RankExit,
     RecentSteps,
     Reply,
     Sample,
@@ -39,7 +41,7 @@ from ringtop.protocol import (
     Step,
     Timeline,
 )
-from ringtop.tui.state.facts import RestartSeen, RunFacts
+from ringtop.tui.state.facts import RunFacts
 from ringtop.tui.state.liveness import DEAD_AFTER_S, STUCK_LOOK_VALID_S, RunLiveness
 from ringtop.tui.state.parts import PartsAccess
 from ringtop.tui.state.pipeline import PipelineState
@@ -50,7 +52,7 @@ from ringtop.tui.state.reducers.comm import CommLedger
 from ringtop.tui.state.reducers.events import MAX_EVENTS
 from ringtop.tui.state.reducers.steps import StepHistory
 from ringtop.tui.state.run_readings import RunReadings
-from ringtop.tui.words import at_step, words
+from ringtop.tui.words import at_step
 
 DIGEST_MIN_RANKS = 128
 """From this world size on the UI takes the relay's digests instead of every rank's steps
@@ -209,8 +211,8 @@ class RunView(RankFold, RunLiveness, RunReadings, PartsAccess):
         """The row of the rank that sent `msg` (made on its first message), with its liveness
         updated; None for a message the UI itself published or from a rank outside the run."""
         if msg.rank == UI_RANK:
-            if isinstance(msg, Event):
-                self.event_log.add(msg.level, None, msg.text or words(msg.kind), msg.ts, kind=msg.kind)
+            if isinstance(msg, Event):  # the watcher's, once rank 0 is gone (agent/watcher/), or a client's
+                self._on_event(None, msg, now)
             return None
         row = self.ranks.get(msg.rank)
         if row is None:
@@ -298,9 +300,8 @@ class RunView(RankFold, RunLiveness, RunReadings, PartsAccess):
         row = self.ranks.get(rank)
         if row is None or row.ended or (row.dead and (row.exit_how, row.exit_detail) == (how, detail)):
             return
-        row.dead, row.exit_how, row.exit_detail = True, how, detail
-        if row.ended_at is None:
-            row.ended_at = row.last_seen if row.last_seen is not None else math.inf
+        at = row.ended_at if row.ended_at is not None else row.last_seen if row.last_seen is not None else math.inf
+        row.take_exit(how, detail, at)
         row.version += 1
         self._live.discard(rank)
         self._slowest_dirty = True
@@ -309,6 +310,10 @@ class RunView(RankFold, RunLiveness, RunReadings, PartsAccess):
                            time.time(), kind="dead")
         self.step_history.close_complete(self._live)
         self._say_the_end(time.time())
+
+    def _on_rank_exit(self, msg: RankExit, now: float) -> None:
+        """The node's watcher saw the rank's process gone (agent/watcher/witness.py)."""
+        self.note_rank_exit(msg.of_rank, msg.how or "died", msg.detail)
 
     def note_rank_stuck(self, rank: int, words: str, now: float) -> None:
         """A silent rank whose process was seen alive from outside (tui/sources/exit_probe.py): stuck,
@@ -341,7 +346,7 @@ class RunView(RankFold, RunLiveness, RunReadings, PartsAccess):
                 continue  # unreachable, not known dead
             if not heard and not others_ended:
                 continue  # everyone is silent: the UI lost the run, not a rank
-            row.dead, row.ended_at = True, row.last_seen
+            row.take_exit(row.exit_how, row.exit_detail, row.last_seen)  # silent: how is not known
             row.version += 1
             self._live.discard(row.rank)
             self._slowest_dirty = True
@@ -386,4 +391,5 @@ ROUTES: dict[type, tuple[Any, tuple[str, ...], bool]] = {
     Event: (RunView._on_event, ("events", "verdicts", "commands"), True),
     Stall: (RunView._on_stall, ("hang",), True),
     Bye: (RunView._on_bye, ("ranks", "comm", "events", "hang"), True),
+    RankExit: (RunView._on_rank_exit, ("ranks", "comm", "events", "hang"), False),
 }

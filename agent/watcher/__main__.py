@@ -1,0 +1,5 @@
+import sys
+
+from ringtop.agent.watcher.process import main
+
+sys.exit(main())

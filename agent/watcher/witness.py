@@ -1,0 +1,106 @@
+"""How each rank of this node ended, seen from outside it: a relay observer learns each local
+rank's process from its Hello (pid and start, so a reused pid is no witness) and its last step;
+`look` reads /proc for each that has not said Bye and names one whose process is gone — from
+its exit status if the kernel still holds it, else from the launcher's report under `ringtop
+run`, else as gone without a word. Torch-free and cheap: a `stat` read per rank per look."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ringtop.protocol import UI_RANK, Bye, Hello, Message, RankExit, Step
+from ringtop.protocol.processes import look, zombie_exit_code
+from ringtop.protocol.run_logs import LAUNCHER_OUTPUT, LauncherFailures, exit_words
+
+LOOK_EVERY_S = 0.5
+QUIET_S = 5.0
+"""A rank of another node silent this long counts as done for the watcher's own end."""
+
+
+@dataclass
+class _Rank:
+    pid: int
+    started_ts: float
+    step: int = -1
+    ended: bool = False
+
+
+class Witness:
+    def __init__(self, world_size: int, log_dir: str = "", host: str | None = None) -> None:
+        self.world_size = world_size
+        self.host = host or socket.gethostname()
+        self._lock = threading.Lock()
+        self._local: dict[int, _Rank] = {}
+        self._heard: dict[int, float] = {}
+        """Every rank's last message (monotonic), this node's or not."""
+        self._said_bye: set[int] = set()
+        self._launcher = LauncherFailures(Path(log_dir) / LAUNCHER_OUTPUT) if log_dir else None
+        self.exits: list[RankExit] = []
+
+    def observe(self, msg: Message) -> None:
+        """On the relay's thread, for each message it forwards."""
+        with self._lock:
+            self._heard[msg.rank] = time.monotonic()
+            if isinstance(msg, Hello):
+                if msg.host == self.host and msg.pid > 0:
+                    self._local[msg.rank] = _Rank(msg.pid, msg.process_started_ts)
+            elif isinstance(msg, Step):
+                seen = self._local.get(msg.rank)
+                if seen is not None and msg.step > seen.step:
+                    seen.step = msg.step
+            elif isinstance(msg, Bye):
+                self._said_bye.add(msg.rank)
+                seen = self._local.get(msg.rank)
+                if seen is not None:
+                    seen.ended = True
+
+    def look(self) -> list[RankExit]:
+        """The local ranks found gone since the last look, each named once."""
+        with self._lock:
+            suspects = [(r, s) for r, s in self._local.items() if not s.ended]
+        found = []
+        for rank, seen in suspects:
+            if look(seen.pid, seen.started_ts) is not None:
+                continue
+            how, detail = self._how(seen.pid)
+            exit_ = RankExit(rank=UI_RANK, ts=time.time(), of_rank=rank, pid=seen.pid, host=self.host[:256],
+                             how=how, detail=detail, step=seen.step)
+            with self._lock:
+                seen.ended = True
+            found.append(exit_)
+        self.exits.extend(found)
+        return found
+
+    def _how(self, pid: int) -> tuple[str, str]:
+        code = zombie_exit_code(pid)
+        if code is not None:
+            return exit_words(code), f"pid {pid}, seen by its node's watcher"
+        said = self._launcher().get(pid) if self._launcher is not None else None
+        if said:
+            return said, f"pid {pid}, the launcher's report"
+        return "died", (f"its process {pid} is gone without a Bye or an error: a signal such as SIGKILL, "
+                        "or the kernel's OOM killer")
+
+    def silent_s(self, rank: int) -> float:
+        """Seconds since `rank`'s last message (inf: never heard)."""
+        with self._lock:
+            heard = self._heard.get(rank)
+        return time.monotonic() - heard if heard is not None else float("inf")
+
+    def locals_known(self) -> bool:
+        with self._lock:
+            return bool(self._local)
+
+    def all_ended(self) -> bool:
+        """Every rank of this node that said Hello has ended, and every other rank of the run has
+        said Bye or been silent QUIET_S (its last words have had their chance to pass)."""
+        now = time.monotonic()
+        with self._lock:
+            if not self._local or not all(s.ended for s in self._local.values()):
+                return False
+            return all(r in self._said_bye or r in self._local or now - t >= QUIET_S
+                       for r, t in self._heard.items())
