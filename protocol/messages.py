@@ -371,6 +371,7 @@ class RankExit(Envelope, tag="exit", kw_only=True):
     rank killed by a signal or gone without a Bye says nothing itself. `rank` is UI_RANK; the relay
     drops one that comes from a rank, and keeps the latest of each `of_rank` for UIs that attach."""
 
+    rank: Rank = UI_RANK
     of_rank: RankIndex
     pid: Annotated[int, msgspec.Meta(ge=0, le=1 << 31)] = 0
     host: Annotated[str, msgspec.Meta(max_length=256)] = ""

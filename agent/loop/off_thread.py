@@ -44,6 +44,14 @@ class OffThread:
         print(f"ringtop agent [rank 0]: {text}", file=sys.stderr, flush=True)
         self.run.event("error", "watcher", text, {})
 
+    def node_watcher_lost(self, why: str) -> None:
+        """From the node watcher's link thread: this node's ranks no longer reach the head."""
+        ranks = self.run.layout.nodes[self.run.layout.node_of(self.run.ctx.rank)]
+        text = (f"{why}: ranks {','.join(map(str, ranks))} reach no UI now; training goes on and every rank's "
+                "log keeps its record")
+        print(f"ringtop agent [rank {self.run.ctx.rank}]: {text}", file=sys.stderr, flush=True)
+        self.run.event("error", "watcher", text, {})
+
     def publish_reply(self, reply) -> None:
         self.run.telemetry.emit(reply)
 

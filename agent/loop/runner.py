@@ -132,7 +132,9 @@ class Runner:
         self.peers = Peers.gather(ctx.rank, ctx.world_size, self.control_group)
         self.layout = NodeLayout.from_hosts(self.peers.hosts)
         """Which ranks share a node: on several, each node's ranks publish to a node relay."""
-        self.node_relay: NodeRelay | None = None
+        self.node_relay: NodeRelay | Any = None
+        """This node's relay, if this rank leads a node but the head's: its watcher's link, or
+        (--no-watcher) the relay thread itself."""
         rank_setup.check_head_reachable(self.layout, cfg.relay, cfg.telemetry)
         safe_files.set_group_readable(cfg.group_readable)
         for folder, what in ((cfg.log_dir, "log folder"), (cfg.checkpoint_dir, "checkpoint folder")):
@@ -195,7 +197,8 @@ class Runner:
         if self.layout.multi:
             self.node_relay = rank_setup.start_node_relay(rank, world, self.control_group, self.layout,
                                                           self.endpoints.relay, self.run_id, keys, rank_keys,
-                                                          rank_public)
+                                                          rank_public, watcher=not cfg.no_watcher,
+                                                          on_lost=self.off_thread.node_watcher_lost)
             relay_address, rank_keys = rank_setup.node_relay_address(rank, world, self.control_group, self.layout,
                                                                      self.node_relay, self.endpoints.relay, rank_keys)
         self.telemetry = Telemetry(rank, relay_address, cfg.log_dir, keys=rank_keys)

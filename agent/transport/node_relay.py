@@ -2,8 +2,9 @@
 forwards them to rank 0's relay (the head) through one authenticated connection.
 
 Why: one connection per node crosses the network instead of one per rank, and the ranks' own
-sockets never leave loopback. It runs as a thread in the process of the node's lowest rank (its
-local rank 0) and never blocks training: it only moves frames between non-blocking sockets.
+sockets never leave loopback. It runs in the node's watcher process (agent/watcher/, started
+by the node's lowest rank; under --no-watcher a thread of that rank) and never blocks training:
+it only moves frames between non-blocking sockets.
 
 - Its input is an XSUB bound on 127.0.0.1, a CURVE server with a key pair of its own (made here;
   the secret never leaves this process) admitting the run's rank keys, each connection named after
@@ -34,7 +35,7 @@ import zmq
 from ringtop.agent.transport.gatekeeper import Gatekeeper, rank_users
 from ringtop.agent.transport.ports import limit_peers
 from ringtop.agent.transport.relay import CONFLATED_TOPICS, real_message, skip_report
-from ringtop.protocol import MAX_FRAME_BYTES, curve
+from ringtop.protocol import MAX_FRAME_BYTES, Message, curve, encode
 from ringtop.protocol.batch import BATCH_MESSAGES, encode_batch
 from ringtop.protocol.curve import RELAY_DOMAIN, ClientKeys, close_monitored, secure_client
 from ringtop.protocol.downlink import MAX_DOWNLINK_BYTES, PREFIX
@@ -89,11 +90,14 @@ class NodeRelay(threading.Thread):
     def __init__(self, upstream: str, upstream_keys: ClientKeys | None, ranks: Collection[int],
                  rank_public: dict[int, str] | None, run_id: str | None, world_size: int | None,
                  capacity: int = QUEUE_CAPACITY, on_event: OnEvent | None = None, host: str = "127.0.0.1",
-                 address: str | None = None, server: curve.ServerKeys | None = None):
+                 address: str | None = None, server: curve.ServerKeys | None = None,
+                 observers: Collection[Callable[[Message], None]] = ()):
         """`upstream`: the head relay's address; `upstream_keys`: this node's key pair and the head's
         public key (None: --insecure, plain sockets); `ranks`: this node's; `rank_public`: their
         public keys (what the input admits). `address`, `server`: a predecessor's, to take its
         place (its ranks reconnect by themselves); by default a free port and a new key pair.
+        `observers`: called on its thread with each real message of its ranks (the node's
+        watcher learns its ranks' processes and last steps so).
         Long by design: both sockets, the queue and every counter, each with its docstring, set
         here before the thread starts and owns them."""
         super().__init__(name="ringtop-node-relay", daemon=True)
@@ -102,6 +106,9 @@ class NodeRelay(threading.Thread):
         self.ranks = frozenset(ranks)
         self.run_id, self.world_size = run_id, world_size
         self.on_event = on_event
+        self.observers = list(observers)
+        self._own: collections.deque[list[bytes]] = collections.deque(maxlen=256)
+        """The node watcher's own messages (a RankExit of one of its ranks), queued from any thread."""
         self.forwarded = 0
         self.dropped = 0
         """Frames that were not real (a forged or malformed one, or a rank of another node)."""
@@ -172,7 +179,7 @@ class NodeRelay(threading.Thread):
         upstream, keys, ranks, rank_public, run_id, world_size, capacity, host = self._args
         try:
             return NodeRelay(upstream, keys, ranks, rank_public, run_id, world_size, capacity, self.on_event, host,
-                             address=self.address, server=self.server)
+                             address=self.address, server=self.server, observers=self.observers)
         except zmq.ZMQError:
             return None
 
@@ -184,6 +191,11 @@ class NodeRelay(threading.Thread):
     def stopping(self) -> bool:
         """Asked to stop (the run ends): not to be started again."""
         return self._stop_event.is_set()
+
+    def publish_own(self, msg: Message) -> None:
+        """Thread-safe: `msg` (the node watcher's RankExit, UI_RANK's) to the head with its ranks'
+        messages; the head takes it only for a rank this relay carries."""
+        self._own.append([f"{msg.__struct_config__.tag}.{msg.rank}".encode(), encode(msg)])
 
     def kill(self) -> None:
         """End at once, dropping what it holds, as if it had died (--inject-node-relay-death)."""
@@ -228,6 +240,8 @@ class NodeRelay(threading.Thread):
                         self._read_upstream()
                     if self._local in events:
                         self._take_local()
+                    while self._own:
+                        self._queue.append(self._own.popleft())
                     if self.head_up and self._queue:
                         self._flush()
                 except zmq.ContextTerminated:
@@ -253,6 +267,11 @@ class NodeRelay(threading.Thread):
             if msg is None:
                 self.dropped += 1
                 continue
+            for observe in self.observers:
+                try:
+                    observe(msg)
+                except Exception as exc:  # an observer's bug must not stop the forwarding
+                    self.faults.record(exc)
             queue = self._queue
             if len(queue) > BATCH_MESSAGES and frames[0].startswith(CONFLATED_TOPICS) and frames[0] != b"step.0":
                 older = self._queued.get(frames[0])  # more than a batch waits: the head is slow or away

@@ -4,6 +4,7 @@ told to its node's ranks (they publish there, over loopback, instead of to rank 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -55,9 +56,12 @@ def share_setup(rank: int, world_size: int, group: Any, endpoints: Endpoints, ke
 
 def start_node_relay(rank: int, world_size: int, group: Any, layout: NodeLayout, head_relay: str, run_id: str,
                      keys: curve.RunKeys | None, rank_keys: curve.ClientKeys | None,
-                     rank_public: list[str]) -> NodeRelay | None:
+                     rank_public: list[str], watcher: bool = False,
+                     on_lost: Callable[[str], None] | None = None) -> Any:
     """Collective, on several nodes: each node's first rank starts its node relay, with the node
-    key rank 0 scatters it. The relay this rank started (None: it leads no node)."""
+    key rank 0 scatters it: in the node's watcher process (`watcher`: agent/watcher/node.py; its
+    link stands for the relay, `on_lost` told if it dies), else as a thread of this rank. The
+    relay (or link) this rank started (None: it leads no node)."""
     node_keys = None
     if rank_keys is not None:
         pairs = [b"\0" * KEY_PAIR_BYTES] * world_size
@@ -70,9 +74,15 @@ def start_node_relay(rank: int, world_size: int, group: Any, layout: NodeLayout,
     if not layout.leads(rank):
         return None
     ranks = layout.nodes[layout.node_of(rank)]
-    node_relay = NodeRelay(head_relay, node_keys, ranks,
-                           {r: rank_public[r] for r in ranks} if rank_keys is not None else None,
-                           run_id=run_id, world_size=world_size)
+    admitted = {r: rank_public[r] for r in ranks} if rank_keys is not None else None
+    if watcher:
+        from ringtop.agent.watcher.link import WatcherLink
+        from ringtop.agent.watcher.wire import Setup
+
+        setup = Setup(role="node", run_id=run_id, world_size=world_size, head_relay=head_relay, node_keys=node_keys,
+                      ranks=list(ranks), rank_public=admitted or {})
+        return WatcherLink.spawn(setup, None, None, on_lost or (lambda why: None))
+    node_relay = NodeRelay(head_relay, node_keys, ranks, admitted, run_id=run_id, world_size=world_size)
     node_relay.start()
     return node_relay
 
@@ -93,11 +103,11 @@ def node_relay_address(rank: int, world_size: int, group: Any, layout: NodeLayou
                                      client_secret=rank_keys.client_secret)
 
 
-def restarted(relay: NodeRelay) -> NodeRelay | None:
+def restarted(relay: Any) -> NodeRelay | None:
     """Once a step, on a node relay's rank: one that ended while the run goes on is started again
-    in its place (its ranks reconnect by themselves); None: it runs, or its port is not free yet.
-    Binding a socket: microseconds."""
-    if relay.is_alive() or relay.stopping:
+    in its place (its ranks reconnect by themselves); None: it runs, or its port is not free yet,
+    or it runs in the node's watcher, which does this itself. Binding a socket: microseconds."""
+    if not isinstance(relay, NodeRelay) or relay.is_alive() or relay.stopping:
         return None
     successor = relay.successor()
     if successor is None:

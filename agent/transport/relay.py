@@ -77,6 +77,8 @@ INPUT_BUFFER_BYTES = 64 << 10
 """Per input connection, what waits on the relay's side (ZeroMQ messages: a node relay's batches;
 the kernel's buffer): small, so what a busy relay has not read waits at the sender, where a rank's
 queue and a node relay's keep the newest, instead of seconds of it here, read stale."""
+EXIT_TOPIC = b"exit.-1"
+"""A node watcher's RankExit (protocol `exit`), in its node relay's batch."""
 SKIPPED_TOPIC = b"skipped.-1"
 """In a node relay's batch: the readings it skipped per rank since its last batch (`skip_report`),
 so the head counts them as skipped, not lost."""
@@ -262,6 +264,9 @@ class Relay(threading.Thread):
             if topic == SKIPPED_TOPIC:
                 self._take_skips(body, sender)
                 continue
+            if topic == EXIT_TOPIC:
+                self._take_exit(body, sender)
+                continue
             if newest is not None:
                 where = newest.get((topic, id(sender)))
                 if where is not None and where != (at, i):
@@ -328,6 +333,22 @@ class Relay(threading.Thread):
             if 0 < count < 1 << 31 and (sender is None or rank in sender):
                 self.skipped += count
                 self._skipped_since[rank] = self._skipped_since.get(rank, 0) + count
+
+    def _take_exit(self, body: bytes, sender: Collection[int] | None) -> None:
+        """A node watcher's RankExit, through its node relay: taken only for a rank that relay
+        carries (a rank's own connection cannot say another, or itself, has died)."""
+        if sender is not None and not any(sender is carried for carried in self._replaying):
+            self.dropped += 1
+            return
+        try:
+            msg = decode(body)
+        except ProtocolError:
+            msg = None
+        if (type(msg) is not RankExit or msg.rank != UI_RANK or (sender is not None and msg.of_rank not in sender)
+                or (self.world_size is not None and msg.of_rank >= self.world_size)):
+            self.dropped += 1
+            return
+        self.publish_own(msg, keep=f"exit.{msg.of_rank}".encode())
 
     def send_down(self, frame: bytes) -> None:
         """Thread-safe: `frame` goes to every rank's telemetry socket (an XSUB passes a message that

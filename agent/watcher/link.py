@@ -45,10 +45,14 @@ class WatcherGone(RuntimeError):
 class WatcherLink:
     """`spawn` it; then it stands where the in-process RelayServices would (agent/head)."""
 
-    def __init__(self, proc: subprocess.Popen, ready: Ready, on_say: OnSay,
+    def __init__(self, proc: subprocess.Popen, ready: Ready, on_say: OnSay | None,
                  inject: Callable[[str, dict[str, Any]], bool] | None, on_lost: Callable[[str], None]) -> None:
         self.proc = proc
         self.publish_address, self.relay_address = ready.publish, ready.relay
+        self.server_public = ready.server_public
+        """A node watcher's relay's public key."""
+        self.on_event: Callable[[str, str, dict], None] | None = None
+        """A node watcher's relay events (level, text, data), when `on_say` is None."""
         self._on_say, self._inject, self._on_lost = on_say, inject, on_lost
         self._ids = itertools.count(1)
         self._answers: dict[int, Any] = {}
@@ -60,7 +64,7 @@ class WatcherLink:
         self._reader.start()
 
     @classmethod
-    def spawn(cls, setup: Setup, on_say: OnSay, inject: Callable[[str, dict[str, Any]], bool] | None,
+    def spawn(cls, setup: Setup, on_say: OnSay | None, inject: Callable[[str, dict[str, Any]], bool] | None,
               on_lost: Callable[[str], None]) -> WatcherLink:
         """The watcher started and its sockets bound, or BindError (as rank 0's own bind would
         raise) or WatcherGone. Its own session: a Ctrl-C meant for the ranks does not end it
@@ -160,9 +164,15 @@ class WatcherLink:
             _end(self.proc)
         self._close_pipes()
 
+    @property
+    def address(self) -> str:
+        """A node watcher's relay input, where its node's ranks publish."""
+        return self.relay_address
+
     def kill(self) -> None:
-        """For --inject-watcher-death and tests: the watcher ends as a SIGKILL would end it."""
-        self.proc.kill()
+        """--inject-node-relay-death: the node watcher's relay ends as if it had died (the watcher
+        starts it again)."""
+        self.call("kill_relay")
 
     def _read_loop(self) -> None:
         fd = self.proc.stdout.fileno()
@@ -179,8 +189,10 @@ class WatcherLink:
                         if len(self._answers) > 1024:  # answers nobody waits for any more
                             self._answers.pop(next(iter(self._answers)))
                         self._cond.notify_all()
-                elif isinstance(msg, Say):
+                elif isinstance(msg, Say) and self._on_say is not None:
                     self._on_say(msg.level, msg.kind, msg.text, msg.hang if msg.hang is not None else msg.data)
+                elif isinstance(msg, Say) and self.on_event is not None:
+                    self.on_event(msg.level, msg.text, msg.data)
                 elif isinstance(msg, Inject) and self._inject is not None:
                     self._inject(msg.cmd, msg.args)
             except Exception as exc:  # a bug in a handler must not end the link

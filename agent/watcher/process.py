@@ -43,37 +43,44 @@ SAY_QUEUE = 256
 
 
 class Watcher:
+    """What every watcher does: the link to its rank (a thread each way, never blocking the
+    services), the witness, and the watch until its end. A role fills in its services."""
+
+    leader = 0
+    """The rank that started it and speaks for it while it lives."""
+
     def __init__(self, setup: Setup, out_fd: int) -> None:
         self.setup = setup
         self._out_fd = out_fd
         self._out: queue.Queue[Any] = queue.Queue(maxsize=SAY_QUEUE)
         self._link_open = True
         self._stop = threading.Event()
-        self._connection_path: Path | None = None
         self.witness = Witness(setup.world_size, setup.log_dir)
-        self._stacks: dict[str, Any] = {}
         self._drain_s = setup.grace_s
-        self.services = RelayServices(
-            setup.endpoints, run_id=setup.run_id, world_size=setup.world_size, keys=setup.keys, on_event=self.say,
-            movable=setup.movable, metrics=setup.metrics, carriers=setup.carriers,
-            capture=CaptureSettings(tuple(setup.capture_on), setup.capture_every_min, setup.capture_steps),
-            inject=self._inject, alerts=AlertTargets(setup.alert_webhook, setup.alert_command, setup.alert_goodput),
-            log_dir=setup.log_dir, print_refusals=False)
-        self.services.relay.observers.insert(0, self.witness.observe)
 
-    # ------------------------------------------------------------------ to rank 0, or to the UIs
+    # ------------------------------------------------------------------ what a role fills in
 
-    def say(self, level: str, kind: str, text: str, data: dict[str, Any] | HangReport) -> None:
-        """From the services' threads: rank 0 sends it as its own event (its log keeps it) while
-        the link is open and rank 0 is heard; once rank 0 is gone, or silent (stuck holding the
-        GIL, its threads cannot send), the watcher publishes it itself. Never blocks."""
-        hang = data if isinstance(data, HangReport) else None
-        if self._link_open and not is_silent(self.witness.silent_s(0)):
-            self._send(Say(level=level, kind=kind, text=text, data={} if hang else data, hang=hang))
-            return
-        event = Event(rank=UI_RANK, ts=time.time(), level=level, kind=kind, text=text,
-                      data={} if hang else data, hang=hang)
-        self.services.relay.publish_own(event)
+    def start_services(self) -> Ready:
+        """Started; the addresses for its rank (raises OSError where they cannot be had)."""
+        raise NotImplementedError
+
+    def stop_services(self, drain_s: float) -> None:
+        raise NotImplementedError
+
+    def publish(self, msg: Any, keep: bytes | None = None) -> None:
+        """Its own message (a RankExit), to the UIs."""
+        raise NotImplementedError
+
+    def answer(self, call: Call) -> Any:
+        return None
+
+    def tend(self) -> None:
+        """Once a look: what keeps the services going."""
+
+    def removal(self) -> None:
+        """At its end, before the services stop."""
+
+    # ------------------------------------------------------------------ to its rank
 
     def _inject(self, cmd: str, args: dict[str, Any]) -> bool:
         return self._link_open and self._send(Inject(cmd=cmd, args=args))
@@ -95,9 +102,8 @@ class Watcher:
             except OSError:
                 self._link_open = False
             except Exception as exc:  # a frame that does not encode is this one lost, not the link
-                print(f"ringtop watcher: a word to rank 0 was not sent: {exc!r}", file=sys.stderr, flush=True)
-
-    # ------------------------------------------------------------------ rank 0's calls
+                print(f"ringtop watcher: a word to rank {self.leader} was not sent: {exc!r}", file=sys.stderr,
+                      flush=True)
 
     def _read_loop(self, in_fd: int) -> None:
         while not self._stop.is_set():
@@ -106,13 +112,87 @@ class Watcher:
             except (LinkClosed, OSError):
                 break
             if isinstance(call, Call):
-                self._send(Answer(id=call.id, value=self._answer(call)))
+                self._send(Answer(id=call.id, value=self.answer(call)))
                 if call.op == "stop":
                     self._drain_s = max(0.0, min(call.number, 30.0))
                     self._stop.set()
         self._link_open = False
 
-    def _answer(self, call: Call) -> Any:
+    # ------------------------------------------------------------------ the watch
+
+    def run(self, in_fd: int) -> int:
+        """The services started: the watch, until its end."""
+        writer = threading.Thread(target=self._write_loop, name="ringtop-watcher-out", daemon=True)
+        writer.start()
+        threading.Thread(target=self._read_loop, args=(in_fd,), name="ringtop-watcher-in", daemon=True).start()
+        started = time.monotonic()
+        ended_since: float | None = None
+        try:
+            while not self._stop.wait(LOOK_EVERY_S):
+                for exit_ in self.witness.look():
+                    self.publish(exit_, keep=f"exit.{exit_.of_rank}".encode())
+                self.tend()
+                if self.witness.all_ended() or (not self._link_open and not self.witness.locals_known()
+                                                and time.monotonic() - started > ALONE_S):
+                    ended_since = ended_since or time.monotonic()
+                    if time.monotonic() - ended_since >= self.setup.grace_s:
+                        break
+                else:
+                    ended_since = None
+        finally:
+            self.removal()
+            self.stop_services(self._drain_s)
+            self._out.put(None)
+            writer.join(timeout=2.0)
+        return 0
+
+
+class HeadWatcher(Watcher):
+    """The head node's: rank 0's relay half and the run's connection file."""
+
+    def __init__(self, setup: Setup, out_fd: int) -> None:
+        super().__init__(setup, out_fd)
+        self._connection_path: Path | None = None
+        self._stacks: dict[str, Any] = {}
+        self.services = RelayServices(
+            setup.endpoints, run_id=setup.run_id, world_size=setup.world_size, keys=setup.keys, on_event=self.say,
+            movable=setup.movable, metrics=setup.metrics, carriers=setup.carriers,
+            capture=CaptureSettings(tuple(setup.capture_on), setup.capture_every_min, setup.capture_steps),
+            inject=self._inject, alerts=AlertTargets(setup.alert_webhook, setup.alert_command, setup.alert_goodput),
+            log_dir=setup.log_dir, print_refusals=False)
+        self.services.relay.observers.insert(0, self.witness.observe)
+
+    def start_services(self) -> Ready:
+        services = self.services
+        if self.setup.attempt:
+            from ringtop.agent.loop.previous_attempts import take_over
+
+            take_over(services.relay, self.setup.log_dir, self.setup.attempt)
+        try:
+            services.start()
+        except OSError:  # --metrics cannot listen (MetricsError): rank 0 says it and ends
+            services.stop(0)
+            raise
+        return Ready(publish=services.publish_address, relay=services.relay_address)
+
+    def stop_services(self, drain_s: float) -> None:
+        self.services.stop(drain_s)
+
+    def publish(self, msg: Any, keep: bytes | None = None) -> None:
+        self.services.relay.publish_own(msg, keep)
+
+    def say(self, level: str, kind: str, text: str, data: dict[str, Any] | HangReport) -> None:
+        """From the services' threads: rank 0 sends it as its own event (its log keeps it) while
+        the link is open and rank 0 is heard; once rank 0 is gone, or silent (stuck holding the
+        GIL, its threads cannot send), the watcher publishes it itself. Never blocks."""
+        hang = data if isinstance(data, HangReport) else None
+        if self._link_open and not is_silent(self.witness.silent_s(0)):
+            self._send(Say(level=level, kind=kind, text=text, data={} if hang else data, hang=hang))
+            return
+        self.publish(Event(rank=UI_RANK, ts=time.time(), level=level, kind=kind, text=text,
+                           data={} if hang else data, hang=hang))
+
+    def answer(self, call: Call) -> Any:
         services = self.services
         if call.op == "down":
             services.relay.send_down(call.frame)
@@ -130,10 +210,8 @@ class Watcher:
             return result
         elif call.op == "connection_write" and call.info is not None:
             return self._write_connection(call.info)
-        elif call.op == "connection_remove":
-            self._remove_connection()
-        elif call.op == "stop":
-            self._remove_connection()
+        elif call.op in ("connection_remove", "stop"):
+            self.removal()
         return None
 
     def _write_connection(self, info: connection_file.ConnectionInfo) -> str:
@@ -144,9 +222,9 @@ class Watcher:
             return f"error: {exc}"
         return str(self._connection_path)
 
-    def _remove_connection(self) -> None:
-        """Only while it is still this watcher's: a restarted attempt of the run writes its own
-        under the same name, which an old watcher ending late must leave."""
+    def removal(self) -> None:
+        """The connection file, only while it is still this watcher's: a restarted attempt of the
+        run writes its own under the same name, which an old watcher ending late must leave."""
         path, self._connection_path = self._connection_path, None
         if path is None:
             return
@@ -156,33 +234,6 @@ class Watcher:
             mine = False
         if mine:
             connection_file.remove(path)
-
-    # ------------------------------------------------------------------ the watch
-
-    def run(self, in_fd: int) -> int:
-        """The services started: the watch, until its end."""
-        writer = threading.Thread(target=self._write_loop, name="ringtop-watcher-out", daemon=True)
-        writer.start()
-        threading.Thread(target=self._read_loop, args=(in_fd,), name="ringtop-watcher-in", daemon=True).start()
-        started = time.monotonic()
-        ended_since: float | None = None
-        try:
-            while not self._stop.wait(LOOK_EVERY_S):
-                for exit_ in self.witness.look():
-                    self.services.relay.publish_own(exit_, keep=f"exit.{exit_.of_rank}".encode())
-                if self.witness.all_ended() or (not self._link_open and not self.witness.locals_known()
-                                                and time.monotonic() - started > ALONE_S):
-                    ended_since = ended_since or time.monotonic()
-                    if time.monotonic() - ended_since >= self.setup.grace_s:
-                        break
-                else:
-                    ended_since = None
-        finally:
-            self._remove_connection()
-            self.services.stop(self._drain_s)
-            self._out.put(None)
-            writer.join(timeout=2.0)
-        return 0
 
 
 def main() -> int:
@@ -195,20 +246,15 @@ def main() -> int:
     if not isinstance(setup, Setup):
         return 2
     try:
-        watcher = Watcher(setup, out_fd)
-    except OSError as exc:  # a port taken (BindError)
-        write_frame(out_fd, Ready(error=str(exc)))
-        return 1
-    services = watcher.services
-    if setup.attempt:
-        from ringtop.agent.loop.previous_attempts import take_over
+        if setup.role == "node":
+            from ringtop.agent.watcher.node import NodeWatcher
 
-        take_over(services.relay, setup.log_dir, setup.attempt)
-    try:
-        services.start()
-    except OSError as exc:  # --metrics cannot listen (MetricsError): rank 0 says it and ends
-        services.stop(0)
+            watcher: Watcher = NodeWatcher(setup, out_fd)
+        else:
+            watcher = HeadWatcher(setup, out_fd)
+        ready = watcher.start_services()
+    except OSError as exc:  # a port taken (BindError), --metrics that cannot listen (MetricsError)
         write_frame(out_fd, Ready(error=str(exc)))
         return 1
-    write_frame(out_fd, Ready(publish=services.publish_address, relay=services.relay_address))
+    write_frame(out_fd, ready)
     return watcher.run(in_fd)

@@ -19,11 +19,18 @@ _LENGTH = struct.Struct(">I")
 
 
 class Setup(msgspec.Struct, tag="setup", kw_only=True):
-    """Everything the watcher needs to take rank 0's relay half (agent/head/relay_services.py)."""
+    """Everything a watcher needs: on the head node (`role` "head") to take rank 0's relay half
+    (agent/head/relay_services.py); on another node ("node") to run its node relay
+    (agent/transport/node_relay.py) to `head_relay` with `node_keys`, for `ranks`."""
 
-    endpoints: Endpoints
+    role: Literal["head", "node"] = "head"
+    endpoints: Endpoints = Endpoints()
     run_id: str
     world_size: int
+    head_relay: str = ""
+    node_keys: curve.ClientKeys | None = None
+    ranks: list[int] = []
+    rank_public: dict[int, str] = {}
     keys: curve.RunKeys | None = None
     movable: list[str] = []
     metrics: tuple[str, int] | None = None
@@ -43,13 +50,16 @@ class Setup(msgspec.Struct, tag="setup", kw_only=True):
 class Ready(msgspec.Struct, tag="ready", kw_only=True):
     publish: str = ""
     relay: str = ""
+    server_public: str = ""
+    """A node relay's public key, which its ranks connect with."""
     error: str = ""
     """Non-empty: the watcher could not bind; rank 0 raises it as its own would have been."""
 
 
 class Call(msgspec.Struct, tag="call", kw_only=True):
     id: int
-    op: Literal["down", "stacks_open", "stacks_poll", "state", "connection_write", "connection_remove", "stop"]
+    op: Literal["down", "stacks_open", "stacks_poll", "state", "connection_write", "connection_remove", "stop",
+                "kill_relay"]
     frame: bytes = b""
     text: str = ""
     number: float = 0.0

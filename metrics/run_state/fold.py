@@ -64,7 +64,13 @@ class RunState:
     # ------------------------------------------------------------------ input
 
     def add(self, msg: Any, now: float) -> None:
-        name = _HANDLERS.get(_tag(msg))
+        tag = _tag(msg)
+        if tag == "exit":  # a node's watcher saw the rank's process gone
+            of_rank = getattr(msg, "of_rank", -1)
+            if isinstance(of_rank, int) and of_rank >= 0:
+                self.note_exit(of_rank, getattr(msg, "how", "") or "died", getattr(msg, "detail", ""), now)
+            return
+        name = _HANDLERS.get(tag)
         rank = getattr(msg, "rank", -1)
         if name is not None and isinstance(rank, int) and rank >= 0:
             if name == "_on_hello":

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from ringtop.agent.config import ConfigError, parse_agent_args  # noqa: E402
 from ringtop.agent.prometheus.exporter import MAX_KINDS_PER_RANK, MAX_LABEL_CHARS, MetricsExporter, RunMetrics  # noqa: E402
-from ringtop.protocol import Bye, CommStat, Event, Hello, MemorySample, Stall, Step, free_tcp_port  # noqa: E402
+from ringtop.protocol import Bye, CommStat, Event, Hello, MemorySample, RankExit, Stall, Step, free_tcp_port  # noqa: E402
 
 T0 = 1_780_000_000.0
 
@@ -106,6 +106,18 @@ def test_messages_become_labelled_metrics():
     m.observe(Event(rank=0, ts=T0 + 8.0, kind="verdicts_active", data={"verdicts": [
         {"rule": "a", "rank": 0}, {"rule": "b", "rank": 1}, {"rule": "c"}]}))
     assert samples(m)["ringtop_verdicts"] == {RUN: 3.0}
+
+
+def test_a_rank_its_watcher_saw_die_is_down():
+    """The watcher's RankExit (rank -1: its own word) reaches the exporter as a relay observer."""
+    m = RunMetrics(clock=Clock())
+    for rank in (0, 1, 2):
+        m.observe(Hello(rank=rank, ts=T0, run_id="r1", world_size=3, host="node-0"))
+    m.observe(Bye(rank=2, ts=T0 + 1, step=4, ok=True))
+    m.observe(RankExit(ts=T0 + 2, of_rank=1, pid=4242, how="killed by SIGKILL", step=4))
+    m.observe(RankExit(ts=T0 + 2, of_rank=2, pid=4243, how="killed by SIGKILL", step=4))  # after its Bye
+    up = samples(m)["ringtop_up"]
+    assert up == {rank_labels(0, "node-0"): 1.0, rank_labels(1, "node-0"): 0.0, rank_labels(2, "node-0"): 0.0}
 
 
 def test_no_step_figures_before_a_rank_steps_and_no_goodput_before_the_first_step():
