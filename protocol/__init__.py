@@ -44,6 +44,7 @@ from ringtop.protocol.messages import (
     Message,
     Prediction,
     RankExit,
+    RankLook,
     RecentSteps,
     Reply,
     Sample,

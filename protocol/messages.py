@@ -382,6 +382,23 @@ class RankExit(Envelope, tag="exit", kw_only=True):
     """The rank's last step the watcher saw (-1: none)."""
 
 
+class RankLook(Envelope, tag="look", kw_only=True):
+    """A silent rank whose process is alive, seen from outside by its node's watcher: stuck, not
+    dead (a rank stuck in native code with the GIL held sends nothing, not even heartbeats). Sent
+    about once a second while it lasts. `rank` is UI_RANK; the relay drops one that comes from a
+    rank."""
+
+    rank: Rank = UI_RANK
+    of_rank: RankIndex
+    pid: Annotated[int, msgspec.Meta(ge=0, le=1 << 31)] = 0
+    host: Annotated[str, msgspec.Meta(max_length=256)] = ""
+    state: Annotated[str, msgspec.Meta(max_length=8)] = ""
+    """/proc's letter: R running, S sleeping, D in uninterruptible I/O, T stopped."""
+    words: Annotated[str, msgspec.Meta(max_length=2048)] = ""
+    """metrics/rules/liveness.stuck_words: `stuck (alive, GIL held, CPU 0%) in sleep ← … ← f (m.py:7)`."""
+    silent_s: Annotated[float, msgspec.Meta(ge=0, le=MAX_REAL)] = 0.0
+
+
 # ---------------------------------------------------------------- control (UI -> rank 0 -> UI)
 
 
@@ -406,14 +423,14 @@ class Reply(Envelope, tag="reply", kw_only=True):
 
 
 Telemetry = Union[Hello, Step, Sample, Timeline, Heartbeat, Event, Stall, Bye, GoodputSoFar, Digest, RecentSteps,
-                  CollectiveCalls, RankExit]
+                  CollectiveCalls, RankExit, RankLook]
 Message = Union[Hello, Step, Sample, Timeline, Heartbeat, Event, Stall, Bye, GoodputSoFar, Digest, RecentSteps,
-                CollectiveCalls, RankExit, Command, Reply]
+                CollectiveCalls, RankExit, RankLook, Command, Reply]
 
 MESSAGE_TYPES: dict[str, type] = {
     cls.__struct_config__.tag: cls
     for cls in (Hello, Step, Sample, Timeline, Heartbeat, Event, Stall, Bye, GoodputSoFar, Digest, RecentSteps,
-                CollectiveCalls, RankExit, Command, Reply)
+                CollectiveCalls, RankExit, RankLook, Command, Reply)
 }
 LOG_ONLY: frozenset[type] = frozenset({CollectiveCalls})
 """Written to a rank's log, never sent: a relay drops one that comes."""

@@ -1,6 +1,7 @@
 """A process's threads read from outside, with py-spy (`py-spy dump --native`, an optional extra):
 the only way to see a rank stuck in native code that holds the GIL, where none of its own threads
-can answer. Used by the UI's look at a silent local rank and by `ringtop bundle`.
+can answer. Used by the UI's and the watchers' look at a silent rank of their host and by
+`ringtop bundle`.
 
 py-spy lists each thread's frames innermost first, native ones (`sleep (libc.so.6)`) and Python
 ones (`forward (model.py:57)`), and marks the thread it sees holding the GIL (`Thread 42
@@ -12,6 +13,8 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import threading
+import time
 from typing import NamedTuple
 
 DUMP_TIMEOUT_S = 20.0
@@ -86,3 +89,36 @@ def short_stack(frames: list[tuple[str, str]]) -> str:
     name, where = python
     place = f"{name} ({where.rsplit('/', 1)[-1]})"
     return place if python == frames[0] else f"{inner} ← … ← {place}"
+
+
+STACK_EVERY_S = 15.0
+"""A stuck process's stack is read again this often (py-spy stops the process for a moment)."""
+
+
+class StackReader:
+    """The latest short stack of each stuck rank's process, read off the caller's thread (a dump
+    takes up to DUMP_TIMEOUT_S): `latest` answers at once with what was read so far and starts a
+    read when one is due. The UI's exit probe and the watchers share it."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled and py_spy() is not None
+        self._read_of: dict[int, tuple[int, float, str]] = {}
+        """rank -> (pid, when read, short stack) of its latest read."""
+        self._reading: set[int] = set()
+
+    def latest(self, rank: int, pid: int) -> str:
+        """The latest short stack read of `rank`'s process `pid` ("" before one)."""
+        kept = self._read_of.get(rank)
+        due = kept is None or kept[0] != pid or time.monotonic() - kept[1] >= STACK_EVERY_S
+        if self.enabled and due and rank not in self._reading:
+            self._reading.add(rank)
+            threading.Thread(target=self._read, args=(rank, pid), name=f"ringtop-stack-{rank}", daemon=True).start()
+        return kept[2] if kept is not None and kept[0] == pid else ""
+
+    def _read(self, rank: int, pid: int) -> None:
+        try:
+            found = dump(pid)
+            frames = stuck_thread(found.text) if not found.error else None
+            self._read_of[rank] = (pid, time.monotonic(), short_stack(frames or []))
+        finally:
+            self._reading.discard(rank)

@@ -112,3 +112,20 @@ def zombie_exit_code(pid: int) -> int | None:
         return None
     signal_number = status & 0x7F
     return -signal_number if signal_number else (status >> 8) & 0xFF
+
+
+class CpuUse:
+    """A process's CPU use between two looks, in % of one core, in tens (words that changed at
+    every look would be news each time): the UI's exit probe and the watchers read it alike."""
+
+    def __init__(self) -> None:
+        self._at: dict[int, tuple[float, float]] = {}
+        """key -> (its CPU seconds, when) at the latest look."""
+
+    def pct(self, key: int, cpu_s: float, now: float) -> float | None:
+        """Since the last look of `key` (None at the first)."""
+        before = self._at.get(key)
+        self._at[key] = (cpu_s, now)
+        if before is None or now <= before[1]:
+            return None
+        return round(100.0 * max(0.0, cpu_s - before[0]) / (now - before[1]), -1)

@@ -15,7 +15,7 @@ from typing import Callable
 
 from ringtop.metrics.rules.hang import STARTING, HangVerdict, diagnose, step_desync
 from ringtop.metrics.rules.liveness import is_silent
-from ringtop.protocol import Bye, HangReport, Heartbeat, Hello, Message, RankExit, Stall, Step
+from ringtop.protocol import Bye, HangReport, Heartbeat, Hello, Message, RankExit, RankLook, Stall, Step
 from ringtop.protocol.processes import look
 
 SETTLE_S = 0.6
@@ -51,6 +51,8 @@ class HangWatch:
 
     def observe(self, msg: Message) -> None:
         now = self._clock()
+        if isinstance(msg, RankLook):  # a watcher saw it alive: silence is no death anyway
+            return
         if isinstance(msg, RankExit):  # its node's watcher saw the process gone
             self._failed.add(msg.of_rank)
             self._local.pop(msg.of_rank, None)
@@ -88,12 +90,15 @@ class HangWatch:
             pass
 
     def _gone(self, now: float) -> set[int]:
-        silent = {r for r, t in self._seen.items() if is_silent(now - t) and not self._alive_here(r)}
+        silent = {r for r, t in self._seen.items() if is_silent(now - t) and self._gone_here(r)}
         return self._failed | silent
 
-    def _alive_here(self, rank: int) -> bool:
+    def _gone_here(self, rank: int) -> bool:
+        """A silent rank of this host whose process is gone. A rank of another node is not gone
+        for its silence alone (it may be stuck, or behind a cut link): its node's watcher says how
+        it ended (a RankExit), or it is named as one that sent no report."""
         local = self._local.get(rank)
-        return local is not None and look(*local) is not None
+        return local is not None and look(*local) is None
 
     def _evaluate(self, now: float) -> None:
         if self._episode_since is None:

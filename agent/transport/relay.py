@@ -44,6 +44,7 @@ from ringtop.protocol import (
     Message,
     ProtocolError,
     RankExit,
+    RankLook,
     RecentSteps,
     Step,
     StepBrief,
@@ -56,7 +57,7 @@ from ringtop.protocol.guard import LoopFaults
 from ringtop.protocol.messages import LOG_ONLY, MAX_RECENT_BRIEFS, MESSAGE_TYPES
 
 CACHED_TOPICS = (b"hello.", b"bye.", b"timeline.")
-RELAYS_OWN = (GoodputSoFar, Digest, RecentSteps, RankExit)
+RELAYS_OWN = (GoodputSoFar, Digest, RecentSteps, RankExit, RankLook)
 """What only the relay (or the watcher holding it) says: dropped when it comes from a rank."""
 DIGEST_TOPIC = b"digest."
 """A subscription to it asks for conflated steps (agent/transport/step_digest.py); published as `digest.-1`."""
@@ -77,8 +78,8 @@ INPUT_BUFFER_BYTES = 64 << 10
 """Per input connection, what waits on the relay's side (ZeroMQ messages: a node relay's batches;
 the kernel's buffer): small, so what a busy relay has not read waits at the sender, where a rank's
 queue and a node relay's keep the newest, instead of seconds of it here, read stale."""
-EXIT_TOPIC = b"exit.-1"
-"""A node watcher's RankExit (protocol `exit`), in its node relay's batch."""
+WATCHERS_TOPICS = (b"exit.-1", b"look.-1")
+"""A node watcher's word of one of its ranks (protocol `exit`, `look`), in its node relay's batch."""
 SKIPPED_TOPIC = b"skipped.-1"
 """In a node relay's batch: the readings it skipped per rank since its last batch (`skip_report`),
 so the head counts them as skipped, not lost."""
@@ -264,8 +265,8 @@ class Relay(threading.Thread):
             if topic == SKIPPED_TOPIC:
                 self._take_skips(body, sender)
                 continue
-            if topic == EXIT_TOPIC:
-                self._take_exit(body, sender)
+            if topic in WATCHERS_TOPICS:
+                self._take_watchers_word(body, sender)
                 continue
             if newest is not None:
                 where = newest.get((topic, id(sender)))
@@ -334,9 +335,9 @@ class Relay(threading.Thread):
                 self.skipped += count
                 self._skipped_since[rank] = self._skipped_since.get(rank, 0) + count
 
-    def _take_exit(self, body: bytes, sender: Collection[int] | None) -> None:
-        """A node watcher's RankExit, through its node relay: taken only for a rank that relay
-        carries (a rank's own connection cannot say another, or itself, has died)."""
+    def _take_watchers_word(self, body: bytes, sender: Collection[int] | None) -> None:
+        """A node watcher's RankExit or RankLook, through its node relay: taken only for a rank that
+        relay carries (a rank's own connection cannot say another, or itself, has died)."""
         if sender is not None and not any(sender is carried for carried in self._replaying):
             self.dropped += 1
             return
@@ -344,11 +345,12 @@ class Relay(threading.Thread):
             msg = decode(body)
         except ProtocolError:
             msg = None
-        if (type(msg) is not RankExit or msg.rank != UI_RANK or (sender is not None and msg.of_rank not in sender)
+        if (type(msg) not in (RankExit, RankLook) or msg.rank != UI_RANK
+                or (sender is not None and msg.of_rank not in sender)
                 or (self.world_size is not None and msg.of_rank >= self.world_size)):
             self.dropped += 1
             return
-        self.publish_own(msg, keep=f"exit.{msg.of_rank}".encode())
+        self.publish_own(msg, keep=f"exit.{msg.of_rank}".encode() if type(msg) is RankExit else None)
 
     def send_down(self, frame: bytes) -> None:
         """Thread-safe: `frame` goes to every rank's telemetry socket (an XSUB passes a message that
@@ -359,7 +361,8 @@ class Relay(threading.Thread):
     def publish_own(self, msg: Message, keep: bytes | None = None) -> None:
         """Thread-safe: `msg` (UI_RANK's: the relay's holder speaks for no rank) to every UI; `keep`
         names a cache slot, so a UI that attaches later gets the latest message of that slot too.
-        A RankExit is also shown to the observers (the hang watch then knows the rank is gone)."""
+        A RankExit or RankLook is also shown to the observers (the hang watch then knows the rank
+        is gone, or alive)."""
         self._own.append((msg, keep))
 
     def _send_own(self) -> None:
@@ -369,7 +372,7 @@ class Relay(threading.Thread):
             if keep is not None:
                 self._cache[keep] = [topic, body]
             self._frontend.send_multipart([topic, body])
-            if type(msg) is RankExit:
+            if type(msg) in (RankExit, RankLook):
                 for observe in self.observers:
                     try:
                         observe(msg)

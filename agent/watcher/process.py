@@ -131,6 +131,8 @@ class Watcher:
             while not self._stop.wait(LOOK_EVERY_S):
                 for exit_ in self.witness.look():
                     self.publish(exit_, keep=f"exit.{exit_.of_rank}".encode())
+                for stuck in self.witness.stuck():
+                    self.publish(stuck)
                 self.tend()
                 if self.witness.all_ended() or (not self._link_open and not self.witness.locals_known()
                                                 and time.monotonic() - started > ALONE_S):

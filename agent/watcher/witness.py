@@ -2,7 +2,9 @@
 rank's process from its Hello (pid and start, so a reused pid is no witness) and its last step;
 `look` reads /proc for each that has not said Bye and names one whose process is gone — from
 its exit status if the kernel still holds it, else from the launcher's report under `ringtop
-run`, else as gone without a word. Torch-free and cheap: a `stat` read per rank per look."""
+run`, else as gone without a word; and one that is silent but alive as stuck (`stuck`), with its
+state, CPU and, where py-spy is installed, its stack. Torch-free and cheap: a `stat` read per
+rank per look."""
 
 from __future__ import annotations
 
@@ -12,11 +14,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ringtop.protocol import UI_RANK, Bye, Hello, Message, RankExit, Step
-from ringtop.protocol.processes import look, zombie_exit_code
+from ringtop.metrics.rules.liveness import is_silent, stuck_words
+from ringtop.protocol import UI_RANK, Bye, Hello, Message, RankExit, RankLook, Step
+from ringtop.protocol.native_stack import StackReader
+from ringtop.protocol.processes import CpuUse, look, zombie_exit_code
 from ringtop.protocol.run_logs import LAUNCHER_OUTPUT, LauncherFailures, exit_words
 
 LOOK_EVERY_S = 0.5
+SAY_STUCK_EVERY_S = 1.0
+"""A stuck rank is said again this often, unchanged (a UI calls a silent rank dead without it)."""
 QUIET_S = 5.0
 """A rank of another node silent this long counts as done for the watcher's own end."""
 
@@ -30,7 +36,8 @@ class _Rank:
 
 
 class Witness:
-    def __init__(self, world_size: int, log_dir: str = "", host: str | None = None) -> None:
+    def __init__(self, world_size: int, log_dir: str = "", host: str | None = None,
+                 read_stacks: bool = True) -> None:
         self.world_size = world_size
         self.host = host or socket.gethostname()
         self._lock = threading.Lock()
@@ -40,9 +47,14 @@ class Witness:
         self._said_bye: set[int] = set()
         self._launcher = LauncherFailures(Path(log_dir) / LAUNCHER_OUTPUT) if log_dir else None
         self.exits: list[RankExit] = []
+        self.stacks = StackReader(read_stacks)
+        self._cpu = CpuUse()
+        self._said_stuck: dict[int, tuple[str, float]] = {}
 
     def observe(self, msg: Message) -> None:
         """On the relay's thread, for each message it forwards."""
+        if msg.rank < 0:
+            return  # a watcher's own word
         with self._lock:
             self._heard[msg.rank] = time.monotonic()
             if isinstance(msg, Hello):
@@ -73,6 +85,30 @@ class Witness:
                 seen.ended = True
             found.append(exit_)
         self.exits.extend(found)
+        return found
+
+    def stuck(self) -> list[RankLook]:
+        """The local ranks silent past the silence rule whose process is alive: stuck, with their
+        state, CPU and (py-spy) stack; each said again every SAY_STUCK_EVERY_S while it lasts."""
+        now = time.monotonic()
+        with self._lock:
+            silent = [(r, s, now - self._heard.get(r, now)) for r, s in self._local.items() if not s.ended]
+        found = []
+        for rank, seen, silent_s in silent:
+            if not is_silent(silent_s):
+                self._said_stuck.pop(rank, None)
+                continue
+            proc = look(seen.pid, seen.started_ts)
+            if proc is None:
+                continue  # gone: `look` names it
+            cpu_pct = self._cpu.pct(rank, proc.cpu_s, now)
+            words = stuck_words(proc.state, self.stacks.latest(rank, seen.pid), cpu_pct)
+            said = self._said_stuck.get(rank)
+            if said is not None and said[0] == words and now - said[1] < SAY_STUCK_EVERY_S:
+                continue
+            self._said_stuck[rank] = (words, now)
+            found.append(RankLook(ts=time.time(), of_rank=rank, pid=seen.pid, host=self.host[:256],
+                                  state=proc.state[:8], words=words[:2048], silent_s=round(silent_s, 1)))
         return found
 
     def _how(self, pid: int) -> tuple[str, str]:

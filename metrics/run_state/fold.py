@@ -65,10 +65,13 @@ class RunState:
 
     def add(self, msg: Any, now: float) -> None:
         tag = _tag(msg)
-        if tag == "exit":  # a node's watcher saw the rank's process gone
+        if tag in ("exit", "look"):  # a node's watcher saw the rank's process gone, or alive and stuck
             of_rank = getattr(msg, "of_rank", -1)
-            if isinstance(of_rank, int) and of_rank >= 0:
+            row = self.ranks.get(of_rank) if isinstance(of_rank, int) else None
+            if tag == "exit" and row is not None:
                 self.note_exit(of_rank, getattr(msg, "how", "") or "died", getattr(msg, "detail", ""), now)
+            elif row is not None and not row.over:
+                row.stuck = str(getattr(msg, "words", ""))
             return
         name = _HANDLERS.get(tag)
         rank = getattr(msg, "rank", -1)
@@ -78,6 +81,7 @@ class RunState:
             else:
                 row = self._row(rank)
                 if row is not None:
+                    row.stuck = ""  # it speaks: no longer stuck
                     self.heard = True
                     if msg.ts > self.latest_ts:
                         self.latest_ts = msg.ts

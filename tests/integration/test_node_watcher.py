@@ -21,10 +21,12 @@ from ringtop.agent.transport.gatekeeper import Gatekeeper, node_user
 from ringtop.agent.transport.relay import Relay
 from ringtop.agent.watcher.link import WatcherLink
 from ringtop.agent.watcher.wire import Setup
-from ringtop.protocol import RankExit, Step, curve, decode, free_tcp_port
+from ringtop.protocol import RankExit, RankLook, Step, curve, decode, free_tcp_port
 from ringtop.protocol.curve import ClientKeys, secure_client
 
 NODE_RANKS = (2, 3)
+STUCK_AT = 200
+"""Rank 3's last step (20 ms each) before it sleeps holding the GIL: seconds after rank 2's death."""
 
 
 def _ui(publish: str, keys: curve.RunKeys) -> zmq.Socket:
@@ -36,9 +38,9 @@ def _ui(publish: str, keys: curve.RunKeys) -> zmq.Socket:
     return sock
 
 
-def _rank(rank: int, address: str, keys: curve.RunKeys, server_public: str) -> subprocess.Popen:
+def _rank(rank: int, address: str, keys: curve.RunKeys, server_public: str, stuck_at: int = 0) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, str(TESTS_DIR / "helpers" / "fake_node_rank.py"), str(rank), "4", "run",
-                             address], stdin=subprocess.PIPE, env=agent_env(), start_new_session=True)
+                             address, str(stuck_at)], stdin=subprocess.PIPE, env=agent_env(), start_new_session=True)
     mine = ClientKeys(server_public=server_public, client_public=keys.rank_public[rank],
                       client_secret=keys.rank_secret[rank])
     proc.stdin.write(msgspec.json.encode(mine))
@@ -47,7 +49,10 @@ def _rank(rank: int, address: str, keys: curve.RunKeys, server_public: str) -> s
 
 
 @pytest.mark.timeout(90)
-def test_a_node_watcher_outlives_its_first_rank_and_names_its_death_at_the_head():
+def test_a_node_watcher_outlives_its_first_rank_names_its_death_and_names_a_stuck_rank_alive():
+    """Rank 2 is killed; rank 3 steps on, then sleeps in libc holding the GIL at step STUCK_AT: the
+    head hears rank 2's death, rank 3's steps up to then through the relay rank 2 no longer holds,
+    then that rank 3 is stuck, alive."""
     keys = curve.generate(world_size=4, node_relays=1)
     relay_addr, publish_addr = (f"tcp://127.0.0.1:{free_tcp_port()}" for _ in range(2))
     gate = Gatekeeper(keys)
@@ -61,7 +66,8 @@ def test_a_node_watcher_outlives_its_first_rank_and_names_its_death_at_the_head(
                                    node_keys=keys.for_node(0), ranks=list(NODE_RANKS),
                                    rank_public={r: keys.rank_public[r] for r in NODE_RANKS}),
                              None, None, lost.append)
-    ranks = {r: _rank(r, link.address, keys, link.server_public) for r in NODE_RANKS}
+    ranks = {r: _rank(r, link.address, keys, link.server_public, stuck_at=0 if r == 2 else STUCK_AT)
+             for r in NODE_RANKS}
     seen: list = []
 
     def read() -> list:
@@ -78,7 +84,14 @@ def test_a_node_watcher_outlives_its_first_rank_and_names_its_death_at_the_head(
         exits = poll_until(lambda: [m for m in read() if isinstance(m, RankExit)], 20, "the node watcher's word")
         assert [(e.of_rank, e.pid) for e in exits] == [(2, ranks[2].pid)], exits
         assert exits[0].how in ("killed by SIGKILL", "died") and exits[0].step > 0
-        poll_until(lambda: stepping(3, after=killed_at + 0.5), 20, "rank 3 still reaching the head")
+        looks = poll_until(lambda: [m for m in read() if isinstance(m, RankLook)], 30,
+                           "rank 3, stuck holding the GIL, seen alive by its node's watcher")
+        assert looks[0].of_rank == 3 and looks[0].pid == ranks[3].pid, looks[0]
+        assert looks[0].words.startswith("stuck (alive, GIL held") and looks[0].silent_s >= 4, looks[0]
+        rank3 = [m for m in read() if isinstance(m, Step) and m.rank == 3]
+        assert max(m.step for m in rank3) == STUCK_AT, "its steps up to the last came"
+        assert any(m.ts > killed_at + 0.5 for m in rank3), "...also after rank 2, whose relay it was, died"
+        assert not [m for m in read() if isinstance(m, RankExit) and m.of_rank == 3], "stuck is no death"
         assert head.dropped == 0 and link.proc.poll() is None and not lost
     finally:
         for proc in ranks.values():

@@ -26,6 +26,7 @@ from ringtop.protocol import (
     Hello,
     ProtocolError,
     RankExit,
+    RankLook,
     RecentSteps,
     Step,
     decode,
@@ -256,6 +257,7 @@ def test_the_relay_forwards_and_caches_only_what_is_real(gatekeeper):
                 framed(Step(rank=7, step=1, loss=1.0, step_ms=1.0)),  # no such rank
                 framed(RankExit(rank=0, of_rank=1, how="killed by SIGKILL")),  # the watcher's word, from a rank
                 framed(RankExit(rank=-1, of_rank=1, how="killed by SIGKILL")),  # ... speaking as the watcher
+                framed(RankLook(of_rank=1, words="stuck (alive)")),  # ... or saying a rank is alive
                 [b"hello.0",
                  msgspec.msgpack.encode({"v": 1, "type": "hello", "run_id": "real", "world_size": 10 ** 9})],
                 [b"step.0"], [b"step.0", b"\xc1", b"extra"],

@@ -43,6 +43,7 @@ from ringtop.protocol import (
     Prediction,
     ProtocolError,
     RankExit,
+    RankLook,
     RecentSteps,
     Reply,
     Sample,
@@ -242,8 +243,14 @@ EXIT_WIRE = {**ENV, "rank": -1, "seq": 3, "ts": 1767225601.0, "type": "exit", "o
              "host": "node-b", "how": "killed by SIGKILL", "detail": "pid 4242, seen by its node's watcher",
              "step": 1203}
 
+LOOK = RankLook(seq=4, ts=1767225602.0, of_rank=3, pid=4243, host="node-b", state="S",
+                words="stuck (alive, GIL held, CPU 0%) in sleep", silent_s=6.5)
+LOOK_WIRE = {**ENV, "rank": -1, "seq": 4, "ts": 1767225602.0, "type": "look", "of_rank": 3, "pid": 4243,
+             "host": "node-b", "state": "S", "words": "stuck (alive, GIL held, CPU 0%) in sleep", "silent_s": 6.5}
+
 CASES = {
     "hello": (HELLO, HELLO_WIRE),
+    "look": (LOOK, LOOK_WIRE),
     "exit": (EXIT, EXIT_WIRE),
     "recent": (RECENT, RECENT_WIRE),
     "digest": (DIGEST, DIGEST_WIRE),
@@ -280,7 +287,7 @@ def test_constants():
 
 def test_cases_cover_every_type_and_every_field():
     assert set(CASES) == {"hello", "step", "sample", "timeline", "heartbeat", "event", "stall", "bye", "command",
-                          "reply", "digest", "recent", "exit"}
+                          "reply", "digest", "recent", "exit", "look"}
     for name, (msg, wire) in CASES.items():
         fields = set(msg.__struct_fields__) | {"type"}
         assert set(wire) == fields, f"{name}: fixture and struct disagree on fields"
@@ -291,7 +298,7 @@ def test_cases_cover_every_type_and_every_field():
         "timeline": Timeline(step=0, stage=0, stages=0, micro_batches=0), "event": Event(), "bye": Bye(),
         "stall": Stall(),
         "command": Command(id="", cmd=""), "reply": Reply(id="", status="ack"), "digest": Digest(interval_s=1.0),
-        "recent": RecentSteps(), "exit": RankExit(of_rank=0),
+        "recent": RecentSteps(), "exit": RankExit(of_rank=0), "look": RankLook(of_rank=0),
     }
     for name, (msg, _) in CASES.items():
         for f in msg.__struct_fields__:
@@ -303,7 +310,7 @@ def test_cases_cover_every_type_and_every_field():
                 continue
             if name == "timeline" and f in ("step", "stage", "stages", "micro_batches"):
                 continue
-            if name == "exit" and f in ("rank", "of_rank"):  # the watcher's: UI_RANK is its default
+            if name in ("exit", "look") and f in ("rank", "of_rank"):  # the watchers': UI_RANK is their default
                 continue
             assert getattr(msg, f) != getattr(fresh[name], f), f"{name}.{f} is left at its default"
 

@@ -205,6 +205,27 @@ def test_rank_zero_names_a_lone_report_after_settling():
     assert events[0][0] == "warn", "nobody waits on it yet: a warning, not an error"
 
 
+def test_a_silent_rank_of_another_node_is_not_dead_until_its_watcher_says_so():
+    """Silence alone cannot tell a rank behind a cut link or stuck from a dead one off this host:
+    it is named as one that sent no report; its node's watcher's RankExit makes it dead."""
+    from ringtop.protocol import GroupCursor, Hello, InFlight, RankExit
+
+    clock, events = Clock(), []
+    watch = HangWatch(2, lambda *e: events.append(e), clock=clock)
+    watch.observe(Hello(rank=1, run_id="r", world_size=2, host="another-node", pid=4242, process_started_ts=1.0))
+    clock.now += 30.0  # rank 1 silent long past the silence rule
+    watch.observe(stalled(0, step=8, phase="backward", groups=[GroupCursor(group="world", issued=14, completed=13)],
+                          in_flight=[InFlight(group="world", seq=14, kind="all_reduce", bytes=1 << 20, age_s=9.0)]))
+    clock.now += SETTLE_S + 0.1
+    watch.observe(stalled(0, step=8, phase="backward", groups=[GroupCursor(group="world", issued=14, completed=13)],
+                          in_flight=[InFlight(group="world", seq=14, kind="all_reduce", bytes=1 << 20, age_s=9.7)]))
+    assert [(e[3].verdict, e[3].culprits) for e in events] == [("hang", [1])], events
+    assert "has died" not in events[0][2] and "rank 1 sent no stall report" in events[0][2]
+    watch.observe(RankExit(of_rank=1, pid=4242, how="killed by SIGKILL"))
+    assert [(e[3].verdict, e[3].culprits) for e in events][-1] == ("dead", [1])
+    assert events[-1][2].startswith("rank 1 has died")
+
+
 def test_rank_zero_compares_step_digests_and_names_a_desync_once():
     from ringtop.protocol import GroupCursor
 

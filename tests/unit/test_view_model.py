@@ -775,3 +775,27 @@ def test_a_large_runs_comm_histories_give_the_garbage_collector_nothing_to_walk(
     (kept,) = v.ranks[1].comm_history
     assert not gc.is_tracked(kept) and not gc.is_tracked(kept.comm)
     assert gc.is_tracked(msg.comm)  # the decoded list: tracked for as long as it lives
+
+
+def test_a_watchers_word_names_a_silent_rank_stuck_or_dead_and_the_rank_speaking_again_clears_it():
+    """The watchers' RankLook and RankExit (agent/watcher/) carry UI_RANK: no row of their own."""
+    from ringtop.protocol import RankExit, RankLook
+    from ringtop.tui.state.liveness import DEAD_AFTER_S
+
+    v = RunView()
+    for r in (0, 1):
+        v.apply(hello(r), now=1.0)
+        v.apply(step(r, 1, seq=1), now=1.0)
+    later = 1.0 + DEAD_AFTER_S + 5
+    v.apply(step(0, 2, seq=2), now=later)
+    v.apply(RankLook(of_rank=1, pid=101, words="stuck (alive, GIL held, CPU 0%) in sleep ← … ← f (m.py:7)"), now=later)
+    v.tick(later)
+    row = v.ranks[1]
+    assert row.stuck.startswith("stuck (alive, GIL held") and not row.dead, "silent past the rule, yet alive"
+    assert -1 not in v.ranks, "the watcher's word makes no row"
+    v.apply(step(1, 2, seq=2), now=later + 1)
+    assert row.stuck == "" and not row.dead
+    v.apply(RankExit(of_rank=1, pid=101, how="killed by SIGKILL", detail="pid 101, seen by its node's watcher"),
+            now=later + 2)
+    assert row.dead and row.exit_how == "killed by SIGKILL"
+    assert any("rank 1 killed by SIGKILL at step 2" in e.text for e in v.events)

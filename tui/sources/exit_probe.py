@@ -12,13 +12,11 @@ thread's stack is read from outside, off the UI's thread (protocol/native_stack.
 from __future__ import annotations
 
 import socket
-import threading
-import time
 from typing import Callable
 
 from ringtop.metrics.rules.liveness import stuck_words
 from ringtop.protocol import native_stack
-from ringtop.protocol.processes import look, process_gone
+from ringtop.protocol.processes import CpuUse, look, process_gone
 from ringtop.tui.state.liveness import DEAD_AFTER_S
 from ringtop.tui.state.view_model import RunView
 
@@ -31,8 +29,6 @@ LauncherFailures), so a rank killed under `--max-restarts` is named before the l
 PROBE_EVERY_S = 1.0
 LOOK_AFTER_S = DEAD_AFTER_S / 2
 """A silent local rank's process is looked at from here on: before the silence rule would call it dead."""
-STACK_EVERY_S = 15.0
-"""A stuck rank's stack is read again this often (py-spy stops the process for a moment)."""
 LAUNCHER_SAID = "the launcher's report"
 
 
@@ -46,12 +42,8 @@ class ExitProbe:
         self.launcher_failed = launcher_failed
         self.host = socket.gethostname() if host is None else host
         self._at = -1e9
-        self.read_stacks = read_stacks and native_stack.py_spy() is not None
-        self._stacks: dict[int, tuple[int, float, str]] = {}
-        """rank -> (pid, when read, short stack) of the latest read."""
-        self._reading: set[int] = set()
-        self._cpu: dict[int, tuple[float, float]] = {}
-        """rank -> (its CPU seconds, `now`) at the latest look."""
+        self.stacks = native_stack.StackReader(read_stacks)
+        self._cpu = CpuUse()
 
     def probe(self, view: RunView, now: float) -> None:
         if now - self._at < PROBE_EVERY_S or not view.ranks:
@@ -66,9 +58,9 @@ class ExitProbe:
             known = local and row.process_started_ts > 0 and not row.exit_how  # the start tells its process
             seen = look(row.pid, row.process_started_ts) if known else None
             if seen is not None:
-                cpu_pct = self._cpu_pct(row.rank, seen.cpu_s, now)
+                cpu_pct = self._cpu.pct(row.rank, seen.cpu_s, now)
                 if now - row.last_seen > DEAD_AFTER_S:
-                    words = stuck_words(seen.state, self._stack(row.rank, row.pid), cpu_pct)
+                    words = stuck_words(seen.state, self.stacks.latest(row.rank, row.pid), cpu_pct)
                     view.note_rank_stuck(row.rank, words, now)
                 else:  # silent a while: alive, as yet nothing more
                     row.stuck_seen = now
@@ -91,29 +83,3 @@ class ExitProbe:
             for row in view.ranks.values():
                 if row.rank and row.dead and row.ended_at is not None and row.ended_at < relay.ended_at:
                     row.ended_at = relay.ended_at
-
-    def _cpu_pct(self, rank: int, cpu_s: float, now: float) -> float | None:
-        """Its CPU use since the last look, in % of one core (rounded to tens: words that change at
-        every look would make a new event each second); None at the first look."""
-        before = self._cpu.get(rank)
-        self._cpu[rank] = (cpu_s, now)
-        if before is None or now <= before[1]:
-            return None
-        return round(100.0 * max(0.0, cpu_s - before[0]) / (now - before[1]), -1)
-
-    def _stack(self, rank: int, pid: int) -> str:
-        """The latest short stack read of `rank` ("" before one); starts a read when it is due."""
-        kept = self._stacks.get(rank)
-        due = kept is None or kept[0] != pid or time.monotonic() - kept[1] >= STACK_EVERY_S
-        if self.read_stacks and due and rank not in self._reading:
-            self._reading.add(rank)
-            threading.Thread(target=self._read, args=(rank, pid), name=f"ringtop-stack-{rank}", daemon=True).start()
-        return kept[2] if kept is not None and kept[0] == pid else ""
-
-    def _read(self, rank: int, pid: int) -> None:
-        try:
-            found = native_stack.dump(pid)
-            frames = native_stack.stuck_thread(found.text) if not found.error else None
-            self._stacks[rank] = (pid, time.monotonic(), native_stack.short_stack(frames or []))
-        finally:
-            self._reading.discard(rank)

@@ -34,6 +34,7 @@ from ringtop.protocol import (
     Heartbeat,
     Hello,
     RankExit,
+    RankLook,
     RecentSteps,
     Reply,
     Sample,
@@ -315,9 +316,14 @@ class RunView(RankFold, RunLiveness, RunReadings, PartsAccess):
         """The node's watcher saw the rank's process gone (agent/watcher/witness.py)."""
         self.note_rank_exit(msg.of_rank, msg.how or "died", msg.detail)
 
+    def _on_rank_look(self, msg: RankLook, now: float) -> None:
+        """The rank's node's watcher saw it silent and alive (agent/watcher/witness.py)."""
+        self.note_rank_stuck(msg.of_rank, msg.words, now)
+
     def note_rank_stuck(self, rank: int, words: str, now: float) -> None:
-        """A silent rank whose process was seen alive from outside (tui/sources/exit_probe.py): stuck,
-        not dead, said how (metrics/rules/liveness.py: stuck_words)."""
+        """A silent rank whose process was seen alive from outside (its node's watcher, or this UI's
+        exit probe for a rank of its host): stuck, not dead, said how (metrics/rules/liveness.py:
+        stuck_words)."""
         row = self.ranks.get(rank)
         if row is None or row.ended:
             return
@@ -392,4 +398,5 @@ ROUTES: dict[type, tuple[Any, tuple[str, ...], bool]] = {
     Stall: (RunView._on_stall, ("hang",), True),
     Bye: (RunView._on_bye, ("ranks", "comm", "events", "hang"), True),
     RankExit: (RunView._on_rank_exit, ("ranks", "comm", "events", "hang"), False),
+    RankLook: (RunView._on_rank_look, ("ranks", "hang", "events"), False),
 }
