@@ -366,15 +366,21 @@ class RecentSteps(Envelope, tag="recent", kw_only=True):
     briefs: Annotated[list[StepBrief], msgspec.Meta(max_length=MAX_RECENT_BRIEFS)] = []
 
 
-class RankExit(Envelope, tag="exit", kw_only=True):
-    """How a rank's process ended, seen from outside it by its node's watcher (agent/watcher/): a
-    rank killed by a signal or gone without a Bye says nothing itself. `rank` is UI_RANK; the relay
-    drops one that comes from a rank, and keeps the latest of each `of_rank` for UIs that attach."""
+class WatchersWord(Envelope, kw_only=True):
+    """What a node's watcher (agent/watcher/) says of one rank of its node, seen from outside it.
+    `rank` is UI_RANK: the watcher speaks for no rank; the relay drops such a word that comes from
+    a rank, and takes one from a node relay only for a rank it carries."""
 
     rank: Rank = UI_RANK
     of_rank: RankIndex
     pid: Annotated[int, msgspec.Meta(ge=0, le=1 << 31)] = 0
     host: Annotated[str, msgspec.Meta(max_length=256)] = ""
+
+
+class RankExit(WatchersWord, tag="exit", kw_only=True):
+    """How a rank's process ended (a rank killed by a signal or gone without a Bye says nothing
+    itself). The relay keeps the latest of each `of_rank` for UIs that attach later."""
+
     how: Annotated[str, msgspec.Meta(max_length=256)] = ""
     """`killed by SIGKILL`, `exited with code 1`, `died`: words of metrics/run_lifecycle's ends."""
     detail: Annotated[str, msgspec.Meta(max_length=1024)] = ""
@@ -382,16 +388,10 @@ class RankExit(Envelope, tag="exit", kw_only=True):
     """The rank's last step the watcher saw (-1: none)."""
 
 
-class RankLook(Envelope, tag="look", kw_only=True):
-    """A silent rank whose process is alive, seen from outside by its node's watcher: stuck, not
-    dead (a rank stuck in native code with the GIL held sends nothing, not even heartbeats). Sent
-    about once a second while it lasts. `rank` is UI_RANK; the relay drops one that comes from a
-    rank."""
+class RankLook(WatchersWord, tag="look", kw_only=True):
+    """A silent rank whose process is alive: stuck, not dead (a rank stuck in native code with the
+    GIL held sends nothing, not even heartbeats). Sent about once a second while it lasts."""
 
-    rank: Rank = UI_RANK
-    of_rank: RankIndex
-    pid: Annotated[int, msgspec.Meta(ge=0, le=1 << 31)] = 0
-    host: Annotated[str, msgspec.Meta(max_length=256)] = ""
     state: Annotated[str, msgspec.Meta(max_length=8)] = ""
     """/proc's letter: R running, S sleeping, D in uninterruptible I/O, T stopped."""
     words: Annotated[str, msgspec.Meta(max_length=2048)] = ""

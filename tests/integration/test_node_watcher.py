@@ -38,6 +38,25 @@ def _ui(publish: str, keys: curve.RunKeys) -> zmq.Socket:
     return sock
 
 
+@pytest.fixture
+def head_with_ui():
+    """(keys, the head relay's input, the head relay of a 4-rank run whose node relay 0 carries
+    NODE_RANKS, a UI subscribed to it)."""
+    keys = curve.generate(world_size=4, node_relays=1)
+    relay_addr, publish_addr = (f"tcp://127.0.0.1:{free_tcp_port()}" for _ in range(2))
+    gate = Gatekeeper(keys)
+    head = Relay(relay_addr, publish_addr, run_id="run", world_size=4, gate=gate, carriers={node_user(0): NODE_RANKS})
+    gate.start()
+    head.start()
+    ui = _ui(publish_addr, keys)
+    try:
+        yield keys, relay_addr, head, ui
+    finally:
+        ui.close()
+        head.stop()
+        gate.stop()
+
+
 def _rank(rank: int, address: str, keys: curve.RunKeys, server_public: str, stuck_at: int = 0) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, str(TESTS_DIR / "helpers" / "fake_node_rank.py"), str(rank), "4", "run",
                              address, str(stuck_at)], stdin=subprocess.PIPE, env=agent_env(), start_new_session=True)
@@ -49,18 +68,11 @@ def _rank(rank: int, address: str, keys: curve.RunKeys, server_public: str, stuc
 
 
 @pytest.mark.timeout(90)
-def test_a_node_watcher_outlives_its_first_rank_names_its_death_and_names_a_stuck_rank_alive():
+def test_a_node_watcher_outlives_its_first_rank_names_its_death_and_names_a_stuck_rank_alive(head_with_ui):
     """Rank 2 is killed; rank 3 steps on, then sleeps in libc holding the GIL at step STUCK_AT: the
     head hears rank 2's death, rank 3's steps up to then through the relay rank 2 no longer holds,
     then that rank 3 is stuck, alive."""
-    keys = curve.generate(world_size=4, node_relays=1)
-    relay_addr, publish_addr = (f"tcp://127.0.0.1:{free_tcp_port()}" for _ in range(2))
-    gate = Gatekeeper(keys)
-    head = Relay(relay_addr, publish_addr, run_id="run", world_size=4, gate=gate,
-                 carriers={node_user(0): NODE_RANKS})
-    gate.start()
-    head.start()
-    ui = _ui(publish_addr, keys)
+    keys, relay_addr, head, ui = head_with_ui
     lost: list[str] = []
     link = WatcherLink.spawn(Setup(role="node", run_id="run", world_size=4, head_relay=relay_addr,
                                    node_keys=keys.for_node(0), ranks=list(NODE_RANKS),
@@ -98,25 +110,15 @@ def test_a_node_watcher_outlives_its_first_rank_names_its_death_and_names_a_stuc
             proc.kill()
             proc.wait()
         link.stop(1.0)
-        ui.close()
-        head.stop()
-        gate.stop()
     assert link.proc.poll() is not None, "the watcher ended with the run"
 
 
 @pytest.mark.timeout(60)
-def test_the_head_takes_a_node_relays_word_of_an_exit_only_for_a_rank_it_carries():
+def test_the_head_takes_a_node_relays_word_of_an_exit_only_for_a_rank_it_carries(head_with_ui):
     """A node gone bad cannot declare a rank of another node dead."""
     from ringtop.agent.transport.node_relay import NodeRelay
 
-    keys = curve.generate(world_size=4, node_relays=1)
-    relay_addr, publish_addr = (f"tcp://127.0.0.1:{free_tcp_port()}" for _ in range(2))
-    gate = Gatekeeper(keys)
-    head = Relay(relay_addr, publish_addr, run_id="run", world_size=4, gate=gate,
-                 carriers={node_user(0): NODE_RANKS})
-    gate.start()
-    head.start()
-    ui = _ui(publish_addr, keys)
+    keys, relay_addr, head, ui = head_with_ui
     node = NodeRelay(relay_addr, keys.for_node(0), NODE_RANKS, {r: keys.rank_public[r] for r in NODE_RANKS},
                      run_id="run", world_size=4)
     node.start()
@@ -129,6 +131,3 @@ def test_the_head_takes_a_node_relays_word_of_an_exit_only_for_a_rank_it_carries
         assert head.dropped == 1, "the word about another node's rank was dropped"
     finally:
         node.stop()
-        ui.close()
-        head.stop()
-        gate.stop()
