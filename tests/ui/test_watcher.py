@@ -162,3 +162,15 @@ async def test_rank_0_stuck_holding_the_gil_still_gets_its_verdict_out_through_t
         await eventually(pilot, lambda: _check(any("rank 0" in t for t in verdict()), verdict()), timeout_s=90)
         assert not any("has died" in t for t in verdict()), verdict()
         assert not v.ranks[0].dead
+
+
+@pytest.mark.timeout(150)
+def test_no_watcher_keeps_the_relay_in_rank_0_and_the_run_whole(launch_agents):
+    """`--no-watcher`: the head relay a thread of rank 0, as before the watcher; the run's file
+    names rank 0's process, and the run trains to its end."""
+    run = launch_agents(2, "--steps", "12", *SMALL, "--no-watcher")
+    info = run.connection()
+    hello = poll_until(lambda: [m for m in run.messages(0) if isinstance(m, Hello)], 60, "rank 0's Hello")[0]
+    assert info.pid == hello.pid, "the relay's process is rank 0's"
+    assert run.proc.wait(timeout=120) == 0, run.output()[-3000:]
+    assert [m.step for m in run.steps(1)][-1] == 12
