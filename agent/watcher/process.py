@@ -22,6 +22,7 @@ from typing import Any
 from ringtop.agent.alerts import AlertTargets
 from ringtop.agent.control.capture import CaptureSettings
 from ringtop.agent.head.relay_services import RelayServices
+from ringtop.agent.transport.ports import BindError
 from ringtop.agent.watcher.wire import (
     Answer,
     Call,
@@ -40,6 +41,8 @@ from ringtop.protocol import UI_RANK, Event, HangReport, connection_file
 ALONE_S = 10.0
 """Rank 0 gone and no rank of this node ever said Hello: the watcher ends after this long."""
 SAY_QUEUE = 256
+RESTART_BIND_SLACK_S = 5.0
+"""Beyond its grace, how long a restarted attempt waits for the watcher before it to let go."""
 
 
 class Watcher:
@@ -238,6 +241,19 @@ class HeadWatcher(Watcher):
             connection_file.remove(path)
 
 
+def _head_watcher(setup: Setup, out_fd: int) -> HeadWatcher:
+    """A restarted attempt's addresses may still be held by the attempt before's watcher, for its
+    grace: those given (not movable) are tried again until it has gone."""
+    deadline = time.monotonic() + (setup.grace_s + RESTART_BIND_SLACK_S if setup.attempt else 0.0)
+    while True:
+        try:
+            return HeadWatcher(setup, out_fd)
+        except BindError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.25)
+
+
 def main() -> int:
     in_fd, out_fd = sys.stdin.fileno(), sys.stdout.fileno()
     sys.stdout = sys.stderr  # the pipe is the link's alone
@@ -253,7 +269,7 @@ def main() -> int:
 
             watcher: Watcher = NodeWatcher(setup, out_fd)
         else:
-            watcher = HeadWatcher(setup, out_fd)
+            watcher = _head_watcher(setup, out_fd)
         ready = watcher.start_services()
     except OSError as exc:  # a port taken (BindError), --metrics that cannot listen (MetricsError)
         write_frame(out_fd, Ready(error=str(exc)))

@@ -174,3 +174,38 @@ def test_no_watcher_keeps_the_relay_in_rank_0_and_the_run_whole(launch_agents):
     assert info.pid == hello.pid, "the relay's process is rank 0's"
     assert run.proc.wait(timeout=120) == 0, run.output()[-3000:]
     assert [m.step for m in run.steps(1)][-1] == 12
+
+
+@pytest.mark.timeout(60)
+def test_a_restarted_attempts_watcher_waits_for_the_one_before_to_let_go_of_its_ports():
+    """Under --max-restarts with addresses given (not movable), the attempt before's watcher may
+    still hold them for its grace; the new one binds once they are free, instead of failing the
+    restart. Attempt 0 does not wait: a port taken then is another run's."""
+    import threading
+
+    import zmq
+
+    from ringtop.agent.transport.ports import BindError
+    from ringtop.agent.watcher.link import WatcherLink
+    from ringtop.agent.watcher.wire import Setup
+    from ringtop.protocol import Endpoints, free_tcp_ports
+
+    publish, relay, control = (f"tcp://127.0.0.1:{p}" for p in free_tcp_ports(3))
+    held = zmq.Context.instance().socket(zmq.PUB)
+    held.setsockopt(zmq.LINGER, 0)
+    held.bind(relay)
+    try:
+        setup = Setup(endpoints=Endpoints(publish=publish, relay=relay, control=control), run_id="w", world_size=1)
+        with pytest.raises(BindError, match="cannot bind the relay input socket"):
+            WatcherLink.spawn(setup, None, None, lambda why: None)
+        timer = threading.Timer(1.5, held.close)
+        timer.start()
+        setup.attempt = 1
+        link = WatcherLink.spawn(setup, None, None, lambda why: None)
+        try:
+            assert (link.relay_address, link.publish_address) == (relay, publish)
+        finally:
+            link.stop(0.5)
+        timer.join()
+    finally:
+        held.close()
