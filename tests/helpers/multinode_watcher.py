@@ -3,9 +3,10 @@ connection file's keys, written to a file. Once every rank has stepped it asks e
 stack (`ctl stacks`: the downlink through the node relays and the answers back) and writes
 OUT.ready; with `outage` it then waits for a node relay to say it found the head again (the test
 cuts the link meanwhile) or was started again (it died), and for steps of every rank after that;
-then it stops the run.
+then it stops the run. With `death` it stops nothing: the test kills a rank, and it waits until
+every rank has said Bye or been named dead (a RankExit), noting each.
 
-    python multinode_watcher.py RUN_ID WORLD_SIZE OUT.json [outage]
+    python multinode_watcher.py RUN_ID WORLD_SIZE OUT.json [outage|death]
 """
 
 from __future__ import annotations
@@ -17,15 +18,15 @@ import time
 import zmq
 
 from ringtop.cli.ctl import send_command
-from ringtop.protocol import Bye, Event, Hello, ProtocolError, Step, connection_file, decode
+from ringtop.protocol import Bye, Event, Hello, ProtocolError, RankExit, Step, connection_file, decode
 from ringtop.protocol.curve import secure_client
 
 WAIT_S = 150
 
 
-def main(run_id: str, world_size: int, out: str, outage: bool) -> None:
+def main(run_id: str, world_size: int, out: str, outage: bool, death: bool = False) -> None:
     seen = {"hosts": {}, "steps": {}, "byes": {}, "relay_events": [], "stacks": None, "error": "",
-            "after_resume": [], "stop": None, "status": {}}
+            "after_resume": [], "stop": None, "status": {}, "exits": {}, "bye_reasons": {}}
     deadline = time.monotonic() + WAIT_S
     path = connection_file.file_for(run_id)
     while not path.exists():
@@ -40,7 +41,7 @@ def main(run_id: str, world_size: int, out: str, outage: bool) -> None:
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     secure_client(sub, info.keys)
     sub.connect(info.publish)
-    while time.monotonic() < deadline and len(seen["byes"]) < world_size:
+    while time.monotonic() < deadline and len({*seen["byes"], *seen["exits"]}) < world_size:
         if sub.poll(100):
             try:
                 msg = decode(sub.recv_multipart()[-1])
@@ -54,6 +55,9 @@ def main(run_id: str, world_size: int, out: str, outage: bool) -> None:
                     seen["after_resume"] = sorted({*seen["after_resume"], msg.rank})
             elif isinstance(msg, Bye):
                 seen["byes"][msg.rank] = msg.ok
+                seen["bye_reasons"][msg.rank] = msg.reason
+            elif isinstance(msg, RankExit):
+                seen["exits"][msg.of_rank] = {"how": msg.how, "detail": msg.detail, "ts": msg.ts}
             elif isinstance(msg, Event) and msg.kind == "relay":
                 seen["relay_events"].append({"rank": msg.rank, "level": msg.level, **msg.data})
         if seen["stacks"] is None and len(seen["steps"]) == world_size:
@@ -63,7 +67,7 @@ def main(run_id: str, world_size: int, out: str, outage: bool) -> None:
             except Exception as exc:  # said in the file, for the test's message
                 seen["stacks"] = {"error": repr(exc)}
             _write(out + ".ready", seen)
-        done = seen["stacks"] is not None and (not outage or len(seen["after_resume"]) == world_size)
+        done = seen["stacks"] is not None and (not outage or len(seen["after_resume"]) == world_size) and not death
         if done and seen["stop"] is None:
             seen["status"] = list(send_command(info.control, "status", {}, 30, info.keys))[-1].result
             seen["stop"] = list(send_command(info.control, "stop", {}, 60, info.keys))[-1].status
@@ -76,4 +80,4 @@ def _write(out: str, seen: dict) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:] == ["outage"])
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:] == ["outage"], sys.argv[4:] == ["death"])

@@ -385,6 +385,34 @@ def in_namespace(node: Node, argv: list[str], output: Path, env: dict[str, str] 
                                 preexec_fn=exit_with_parent)
 
 
+def outputs(tmp_path: Path) -> str:
+    """The tail of every process's output of a two-node run, for a failing assertion's message."""
+    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(tmp_path.glob("*.txt")))
+
+
+def agent_argv(nodes: list[Node], tmp_path: Path, run_id: str, relay_link: bool = False,
+               agent_args: tuple[str, ...] = ()) -> list[str]:
+    """The agent's options on every node: telemetry to the head's relay over the veths, logs in
+    `tmp_path`, steps until a helper stops the run (or it fails)."""
+    relay = nodes[0].relay_address if relay_link else nodes[0].address
+    return ["--relay", f"tcp://{relay}:{RELAY_PORT}", "--allow-remote", "--log-dir", str(tmp_path / "logs"),
+            "--checkpoint-dir", str(tmp_path / "checkpoints"), "--dist-timeout-s", "60", "--run-id", run_id,
+            "--steps", "100000", "--batch-size", "2", "--seq-len", "32", *agent_args]
+
+
+def torchrun_on(node: Node, k: int, head: Node, run_id: str, rendezvous: str, agent: list[str],
+                tmp_path: Path) -> subprocess.Popen:
+    """torchrun on node `k` of two, 2 ranks, static rendezvous (--node-rank) or c10d's."""
+    if rendezvous == "static":
+        meeting = ["--node-rank", str(k), "--master-addr", head.address, "--master-port", "29500"]
+    else:
+        meeting = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{head.address}:29500", "--rdzv-id", run_id,
+                   *(["--rdzv-conf", "is_host=1"] if k == 0 else [])]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
+                *meeting, "-m", "ringtop.agent", *agent]
+    return in_namespace(node, launcher, tmp_path / f"{node.host}.txt")
+
+
 def run_on_two_nodes(nodes: list[Node], tmp_path: Path, during=None, relay_link: bool = False,
                      rendezvous: str = "static", outage: bool = False, agent_args: tuple[str, ...] = ()) -> dict:
     """torchrun on both nodes (2 ranks each, gloo over the veth), the watcher on the head's; what the
@@ -396,15 +424,11 @@ def run_on_two_nodes(nodes: list[Node], tmp_path: Path, during=None, relay_link:
     watcher waits for a node relay's recovery (it dies by `agent_args`)."""
     head, other = nodes
     run_id = uuid.uuid4().hex[:8]
-    relay = head.relay_address if relay_link else head.address
-    agent = ["--relay", f"tcp://{relay}:{RELAY_PORT}", "--allow-remote", "--log-dir", str(tmp_path / "logs"),
-             "--checkpoint-dir", str(tmp_path / "checkpoints"), "--dist-timeout-s", "60", "--run-id", run_id,
-             "--steps", "100000", "--batch-size", "2", "--seq-len", "32", *agent_args]  # the watcher stops it
+    agent = agent_argv(nodes, tmp_path, run_id, relay_link, agent_args)
     procs = []
 
     def output() -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
-                         for p in sorted(tmp_path.glob("*.txt")))
+        return outputs(tmp_path)
     try:
         for k, node in enumerate(nodes):
             if rendezvous == "slurm":  # as `srun -N2 --ntasks-per-node 2` starts them: one process per task
@@ -415,14 +439,7 @@ def run_on_two_nodes(nodes: list[Node], tmp_path: Path, during=None, relay_link:
                     procs.append(in_namespace(node, [sys.executable, "-m", "ringtop.agent", *agent],
                                               tmp_path / f"{node.host}-{local}.txt", env=task))
                 continue
-            if rendezvous == "static":
-                meeting = ["--node-rank", str(k), "--master-addr", head.address, "--master-port", "29500"]
-            else:
-                meeting = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{head.address}:29500", "--rdzv-id", run_id,
-                           *(["--rdzv-conf", "is_host=1"] if k == 0 else [])]
-            launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
-                        *meeting, "-m", "ringtop.agent", *agent]
-            procs.append(in_namespace(node, launcher, tmp_path / f"{node.host}.txt"))
+            procs.append(torchrun_on(node, k, head, run_id, rendezvous, agent, tmp_path))
         seen_path = tmp_path / "seen.json"
         watcher = [sys.executable, str(TESTS_DIR / "helpers" / "multinode_watcher.py"), run_id, "4", str(seen_path)]
         outage = outage or during is not None
@@ -551,3 +568,41 @@ def test_a_run_on_two_nodes_with_a_loopback_relay_is_refused_on_every_rank_with_
     assert all(code != 0 for code in codes), outputs
     for output in outputs:
         assert output.count("this run spans 2 nodes") == 2 and "--allow-remote" in output, output[-3000:]
+
+
+@pytest.mark.timeout(300)
+@more_nodes
+def test_node_bs_first_rank_killed_is_named_by_its_watcher_and_its_other_rank_still_heard(two_namespaces, tmp_path):
+    """Rank 2 starts node B's watcher, which holds the node relay: killed, its death is named from
+    outside, and rank 3's last word still reaches the head through that relay (before the
+    watcher, the relay died with rank 2 and rank 3's last word stayed in its log). By default
+    test_node_watcher.py runs the same path with processes on one host."""
+    head, other = two_namespaces
+    run_id = uuid.uuid4().hex[:8]
+    agent = agent_argv(two_namespaces, tmp_path, run_id)
+    procs = [torchrun_on(node, k, head, run_id, "static", agent, tmp_path) for k, node in enumerate(two_namespaces)]
+    seen_path = tmp_path / "seen.json"
+    watcher = [sys.executable, str(TESTS_DIR / "helpers" / "multinode_watcher.py"), run_id, "4", str(seen_path),
+               "death"]
+    procs.append(in_namespace(head, watcher, tmp_path / "watcher.txt"))
+
+    def output() -> str:
+        return outputs(tmp_path)
+    try:
+        poll_until(lambda: Path(f"{seen_path}.ready").exists() or procs[-1].poll() is not None, 180,
+                   "every rank stepping", detail=output)
+        hello = next(m for m in read_log(tmp_path / "logs" / "rank-2.jsonl") if isinstance(m, Hello))
+        os.kill(hello.pid, signal.SIGKILL)
+        killed_at = time.time()
+        assert procs[-1].wait(200) == 0, output()
+        seen = json.loads(seen_path.read_text())
+    finally:
+        for proc in procs:
+            stop_process_group(proc)
+    assert not seen["error"], seen
+    exit_ = seen["exits"]["2"]
+    assert exit_["how"] in ("killed by SIGKILL", "died") and str(hello.pid) in exit_["detail"], exit_
+    print(f"rank 2 named {exit_['ts'] - killed_at:.2f} s after its SIGKILL: {exit_['how']}; rank 3's end: "
+          f"{seen['bye_reasons'].get('3')}")
+    assert exit_["ts"] - killed_at < 10, "named within seconds, from outside"
+    assert "3" in seen["byes"], "rank 3's last word came through its node's relay, which rank 2 no longer held"
