@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import random
 import socket
 from urllib.parse import urlsplit
@@ -76,10 +77,19 @@ def ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
+SPARE_PORTS_ENV = "RINGTOP_SPARE_PORTS"
+"""LOW-HIGH: the range `spare_port_range` gives instead, for processes that pick ports side by side
+(the test suite's workers each pick from a range of their own: one worker's pick, not yet bound,
+is never another's)."""
+
+
 def spare_port_range() -> tuple[int, int]:
     """[low, high) for ports ringtop picks itself: just below the kernel's ephemeral range, because
     outgoing connections (gloo, the rendezvous store) take ephemeral ports and would otherwise grab
-    a port picked here before its owner binds it."""
+    a port picked here before its owner binds it; $RINGTOP_SPARE_PORTS where it is set."""
+    low_text, _, high_text = os.environ.get(SPARE_PORTS_ENV, "").partition("-")
+    if low_text.isdigit() and high_text.isdigit() and 1024 <= int(low_text) < int(high_text) <= 65536:
+        return int(low_text), int(high_text)
     low, _ = ephemeral_range()
     return max(1024, low - 12000), low
 

@@ -92,8 +92,26 @@ skipped unless RINGTOP_SUITE_ALL=1 (or the variable its mark names, `further(env
 `RINGTOP_SUITE_ALL=1 python -m pytest -m further` runs exactly these."""
 
 
+def pytest_configure(config):
+    """On a pytest-xdist worker: ports picked for runs come from the worker's own share of the spare
+    range (endpoints.SPARE_PORTS_ENV, inherited by every process the worker starts), so a port one
+    worker picked and has not bound yet is never picked by another."""
+    from ringtop.protocol.endpoints import SPARE_PORTS_ENV, spare_port_range
+
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not (worker.startswith("gw") and worker[2:].isdigit() and count.isdigit()):
+        return
+    low, high = spare_port_range()
+    share = (high - low) // int(count)
+    mine = low + int(worker[2:]) * share
+    os.environ[SPARE_PORTS_ENV] = f"{mine}-{mine + share}"
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
-    """Skip the `further` variants unless RINGTOP_SUITE_ALL=1 or their own variable is 1."""
+    """Skip the `further` variants unless RINGTOP_SUITE_ALL=1 or their own variable is 1; under
+    pytest-xdist, keep the tests that share a run on one worker (`_share_one_worker`)."""
+    _share_one_worker(config, items)
     for item in items:
         mark = item.get_closest_marker("further")
         if mark is None or SUITE_ALL:
@@ -104,6 +122,36 @@ def pytest_collection_modifyitems(config, items):
         also = f" or {env}=1" if env else ""
         item.add_marker(pytest.mark.skip(reason=f"a further variant, left out for the suite's time: "
                                                 f"RINGTOP_SUITE_ALL=1{also}"))
+
+
+def _share_one_worker(config, items) -> None:
+    """On pytest-xdist workers (`-n 2 --dist loadgroup`, tests/README.md) each test runs wherever a
+    worker is free; tests that share a module- or session-scoped fixture of the suite's (a finished
+    run, a reference) get one `xdist_group` mark, so the fixture is built once, not once per worker.
+    A fixture every test uses (the runtime folder) groups nothing."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    shared: dict[pytest.Item, set[str]] = {}
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)  # the fixtures a test uses, its own and theirs
+        defs = info.name2fixturedefs.items() if info is not None else ()
+        shared[item] = {name if d[-1].scope == "session" else item.nodeid.split("::")[0]
+                        for name, d in defs if d and d[-1].scope != "function" and d[-1].baseid}
+    everywhere = set.intersection(*shared.values()) if shared else set()
+    group: dict[str, str] = {}
+
+    def root(key: str) -> str:
+        while group.setdefault(key, key) != key:
+            key = group[key]
+        return key
+    for item in items:
+        keys = sorted(shared[item] - everywhere)
+        for key in keys[1:]:
+            group[root(key)] = root(keys[0])
+    for item in items:
+        keys = shared[item] - everywhere
+        if keys:
+            item.add_marker(pytest.mark.xdist_group(root(min(keys))))
 
 
 def poll_until(condition, timeout_s: float, what: str, interval_s: float = 0.05, detail=None):
