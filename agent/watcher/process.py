@@ -2,11 +2,13 @@
 started by the node's first rank: users change nothing under `ringtop run`, bare torchrun or
 Slurm). On the head node it holds the head relay and its observers (agent/head/relay_services.py)
 and the run's connection file, so a UI keeps its feed and everything up to the moment a rank,
-rank 0 included, dies; and it names how each rank of its node ended (agent/watcher/witness.py).
+rank 0 included, dies; on another node its node relay (node.py). On every node it names how each
+rank of its node ended, or that a silent one is stuck, alive (agent/watcher/witness.py).
 
-It reads rank 0's calls on stdin until the pipe ends (rank 0 gone), and ends by itself once every
-rank of its node has ended and GRACE_S has passed for the last messages to reach the UIs, or when
-rank 0 stops it at a clean end. No process outlives its run by more than that grace."""
+It reads its rank's calls on stdin until the pipe ends (that rank gone), and ends by itself once
+every rank of its node has ended and its grace (`Setup.grace_s`, 3 s) has passed for the last
+messages to reach the UIs, or when its rank stops it at a clean end. No process outlives its run
+by more than that grace."""
 
 from __future__ import annotations
 
