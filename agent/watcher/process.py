@@ -60,7 +60,7 @@ class Watcher:
         self._out: queue.Queue[Any] = queue.Queue(maxsize=SAY_QUEUE)
         self._link_open = True
         self._stop = threading.Event()
-        self.witness = Witness(setup.world_size, setup.log_dir)
+        self.witness = Witness(setup.log_dir)
         self._drain_s = setup.grace_s
 
     # ------------------------------------------------------------------ what a role fills in

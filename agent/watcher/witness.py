@@ -36,9 +36,7 @@ class _Rank:
 
 
 class Witness:
-    def __init__(self, world_size: int, log_dir: str = "", host: str | None = None,
-                 read_stacks: bool = True) -> None:
-        self.world_size = world_size
+    def __init__(self, log_dir: str = "", host: str | None = None, read_stacks: bool = True) -> None:
         self.host = host or socket.gethostname()
         self._lock = threading.Lock()
         self._local: dict[int, _Rank] = {}
@@ -46,7 +44,6 @@ class Witness:
         """Every rank's last message (monotonic), this node's or not."""
         self._said_bye: set[int] = set()
         self._launcher = LauncherFailures(Path(log_dir) / LAUNCHER_OUTPUT) if log_dir else None
-        self.exits: list[RankExit] = []
         self.stacks = StackReader(read_stacks)
         self._cpu = CpuUse()
         self._said_stuck: dict[int, tuple[str, float]] = {}
@@ -84,7 +81,6 @@ class Witness:
             with self._lock:
                 seen.ended = True
             found.append(exit_)
-        self.exits.extend(found)
         return found
 
     def stuck(self) -> list[RankLook]:

@@ -45,7 +45,7 @@ def _hello(rank: int, pid: int, host: str) -> Hello:
 def test_the_witness_names_a_killed_process_from_its_exit_status_and_a_bye_is_no_death():
     """A zombie (killed, its parent not yet waiting) carries its wait status: the witness says the
     signal. A rank that said Bye is not looked at again; a rank never seen is not named."""
-    witness = Witness(world_size=2, host="this-host")
+    witness = Witness(host="this-host")
     killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     finished = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -65,11 +65,11 @@ def test_the_witness_names_a_killed_process_from_its_exit_status_and_a_bye_is_no
         for p in (killed, finished):
             p.kill()
             p.wait()
-    later = Witness(world_size=1, host="this-host")
+    later = Witness(host="this-host")
     later.observe(_hello(0, killed.pid, "this-host"))  # reaped: gone without a trace of how
     (exit_,) = later.look()
     assert exit_.how == "died" and "without a Bye" in exit_.detail
-    elsewhere = Witness(world_size=1, host="this-host")
+    elsewhere = Witness(host="this-host")
     elsewhere.observe(_hello(0, killed.pid, "another-host"))
     assert elsewhere.look() == [] and not elsewhere.locals_known(), "another node's rank is its own watcher's"
 
