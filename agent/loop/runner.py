@@ -133,8 +133,7 @@ class Runner:
         self.layout = NodeLayout.from_hosts(self.peers.hosts)
         """Which ranks share a node: on several, each node's ranks publish to a node relay."""
         self.node_relay: NodeRelay | Any = None
-        """This node's relay, if this rank leads a node but the head's: its watcher's link, or
-        (--no-watcher) the relay thread itself."""
+        """If this rank leads a node (not the head's): its watcher's link, or (--no-watcher) the relay."""
         rank_setup.check_head_reachable(self.layout, cfg.relay, cfg.telemetry)
         safe_files.set_group_readable(cfg.group_readable)
         for folder, what in ((cfg.log_dir, "log folder"), (cfg.checkpoint_dir, "checkpoint folder")):

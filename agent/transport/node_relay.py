@@ -34,7 +34,7 @@ import zmq
 
 from ringtop.agent.transport.gatekeeper import Gatekeeper, rank_users
 from ringtop.agent.transport.ports import limit_peers
-from ringtop.agent.transport.relay import CONFLATED_TOPICS, real_message, skip_report
+from ringtop.agent.transport.relay_checks import CONFLATED_TOPICS, real_message, skip_report
 from ringtop.protocol import MAX_FRAME_BYTES, Message, curve, encode
 from ringtop.protocol.batch import BATCH_MESSAGES, encode_batch
 from ringtop.protocol.curve import RELAY_DOMAIN, ClientKeys, close_monitored, secure_client

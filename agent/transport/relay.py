@@ -33,14 +33,13 @@ import zmq
 
 from ringtop.agent.transport.gatekeeper import Gatekeeper
 from ringtop.agent.transport.ports import BindError, bind
+from ringtop.agent.transport.relay_checks import SKIPPED_TOPIC, conflatable, real, topic_rank
 from ringtop.agent.transport.step_digest import StepDigest
 from ringtop.metrics.goodput import Goodput
 from ringtop.metrics.lag import Lag
 from ringtop.protocol import (
     UI_RANK,
-    Digest,
     GoodputSoFar,
-    Hello,
     Message,
     ProtocolError,
     RankExit,
@@ -54,11 +53,9 @@ from ringtop.protocol import (
 from ringtop.protocol.batch import decode_batch
 from ringtop.protocol.curve import CLIENT_DOMAIN, RELAY_DOMAIN, close_monitored
 from ringtop.protocol.guard import LoopFaults
-from ringtop.protocol.messages import LOG_ONLY, MAX_RECENT_BRIEFS, MESSAGE_TYPES
+from ringtop.protocol.messages import MAX_RECENT_BRIEFS, MESSAGE_TYPES
 
 CACHED_TOPICS = (b"hello.", b"bye.", b"timeline.")
-RELAYS_OWN = (GoodputSoFar, Digest, RecentSteps, RankExit, RankLook)
-"""What only the relay (or the watcher holding it) says: dropped when it comes from a rank."""
 DIGEST_TOPIC = b"digest."
 """A subscription to it asks for conflated steps (agent/transport/step_digest.py); published as `digest.-1`."""
 _TAGS = {cls: tag for tag, cls in MESSAGE_TYPES.items()}
@@ -70,9 +67,6 @@ BURST_MESSAGES = 4096
 a third of a second of a 1024-rank run at 10 Hz), and the newest of each rank wins."""
 CONFLATE_AFTER_S = 0.5
 """The relay's input this far behind (half the lag at which a UI says it is behind): skip."""
-CONFLATED_TOPICS = (b"step.", b"sample.", b"heartbeat.")
-"""What a newer message of the same rank replaces: latest readings, not events. Rank 0's steps are
-never skipped (the run's goodput is counted from each of them)."""
 INPUT_HWM = 16
 INPUT_BUFFER_BYTES = 64 << 10
 """Per input connection, what waits on the relay's side (ZeroMQ messages: a node relay's batches;
@@ -80,9 +74,6 @@ the kernel's buffer): small, so what a busy relay has not read waits at the send
 queue and a node relay's keep the newest, instead of seconds of it here, read stale."""
 WATCHERS_TOPICS = (b"exit.-1", b"look.-1")
 """A node watcher's word of one of its ranks (protocol `exit`, `look`), in its node relay's batch."""
-SKIPPED_TOPIC = b"skipped.-1"
-"""In a node relay's batch: the readings it skipped per rank since its last batch (`skip_report`),
-so the head counts them as skipped, not lost."""
 _skips_decoder = msgspec.msgpack.Decoder(list[int])
 RECENT_STEPS_PER_RANK = 120
 """Steps of each rank kept for a UI that attaches (half the UI's chart)..."""
@@ -272,7 +263,7 @@ class Relay(threading.Thread):
                 where = newest.get((topic, id(sender)))
                 if where is not None and where != (at, i):
                     self.skipped += 1  # a newer one of this rank follows in the same burst
-                    rank = _topic_rank(topic)
+                    rank = topic_rank(topic)
                     if rank in last_seq:  # before a rank's first message there is no gap to excuse
                         skipped = self._skipped_since
                         skipped[rank] = skipped.get(rank, 0) + 1
@@ -470,60 +461,3 @@ class Relay(threading.Thread):
             recent_steps=list(state.recent_steps), recent_stalls=list(state.recent_stalls),
             restart_s=state.restart_s, restarts=state.restarts, restart_from_ts=state.restart_from_ts,
             redo_through_step=state.redo_through_step, top_step=state.top_step)
-
-
-def conflatable(burst: list[tuple[list[bytes], object]]) -> dict[tuple[bytes, int], tuple[int, int]]:
-    """Where each conflatable topic (CONFLATED_TOPICS, but `step.0`) of each sender last occurs in
-    the burst, as (message, frame): its earlier occurrences are the ones to skip. By topic alone,
-    before any decoding, so a skipped message costs no decode; by sender too, so one connection
-    cannot make another's messages skipped (the kept one is checked whole as ever)."""
-    last: dict[tuple[bytes, int], tuple[int, int]] = {}
-    for at, (frames, sender) in enumerate(burst):
-        who = id(sender)
-        for i in range(0, len(frames), 2):
-            topic = frames[i]
-            if topic.startswith(CONFLATED_TOPICS) and topic != b"step.0":
-                last[(topic, who)] = (at, i)
-    return last
-
-
-def skip_report(skips: dict[int, int]) -> list[bytes]:
-    """A node relay's skipped readings per rank, as the [topic, body] pair that opens its batch."""
-    return [SKIPPED_TOPIC, msgspec.msgpack.encode([x for rank_count in skips.items() for x in rank_count])]
-
-
-def _topic_rank(topic: bytes) -> int:
-    """The rank a conflatable topic names (`step.12` -> 12); -1 if it names none (then the skip
-    is not kept apart from gaps: the message it gave way to is dropped anyway)."""
-    try:
-        return int(topic[topic.index(b".") + 1:])
-    except ValueError:
-        return -1
-
-
-def real_message(frames: list[bytes], sender: Collection[int] | None, run_id: str | None,
-                 world_size: int | None) -> Message | None:
-    """The message, if it is real (see the module docstring): `sender` the ranks its connection may
-    speak for (None: not checked); None otherwise."""
-    return real(frames[0], frames[1], sender, run_id, world_size) if len(frames) == 2 else None
-
-
-def real(topic: bytes, body: bytes, sender: Collection[int] | None, run_id: str | None,
-         world_size: int | None) -> Message | None:
-    """real_message of one message's two frames."""
-    try:
-        msg = decode(body)
-    except ProtocolError:
-        return None
-    if topic != f"{_TAGS[type(msg)]}.{msg.rank}".encode():
-        return None
-    if isinstance(msg, RELAYS_OWN) or (sender is not None and msg.rank not in sender):
-        return None  # the relay's own, never a rank's
-    if type(msg) in LOG_ONLY:
-        return None  # a log's alone (a rank never sends one)
-    if world_size is not None and not 0 <= msg.rank < world_size:
-        return None
-    if isinstance(msg, Hello) and ((run_id is not None and msg.run_id != run_id)
-                                   or (world_size is not None and msg.world_size != world_size)):
-        return None
-    return msg

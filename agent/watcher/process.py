@@ -12,6 +12,7 @@ by more than that grace."""
 
 from __future__ import annotations
 
+import abc
 import os
 import queue
 import socket
@@ -47,7 +48,7 @@ RESTART_BIND_SLACK_S = 5.0
 """Beyond its grace, how long a restarted attempt waits for the watcher before it to let go."""
 
 
-class Watcher:
+class Watcher(abc.ABC):
     """What every watcher does: the link to its rank (a thread each way, never blocking the
     services), the witness, and the watch until its end. A role fills in its services."""
 
@@ -65,24 +66,25 @@ class Watcher:
 
     # ------------------------------------------------------------------ what a role fills in
 
+    @abc.abstractmethod
     def start_services(self) -> Ready:
         """Started; the addresses for its rank (raises OSError where they cannot be had)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def stop_services(self, drain_s: float) -> None:
-        raise NotImplementedError
+        """Drained (at most `drain_s`) and ended."""
 
+    @abc.abstractmethod
     def publish(self, msg: Any, keep: bytes | None = None) -> None:
-        """Its own message (a RankExit), to the UIs."""
-        raise NotImplementedError
+        """Its own message (a RankExit, a RankLook), to the UIs."""
 
     def answer(self, call: Call) -> Any:
         return None
 
-    def tend(self) -> None:
+    def tend(self) -> None:  # noqa: B027 - a role may have nothing to tend
         """Once a look: what keeps the services going."""
 
-    def removal(self) -> None:
+    def removal(self) -> None:  # noqa: B027 - a role may have nothing to remove
         """At its end, before the services stop."""
 
     # ------------------------------------------------------------------ to its rank

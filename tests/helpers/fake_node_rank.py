@@ -33,7 +33,9 @@ def main(rank: int, world_size: int, run_id: str, address: str, stuck_at: int = 
         telemetry.emit(Step(step=step, loss=1.0, step_ms=20.0))
         time.sleep(0.02)
         if step == stuck_at:
-            time.sleep(0.5)  # its last step out first
+            deadline = time.monotonic() + 10
+            while telemetry.queued and time.monotonic() < deadline:  # its last step handed to ZeroMQ,
+                time.sleep(0.01)  # whose own thread sends it while this one holds the GIL
             ctypes.PyDLL(None).sleep(600)
 
 

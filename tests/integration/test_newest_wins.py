@@ -14,7 +14,8 @@ import zmq
 from conftest import poll_until
 
 from ringtop.agent.transport.node_relay import NodeRelay
-from ringtop.agent.transport.relay import BURST_MESSAGES, CONFLATE_AFTER_S, Relay, skip_report
+from ringtop.agent.transport.relay import BURST_MESSAGES, CONFLATE_AFTER_S, Relay
+from ringtop.agent.transport.relay_checks import skip_report
 from ringtop.metrics.lag import BEHIND_AFTER_S
 from ringtop.protocol import Digest, Event, Heartbeat, Hello, Step, encode, free_tcp_port
 from ringtop.tui.header.render import facts_text

@@ -10,7 +10,7 @@ import zmq
 from conftest import poll_until
 
 from ringtop.agent.instruments.comm_tracer import CommTracer, call_records
-from ringtop.agent.transport.relay import real
+from ringtop.agent.transport.relay_checks import real
 from ringtop.agent.transport.telemetry import Telemetry
 from ringtop.protocol import (
     Bye,
