@@ -49,7 +49,8 @@ def build_model(run: Runner) -> torch.nn.Module:
         model = user_model(cfg.model, build_context(run))
     hang = cfg.inject_hang
     if hang is not None and hang[0] == ctx.rank and hang[2] in ("forward", "gil-held"):
-        hang_in_forward(inner_module(model), lambda: run.step + 1 == hang[1], gil_held=hang[2] == "gil-held")
+        hang_in_forward(inner_module(model), lambda: run.step + 1 == hang[1], gil_held=hang[2] == "gil-held",
+                        queued=lambda: run.telemetry.queued if run.telemetry is not None else 0)
     return model
 
 

@@ -37,22 +37,33 @@ def hang_before_collectives(should_hang):
     return before_issue
 
 
-def hang_holding_the_gil() -> None:
+SENT_WAIT_S = 2.0
+"""How long an injected GIL hang waits for what the rank has queued to go out first."""
+
+
+def hang_holding_the_gil(queued: Callable[[], int] = lambda: 0) -> None:
     """Stuck in native code that keeps the GIL, as a C extension or a driver call can be: libc's
     sleep called through ctypes.PyDLL (which does not release the GIL), so no other thread of the
     process runs (no heartbeat, no stall report). A signal ends the sleep early; its Python
-    handler then runs between two sleeps, so a stop still stops the rank."""
+    handler then runs between two sleeps, so a stop still stops the rank. `queued`: the
+    telemetry the rank has not sent yet, let out first (up to SENT_WAIT_S), so the injected
+    hang starts after the last step's report, the same on every machine."""
+    deadline = time.monotonic() + SENT_WAIT_S
+    while queued() and time.monotonic() < deadline:
+        time.sleep(0.01)
     libc = ctypes.PyDLL(None)
     while True:
         libc.sleep(3600)
 
 
-def hang_in_forward(module: torch.nn.Module, should_hang, gil_held: bool = False) -> torch.utils.hooks.RemovableHandle:
+def hang_in_forward(module: torch.nn.Module, should_hang, gil_held: bool = False,
+                    queued: Callable[[], int] = lambda: 0) -> torch.utils.hooks.RemovableHandle:
     """A forward pre-hook on `module` (a block inside the model, so the stack shows the model's own
-    forward calling it) that hangs when `should_hang()` says so; `gil_held`: holding the GIL."""
+    forward calling it) that hangs when `should_hang()` says so; `gil_held`: holding the GIL (its
+    telemetry, `queued`, out first)."""
     def pre_hook(_module, _inputs):
         if should_hang():
-            hang_holding_the_gil() if gil_held else hang_forever()
+            hang_holding_the_gil(queued) if gil_held else hang_forever()
     return module.register_forward_pre_hook(pre_hook)
 
 
