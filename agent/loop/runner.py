@@ -51,7 +51,7 @@ from ringtop.agent.models.model import count_params
 from ringtop.agent.restarts import launcher_run_id, restart_count
 from ringtop.agent.transport import rank_setup
 from ringtop.agent.transport.gatekeeper import node_user
-from ringtop.agent.transport.node_relay import NodeLayout, NodeRelay
+from ringtop.agent.transport.node_relay import NodeLayout
 from ringtop.agent.transport.telemetry import Telemetry
 from ringtop.metrics.fmt import nbytes
 from ringtop.metrics.rules.diagnosis import RunContext
@@ -132,7 +132,7 @@ class Runner:
         self.peers = Peers.gather(ctx.rank, ctx.world_size, self.control_group)
         self.layout = NodeLayout.from_hosts(self.peers.hosts)
         """Which ranks share a node: on several, each node's ranks publish to a node relay."""
-        self.node_relay: NodeRelay | Any = None
+        self.node_relay: Any = None
         """If this rank leads a node (not the head's): its watcher's link, or (--no-watcher) the relay."""
         rank_setup.check_head_reachable(self.layout, cfg.relay, cfg.telemetry)
         safe_files.set_group_readable(cfg.group_readable)
