@@ -147,6 +147,15 @@ class Head:
         self.connection_path = Path(self.relay_side.write_connection_file(info))
         return info
 
+    def publish_connection_file(self, log_dir: str = "", checkpoint_dir: str = "") -> None:
+        """`write_connection_file` where a file that cannot be written costs only that: the run
+        goes on, and says so."""
+        try:
+            self.write_connection_file(log_dir, checkpoint_dir)
+        except (OSError, connection_file.ConnectionFileError) as exc:
+            print(f"ringtop agent [rank 0]: no connection file written ({exc}); clients need --connect",
+                  file=sys.stderr)
+
     def remove_connection_file(self) -> None:
         if self.connection_path is not None:
             self.relay_side.remove_connection_file(str(self.connection_path))

@@ -57,7 +57,7 @@ from ringtop.metrics.fmt import nbytes
 from ringtop.metrics.rules.diagnosis import RunContext
 from ringtop.metrics.rules.peaks import Peak
 from ringtop.metrics.timing import StepWindow, status_step_ms
-from ringtop.protocol import Bye, Endpoints, Event, Hello, connection_file, curve, safe_files
+from ringtop.protocol import Bye, Endpoints, Event, Hello, curve, safe_files
 from ringtop.protocol.text_safety import printable
 from ringtop.strategies import collective_hooks, collective_naming
 from ringtop.strategies.base import DistContext, Strategy, TrainSettings, unique_parameters
@@ -205,7 +205,7 @@ class Runner:
             self.node_relay.on_event = self.off_thread.node_relay_event
         if self.head is not None:
             self.head.start()
-            self._write_connection_file()
+            self.head.publish_connection_file(self.cfg.log_dir or "", self.cfg.checkpoint_dir)
         self.sync = StepSync(rank, self.control, self.control_group)
         gpu_index = self.ctx.device.index if self.ctx.device.type == "cuda" else None
         self.sampler = SystemSampler(self.telemetry.emit, gpu_index=gpu_index)
@@ -219,14 +219,6 @@ class Runner:
         run = RunContext(strategy=cfg.canonical_strategy, world_size=world, param_count=self.param_count,
                          device_capacity_bytes=capacity, link_peak_gbps=cfg.link_gbps)
         self.diagnostician = Diagnostician(rank, world, self.control_group, run, self.event)
-
-    def _write_connection_file(self) -> None:
-        """A file that cannot be written costs only that: the run goes on, and says so."""
-        try:
-            self.head.write_connection_file(self.cfg.log_dir or "", self.cfg.checkpoint_dir)
-        except (OSError, connection_file.ConnectionFileError) as exc:
-            print(f"ringtop agent [rank 0]: no connection file written ({exc}); clients need --connect",
-                  file=sys.stderr)
 
     def settings(self) -> TrainSettings:
         return TrainSettings(batch_size=self.cfg.batch_size, grad_clip=self.cfg.grad_clip, dtype=self.cfg.dtype,

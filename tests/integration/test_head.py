@@ -94,3 +94,21 @@ def test_a_head_whose_control_port_is_taken_fails_and_frees_the_relay_it_had_bou
                 publish_reply=lambda reply: None)
     head.stop()  # never started: let go all the same
     poll_until(lambda: can_bind(ep.control), 10, "the control port free again")
+
+
+@pytest.mark.timeout(60)
+def test_a_connection_file_that_cannot_be_written_costs_only_that(tmp_path, monkeypatch, capsys):
+    """A runtime folder others can write is refused: the head says so and serves on."""
+    unsafe = tmp_path / "runtime"
+    unsafe.mkdir()
+    unsafe.chmod(0o777)
+    monkeypatch.setenv(connection_file.RUNTIME_ENV, str(unsafe))
+    head = Head(endpoints(free_tcp_ports(3)), run_id="nofile", world_size=1, keys=curve.generate(world_size=1),
+                on_event=lambda *e: None, snapshot=lambda: {"run_id": "nofile"}, publish_reply=lambda reply: None)
+    try:
+        head.start()
+        head.publish_connection_file()
+        assert head.connection_path is None and not list(unsafe.iterdir())
+        assert "no connection file written" in capsys.readouterr().err and head.relay.is_alive()
+    finally:
+        head.stop()

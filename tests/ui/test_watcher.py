@@ -46,8 +46,8 @@ def test_the_witness_names_a_killed_process_from_its_exit_status_and_a_bye_is_no
     """A zombie (killed, its parent not yet waiting) carries its wait status: the witness says the
     signal. A rank that said Bye is not looked at again; a rank never seen is not named."""
     witness = Witness(host="this-host")
-    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    finished = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    killed = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])  # a process, until killed
+    finished = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
     try:
         witness.observe(_hello(0, killed.pid, "this-host"))
         witness.observe(_hello(1, finished.pid, "this-host"))
